@@ -1,0 +1,256 @@
+//! The CPU backend: the numeric oracle. Every op is computed immediately, in f32, with the
+//! plain kernels of `quant::reference` and `model::math`; results do not depend on the
+//! thread count.
+
+pub mod attention;
+pub mod kv_cache;
+pub mod moe;
+
+use std::sync::Arc;
+
+use rayon::prelude::*;
+
+use crate::backend::{Backend, LinearId, NormId, RouteTable};
+use crate::config::ModelConfig;
+use crate::error::{Error, Result};
+use crate::experts::ExpertSource;
+use crate::model::math::{rms_norm, route_top_k};
+use crate::model::rope::{RopeFrequencies, rotate_half};
+use crate::model::weights::{DenseWeights, Linear};
+use crate::quant::Matrix;
+
+use attention::{AttentionShape, LayerCache, attend_row};
+use kv_cache::KvCache;
+
+/// Activations in host memory.
+#[derive(Clone, Debug)]
+pub struct CpuAct {
+    /// Rows (token positions).
+    pub rows: usize,
+    /// Width of a row.
+    pub width: usize,
+    /// `rows * width` values.
+    pub data: Vec<f32>,
+}
+
+impl CpuAct {
+    fn row(&self, r: usize) -> &[f32] {
+        &self.data[r * self.width..(r + 1) * self.width]
+    }
+}
+
+/// Runs the model on the CPU.
+pub struct CpuBackend {
+    cfg: Arc<ModelConfig>,
+    dense: Arc<DenseWeights>,
+    experts: Arc<dyn ExpertSource>,
+    rope: RopeFrequencies,
+    kv: KvCache,
+}
+
+impl CpuBackend {
+    /// A backend with a key/value cache of `capacity` positions.
+    pub fn new(
+        cfg: Arc<ModelConfig>,
+        dense: Arc<DenseWeights>,
+        experts: Arc<dyn ExpertSource>,
+        capacity: usize,
+    ) -> Self {
+        let rope = RopeFrequencies::from_config(&cfg);
+        let kv = KvCache::new(cfg.num_layers, capacity, cfg.kv_dim());
+        CpuBackend { cfg, dense, experts, rope, kv }
+    }
+
+    /// The weight matrix and bias of a linear layer.
+    fn linear_parts(&self, id: LinearId) -> (&Matrix, Option<&[f32]>) {
+        fn lin(l: &Linear) -> (&Matrix, Option<&[f32]>) {
+            (&l.weight, l.bias.as_deref())
+        }
+        let d = &self.dense;
+        match id {
+            LinearId::Q(l) => lin(&d.layers[l].attn.q),
+            LinearId::K(l) => lin(&d.layers[l].attn.k),
+            LinearId::V(l) => lin(&d.layers[l].attn.v),
+            LinearId::O(l) => lin(&d.layers[l].attn.o),
+            LinearId::Router(l) => lin(&d.layers[l].router),
+            LinearId::LmHead => (&d.lm_head, None),
+        }
+    }
+}
+
+fn check_shape(what: &str, act: &CpuAct, rows: usize, width: usize) -> Result<()> {
+    if act.rows == rows && act.width == width {
+        Ok(())
+    } else {
+        Err(Error::Backend(format!(
+            "{what}: buffer is [{}, {}], expected [{rows}, {width}]",
+            act.rows, act.width
+        )))
+    }
+}
+
+impl Backend for CpuBackend {
+    type Act = CpuAct;
+    type Routes = RouteTable;
+
+    fn describe(&self) -> String {
+        format!(
+            "cpu ({} threads, f32 reference kernels; {})",
+            rayon::current_num_threads(),
+            self.experts.describe()
+        )
+    }
+
+    fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    fn capacity(&self) -> usize {
+        self.kv.capacity()
+    }
+
+    fn alloc(&mut self, rows: usize, width: usize) -> Result<CpuAct> {
+        Ok(CpuAct { rows, width, data: vec![0.0; rows * width] })
+    }
+
+    fn alloc_routes(&mut self, rows: usize) -> Result<RouteTable> {
+        let k = self.cfg.experts_per_token;
+        Ok(RouteTable { k, experts: vec![0; rows * k], weights: vec![0.0; rows * k] })
+    }
+
+    fn embed(&mut self, ids: &[u32], out: &mut CpuAct) -> Result<()> {
+        check_shape("embed", out, ids.len(), self.cfg.hidden_size)?;
+        for (row, &id) in out.data.chunks_mut(self.cfg.hidden_size).zip(ids) {
+            self.dense.embed.row_to_f32(id as usize, row);
+        }
+        Ok(())
+    }
+
+    fn rms_norm(&mut self, norm: NormId, x: &CpuAct, out: &mut CpuAct) -> Result<()> {
+        check_shape("rms_norm", out, x.rows, x.width)?;
+        let w = match norm {
+            NormId::Attention(l) => &self.dense.layers[l].attn_norm,
+            NormId::Mlp(l) => &self.dense.layers[l].mlp_norm,
+            NormId::Final => &self.dense.final_norm,
+        };
+        let eps = self.cfg.rms_norm_eps;
+        for (xr, or) in x.data.chunks(x.width).zip(out.data.chunks_mut(x.width)) {
+            rms_norm(xr, w, eps, or);
+        }
+        Ok(())
+    }
+
+    fn linear(&mut self, id: LinearId, x: &CpuAct, out: &mut CpuAct) -> Result<()> {
+        let (w, bias) = self.linear_parts(id);
+        check_shape("linear", out, x.rows, w.rows)?;
+        for (xr, or) in x.data.chunks(x.width).zip(out.data.chunks_mut(w.rows)) {
+            w.matvec(xr, or);
+            if let Some(b) = bias {
+                for (o, &b) in or.iter_mut().zip(b) {
+                    *o += b;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn rope(&mut self, x: &mut CpuAct, start_pos: usize) -> Result<()> {
+        let d = self.cfg.head_dim;
+        let half = d / 2;
+        let mut cos = vec![0.0f32; half];
+        let mut sin = vec![0.0f32; half];
+        let width = x.width;
+        for (r, row) in x.data.chunks_mut(width).enumerate() {
+            self.rope.cos_sin(start_pos + r, &mut cos, &mut sin);
+            for head in row.chunks_mut(d) {
+                rotate_half(head, &cos, &sin);
+            }
+        }
+        Ok(())
+    }
+
+    fn attention(
+        &mut self,
+        layer: usize,
+        start_pos: usize,
+        q: &CpuAct,
+        k: &CpuAct,
+        v: &CpuAct,
+        out: &mut CpuAct,
+    ) -> Result<()> {
+        let cfg = &self.cfg;
+        check_shape("attention out", out, q.rows, cfg.q_dim())?;
+        if start_pos + q.rows > self.kv.capacity() {
+            return Err(Error::ContextFull { needed: start_pos + q.rows, capacity: self.kv.capacity() });
+        }
+        for r in 0..k.rows {
+            self.kv.write(layer, start_pos + r, k.row(r), v.row(r));
+        }
+        let shape = AttentionShape {
+            heads: cfg.num_heads,
+            kv_heads: cfg.num_kv_heads,
+            head_dim: cfg.head_dim,
+            window: cfg.window(layer),
+        };
+        let cache = LayerCache {
+            keys: self.kv.keys(layer),
+            values: self.kv.values(layer),
+            sinks: &self.dense.layers[layer].attn.sinks,
+        };
+        out.data.par_chunks_mut(cfg.q_dim()).enumerate().for_each(|(r, o)| {
+            let pos = start_pos + r;
+            let mut scores = vec![0.0f32; pos + 1];
+            attend_row(shape, cache, q.row(r), pos, &mut scores, o);
+        });
+        Ok(())
+    }
+
+    fn route(&mut self, layer: usize, x: &CpuAct, routes: &mut RouteTable) -> Result<()> {
+        let router = &self.dense.layers[layer].router;
+        let k = self.cfg.experts_per_token;
+        let mut logits = vec![0.0f32; self.cfg.num_experts];
+        routes.k = k;
+        routes.experts.resize(x.rows * k, 0);
+        routes.weights.resize(x.rows * k, 0.0);
+        for r in 0..x.rows {
+            router.forward(x.row(r), &mut logits);
+            route_top_k(
+                &logits,
+                k,
+                &mut routes.experts[r * k..(r + 1) * k],
+                &mut routes.weights[r * k..(r + 1) * k],
+            );
+        }
+        Ok(())
+    }
+
+    fn experts(&mut self, layer: usize, x: &CpuAct, routes: &RouteTable, out: &mut CpuAct) -> Result<()> {
+        check_shape("experts out", out, x.rows, self.cfg.hidden_size)?;
+        moe::moe_forward(&self.cfg, self.experts.as_ref(), layer, &x.data, routes, &mut out.data)
+    }
+
+    fn add(&mut self, x: &mut CpuAct, y: &CpuAct) -> Result<()> {
+        check_shape("add", x, y.rows, y.width)?;
+        for (a, &b) in x.data.iter_mut().zip(&y.data) {
+            *a += b;
+        }
+        Ok(())
+    }
+
+    fn copy_rows(&mut self, src: &CpuAct, first_row: usize, dst: &mut CpuAct) -> Result<()> {
+        if dst.width != src.width || first_row + dst.rows > src.rows {
+            return Err(Error::Backend("copy_rows: rows out of range".into()));
+        }
+        let w = src.width;
+        dst.data.copy_from_slice(&src.data[first_row * w..(first_row + dst.rows) * w]);
+        Ok(())
+    }
+
+    fn read(&mut self, x: &CpuAct) -> Result<Vec<f32>> {
+        Ok(x.data.clone())
+    }
+
+    fn read_routes(&mut self, routes: &RouteTable) -> Result<RouteTable> {
+        Ok(routes.clone())
+    }
+}

@@ -1,0 +1,129 @@
+//! The boundary between the model math and the hardware that runs it.
+//!
+//! The forward pass (`model::forward`) is written once, as a sequence of [`Backend`] ops
+//! over activations that live on the backend's device. The CPU backend computes each op
+//! immediately; a GPU backend records them and synchronizes only in [`Backend::read`].
+
+pub mod cpu;
+
+use crate::config::ModelConfig;
+use crate::error::Result;
+
+/// A dense linear layer of the model, by role.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LinearId {
+    /// Query projection of a layer.
+    Q(usize),
+    /// Key projection of a layer.
+    K(usize),
+    /// Value projection of a layer.
+    V(usize),
+    /// Attention output projection of a layer.
+    O(usize),
+    /// Router of a layer.
+    Router(usize),
+    /// Output head.
+    LmHead,
+}
+
+/// An RMSNorm weight of the model, by role.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NormId {
+    /// Before attention in a layer.
+    Attention(usize),
+    /// Before the MoE block in a layer.
+    Mlp(usize),
+    /// Before the output head.
+    Final,
+}
+
+/// The routing decision for a batch of rows: for each row, `k` experts in descending
+/// router-logit order and their softmax weights.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RouteTable {
+    /// Experts per row.
+    pub k: usize,
+    /// `rows * k` expert indices.
+    pub experts: Vec<u32>,
+    /// `rows * k` weights.
+    pub weights: Vec<f32>,
+}
+
+impl RouteTable {
+    /// Number of rows.
+    pub fn rows(&self) -> usize {
+        self.experts.len().checked_div(self.k).unwrap_or(0)
+    }
+
+    /// Experts of row `r`.
+    pub fn row_experts(&self, r: usize) -> &[u32] {
+        &self.experts[r * self.k..(r + 1) * self.k]
+    }
+
+    /// Weights of row `r`.
+    pub fn row_weights(&self, r: usize) -> &[f32] {
+        &self.weights[r * self.k..(r + 1) * self.k]
+    }
+}
+
+/// Ops the forward pass needs. Activations are `[rows, width]` row-major f32 owned by the
+/// backend; row `i` of a batch starting at `start_pos` is the token at position
+/// `start_pos + i`. The key/value cache lives inside the backend.
+pub trait Backend {
+    /// Activations on the device.
+    type Act: Send;
+    /// A routing decision on the device.
+    type Routes: Send;
+
+    /// One line describing the backend (device, kernels).
+    fn describe(&self) -> String;
+    /// The model's configuration.
+    fn config(&self) -> &ModelConfig;
+    /// Positions the key/value cache can hold.
+    fn capacity(&self) -> usize;
+
+    /// A `[rows, width]` activation buffer (contents unspecified).
+    fn alloc(&mut self, rows: usize, width: usize) -> Result<Self::Act>;
+    /// A routing buffer for `rows` rows.
+    fn alloc_routes(&mut self, rows: usize) -> Result<Self::Routes>;
+
+    /// `out[i] = embed[ids[i]]`. IDs are already validated against the vocabulary.
+    fn embed(&mut self, ids: &[u32], out: &mut Self::Act) -> Result<()>;
+    /// `out = rmsnorm(x) * weight`, row by row.
+    fn rms_norm(&mut self, norm: NormId, x: &Self::Act, out: &mut Self::Act) -> Result<()>;
+    /// `out = W x + b`, row by row.
+    fn linear(&mut self, w: LinearId, x: &Self::Act, out: &mut Self::Act) -> Result<()>;
+    /// Rotates every head of every row by its position (`x` is `[rows, heads * head_dim]`).
+    fn rope(&mut self, x: &mut Self::Act, start_pos: usize) -> Result<()>;
+    /// Stores the rows' keys and values at their positions in the cache of `layer`, then
+    /// attends each query row over its visible window (causal; sliding where the layer
+    /// slides) with the layer's sinks. `out` is `[rows, heads * head_dim]`.
+    fn attention(
+        &mut self,
+        layer: usize,
+        start_pos: usize,
+        q: &Self::Act,
+        k: &Self::Act,
+        v: &Self::Act,
+        out: &mut Self::Act,
+    ) -> Result<()>;
+    /// Router logits of `layer`, top-k and softmax over the k, for every row.
+    fn route(&mut self, layer: usize, x: &Self::Act, routes: &mut Self::Routes) -> Result<()>;
+    /// `out[r] = sum_j w[r][j] * expert_{e[r][j]}(x[r])`, summed in routing order.
+    fn experts(
+        &mut self,
+        layer: usize,
+        x: &Self::Act,
+        routes: &Self::Routes,
+        out: &mut Self::Act,
+    ) -> Result<()>;
+    /// `x += y`.
+    fn add(&mut self, x: &mut Self::Act, y: &Self::Act) -> Result<()>;
+    /// Copies `dst.rows` rows of `src`, starting at row `first_row`, into `dst`.
+    fn copy_rows(&mut self, src: &Self::Act, first_row: usize, dst: &mut Self::Act) -> Result<()>;
+
+    /// Reads activations back to the host (a synchronization point).
+    fn read(&mut self, x: &Self::Act) -> Result<Vec<f32>>;
+    /// Reads a routing decision back to the host (for observers and verification).
+    fn read_routes(&mut self, routes: &Self::Routes) -> Result<RouteTable>;
+}

@@ -1,0 +1,159 @@
+//! `picchio generate`: a raw-ID prompt in, generated IDs out (stdout holds nothing else).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::Context;
+use clap::Args;
+use picchio::engine::{self, RunOptions};
+use picchio::format::npy;
+use picchio::model::{LogitRows, NoObserver};
+use picchio::sample::Sampler;
+use picchio::session::{Session, StopReason};
+
+use super::ModelArgs;
+
+/// Arguments of `picchio generate`.
+#[derive(Args, Debug)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Prompt token IDs, whitespace-separated, e.g. --ids "1 2 3".
+    #[arg(long, conflicts_with = "ids_file", required_unless_present = "ids_file")]
+    ids: Option<String>,
+    /// File of prompt token IDs (decimal, whitespace-separated).
+    #[arg(long)]
+    ids_file: Option<PathBuf>,
+    /// Number of tokens to generate.
+    #[arg(short = 'n', long = "max-tokens", default_value_t = 16)]
+    max_tokens: usize,
+    /// Write the F32 logits of every prompt position to this .npy file, shape [T, vocab].
+    #[arg(long)]
+    logits_out: Option<PathBuf>,
+}
+
+/// Parses decimal token IDs separated by whitespace; errors name `source`, the line and
+/// the offending text.
+pub fn parse_ids(text: &str, source: &str) -> anyhow::Result<Vec<u32>> {
+    let mut ids = Vec::new();
+    for (line_no, line) in text.lines().enumerate() {
+        for word in line.split_whitespace() {
+            let id: u32 = word.parse().map_err(|_| {
+                anyhow::anyhow!(
+                    "{source}: line {}: `{word}` is not a token ID (a non-negative integer)",
+                    line_no + 1
+                )
+            })?;
+            ids.push(id);
+        }
+    }
+    anyhow::ensure!(!ids.is_empty(), "{source}: the prompt is empty");
+    Ok(ids)
+}
+
+fn read_prompt(args: &GenerateArgs) -> anyhow::Result<Vec<u32>> {
+    match (&args.ids, &args.ids_file) {
+        (Some(text), _) => parse_ids(text, "--ids"),
+        (None, Some(path)) => {
+            let text =
+                std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+            parse_ids(&text, &path.display().to_string())
+        }
+        (None, None) => anyhow::bail!("give the prompt with --ids or --ids-file"),
+    }
+}
+
+/// Runs `picchio generate`.
+pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
+    args.model.apply_threads()?;
+    let prompt = read_prompt(&args)?;
+    let dir = args.model.model_dir();
+    let started = Instant::now();
+    let model = engine::load(&dir).with_context(|| format!("loading model {}", dir.display()))?;
+    let ctx = args.model.ctx.unwrap_or_else(|| engine::default_ctx(&model.config));
+    let runner = engine::cpu_runner(&model, &RunOptions { ctx, ..Default::default() })?;
+    tracing::info!(
+        "loaded {} in {:.2?}: {} layers, {} experts (top-{}), vocab {}; {}",
+        dir.display(),
+        started.elapsed(),
+        model.config.num_layers,
+        model.config.num_experts,
+        model.config.experts_per_token,
+        model.config.vocab_size,
+        runner.describe()
+    );
+    let mut session = Session::new(runner);
+    // Validate the whole request before any work.
+    session.check_ids(&prompt)?;
+    session.check_fits(0, prompt.len())?;
+
+    let t0 = Instant::now();
+    if let Some(path) = &args.logits_out {
+        let logits = session.feed(&prompt, LogitRows::All, &mut NoObserver)?;
+        write_logits(path, &logits, prompt.len(), session.runner().config().vocab_size)?;
+        return emit_continuation(&mut session, &[], &args, t0);
+    }
+    emit_continuation(&mut session, &prompt, &args, t0)
+}
+
+fn write_logits(path: &Path, logits: &[f32], rows: usize, vocab: usize) -> anyhow::Result<()> {
+    npy::write_f32(path, &[rows, vocab], logits)?;
+    tracing::info!("wrote logits [{rows}, {vocab}] to {}", path.display());
+    Ok(())
+}
+
+fn emit_continuation(
+    session: &mut Session,
+    prompt: &[u32],
+    args: &GenerateArgs,
+    t0: Instant,
+) -> anyhow::Result<()> {
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let mut first = true;
+    let mut write_error = None;
+    let generation = session.generate(prompt, args.max_tokens, &mut Sampler::Greedy, &[], &mut |id| {
+        let sep = if first { "" } else { " " };
+        first = false;
+        match write!(out, "{sep}{id}").and_then(|_| out.flush()) {
+            Ok(()) => true,
+            Err(e) => {
+                write_error = Some(e);
+                false
+            }
+        }
+    })?;
+    if let Some(e) = write_error {
+        return Err(e).context("writing to stdout");
+    }
+    writeln!(out)?;
+    let n = generation.tokens.len();
+    let secs = t0.elapsed().as_secs_f64();
+    tracing::info!("{n} tokens in {secs:.2}s ({:.2} tokens/s incl. prompt)", n as f64 / secs.max(1e-9));
+    if generation.stop == StopReason::ContextFull {
+        tracing::warn!("stopped after {n} tokens: the context ({} positions) is full", session.capacity());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_parse_across_lines() {
+        assert_eq!(parse_ids("0 1\n 2\t3\n\n", "x").unwrap(), vec![0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn bad_ids_name_line_and_text() {
+        let e = parse_ids("1 2\n3 x4", "p.ids").unwrap_err().to_string();
+        assert!(e.contains("p.ids: line 2: `x4`"), "{e}");
+        let e = parse_ids("-1", "p.ids").unwrap_err().to_string();
+        assert!(e.contains("`-1`"), "{e}");
+        let e = parse_ids("99999999999", "p.ids").unwrap_err().to_string();
+        assert!(e.contains("99999999999"), "{e}");
+        assert!(parse_ids(" \n", "p.ids").unwrap_err().to_string().contains("empty"));
+    }
+}

@@ -1,0 +1,525 @@
+//! `ModelConfig`: every dimension and constant of a model, read from its `config.json`.
+//!
+//! Nothing here is specific to gpt-oss-20b or -120b: layer count, widths, heads, experts,
+//! the attention pattern, the sliding window, RoPE/YaRN and the SwiGLU limit all come from
+//! the file, and impossible combinations are rejected with the key and value named.
+
+use std::path::Path;
+
+use serde_json::{Map, Value};
+
+use crate::error::{Error, Result};
+
+/// Which attention a layer uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttentionKind {
+    /// Causal attention over every earlier position.
+    Full,
+    /// Causal attention over the last `sliding_window` positions (the current one included).
+    Sliding,
+}
+
+/// YaRN RoPE scaling parameters (`rope_scaling` with `rope_type: "yarn"`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct YarnScaling {
+    /// Context extension factor (32 for GPT-OSS).
+    pub factor: f64,
+    /// Rotations bounding the extrapolated band (32).
+    pub beta_fast: f64,
+    /// Rotations bounding the interpolated band (1).
+    pub beta_slow: f64,
+    /// Context length the model was pre-trained with (4096).
+    pub original_max_position_embeddings: f64,
+    /// Whether the correction range is rounded to whole dimensions (false for GPT-OSS).
+    pub truncate: bool,
+    /// Explicit scale for cos and sin; `None` derives `0.1 ln(factor) + 1`.
+    pub attention_factor: Option<f64>,
+}
+
+/// The RoPE frequency scheme.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RopeScaling {
+    /// Plain RoPE: `inv_freq = theta^(-2i/d)`.
+    None,
+    /// YaRN (GPT-OSS).
+    Yarn(YarnScaling),
+}
+
+/// The architecture family, from `model_type`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ModelFamily {
+    /// OpenAI gpt-oss (`gpt_oss`).
+    GptOss,
+}
+
+/// Quantization metadata of a Hugging Face checkpoint (`quantization_config`).
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct SourceQuantization {
+    /// `quant_method`, e.g. `mxfp4`.
+    pub method: String,
+    /// Module name patterns that the source kept unquantized.
+    pub modules_to_not_convert: Vec<String>,
+}
+
+/// All dimensions and constants of a model.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelConfig {
+    /// Architecture family.
+    pub family: ModelFamily,
+    /// Vocabulary size (rows of the embedding and of the output head).
+    pub vocab_size: usize,
+    /// Width of the residual stream.
+    pub hidden_size: usize,
+    /// Per-expert intermediate width (the fused gate/up has twice this many rows).
+    pub intermediate_size: usize,
+    /// Number of decoder layers.
+    pub num_layers: usize,
+    /// Query heads.
+    pub num_heads: usize,
+    /// Key/value heads (GQA: each serves `num_heads / num_kv_heads` query heads).
+    pub num_kv_heads: usize,
+    /// Width of one head.
+    pub head_dim: usize,
+    /// Experts per MoE layer.
+    pub num_experts: usize,
+    /// Experts chosen per token.
+    pub experts_per_token: usize,
+    /// Attention kind of each layer.
+    pub layer_types: Vec<AttentionKind>,
+    /// Window of the sliding layers (positions seen, the current one included).
+    pub sliding_window: usize,
+    /// RoPE base.
+    pub rope_theta: f64,
+    /// RoPE scaling scheme.
+    pub rope_scaling: RopeScaling,
+    /// RMSNorm epsilon.
+    pub rms_norm_eps: f32,
+    /// Clamp of the SwiGLU inputs (7.0 for GPT-OSS).
+    pub swiglu_limit: f32,
+    /// Slope of the SwiGLU sigmoid (1.702 for GPT-OSS; not in config.json).
+    pub swiglu_alpha: f32,
+    /// Longest context the model supports.
+    pub max_position_embeddings: usize,
+    /// Source quantization, if the checkpoint declares one.
+    pub source_quantization: Option<SourceQuantization>,
+}
+
+impl ModelConfig {
+    /// Reads and validates `dir/config.json`.
+    pub fn from_dir(dir: &Path) -> Result<Self> {
+        Self::from_file(&dir.join("config.json"))
+    }
+
+    /// Reads and validates a `config.json` file.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        Self::from_json_str(&text, path)
+    }
+
+    /// Parses and validates config JSON; `path` is only used in error messages.
+    pub fn from_json_str(text: &str, path: &Path) -> Result<Self> {
+        let value: Value =
+            serde_json::from_str(text).map_err(|e| Error::config(path, format!("not valid JSON: {e}")))?;
+        let obj = value.as_object().ok_or_else(|| Error::config(path, "expected a JSON object"))?;
+        let keys = Keys { obj, path };
+
+        let model_type = keys.string("model_type")?;
+        let family = match model_type.as_str() {
+            "gpt_oss" => ModelFamily::GptOss,
+            other => {
+                return Err(Error::config(
+                    path,
+                    format!("model_type \"{other}\" is not supported (supported: gpt_oss)"),
+                ));
+            }
+        };
+
+        let hidden_size = keys.usize("hidden_size")?;
+        let num_heads = keys.usize("num_attention_heads")?;
+        let num_layers = keys.usize("num_hidden_layers")?;
+        let head_dim = match keys.opt_usize("head_dim")? {
+            Some(d) => d,
+            None => {
+                if num_heads == 0 || hidden_size % num_heads != 0 {
+                    return Err(Error::config(
+                        path,
+                        format!(
+                            "head_dim is absent and hidden_size {hidden_size} is not a multiple of num_attention_heads {num_heads}"
+                        ),
+                    ));
+                }
+                hidden_size / num_heads
+            }
+        };
+        let num_kv_heads = keys.opt_usize("num_key_value_heads")?.unwrap_or(num_heads);
+        let experts_per_token = match keys.opt_usize("num_experts_per_tok")? {
+            Some(k) => k,
+            None => keys.opt_usize("experts_per_token")?.ok_or_else(|| {
+                Error::config(path, "missing key num_experts_per_tok (or experts_per_token)")
+            })?,
+        };
+        let sliding_window = keys.opt_usize("sliding_window")?.unwrap_or(0);
+
+        let layer_types = match obj.get("layer_types") {
+            None | Some(Value::Null) => (0..num_layers)
+                .map(|i| if i % 2 == 0 { AttentionKind::Sliding } else { AttentionKind::Full })
+                .collect(),
+            Some(Value::Array(items)) => items
+                .iter()
+                .enumerate()
+                .map(|(i, v)| match v.as_str() {
+                    Some("sliding_attention") => Ok(AttentionKind::Sliding),
+                    Some("full_attention") => Ok(AttentionKind::Full),
+                    _ => Err(Error::config(
+                        path,
+                        format!(
+                            "layer_types[{i}] is {v}, expected \"sliding_attention\" or \"full_attention\""
+                        ),
+                    )),
+                })
+                .collect::<Result<Vec<_>>>()?,
+            Some(other) => {
+                return Err(Error::config(path, format!("layer_types is {other}, expected a list")));
+            }
+        };
+
+        let rope_scaling = match obj.get("rope_scaling") {
+            None | Some(Value::Null) => RopeScaling::None,
+            Some(Value::Object(rs)) => parse_rope_scaling(rs, path)?,
+            Some(other) => {
+                return Err(Error::config(path, format!("rope_scaling is {other}, expected an object")));
+            }
+        };
+
+        let source_quantization = match obj.get("quantization_config") {
+            None | Some(Value::Null) => None,
+            Some(Value::Object(q)) => Some(SourceQuantization {
+                method: q.get("quant_method").and_then(Value::as_str).unwrap_or("").to_string(),
+                modules_to_not_convert: q
+                    .get("modules_to_not_convert")
+                    .and_then(Value::as_array)
+                    .map(|a| a.iter().filter_map(|s| s.as_str().map(String::from)).collect())
+                    .unwrap_or_default(),
+            }),
+            Some(other) => {
+                return Err(Error::config(
+                    path,
+                    format!("quantization_config is {other}, expected an object"),
+                ));
+            }
+        };
+
+        let cfg = ModelConfig {
+            family,
+            vocab_size: keys.usize("vocab_size")?,
+            hidden_size,
+            intermediate_size: keys.usize("intermediate_size")?,
+            num_layers,
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            num_experts: keys.usize("num_local_experts")?,
+            experts_per_token,
+            layer_types,
+            sliding_window,
+            rope_theta: keys.opt_f64("rope_theta")?.unwrap_or(10000.0),
+            rope_scaling,
+            rms_norm_eps: keys.opt_f64("rms_norm_eps")?.unwrap_or(1e-5) as f32,
+            swiglu_limit: keys.opt_f64("swiglu_limit")?.unwrap_or(7.0) as f32,
+            swiglu_alpha: 1.702,
+            max_position_embeddings: keys.opt_usize("max_position_embeddings")?.unwrap_or(131072),
+            source_quantization,
+        };
+        if keys.opt_bool("tie_word_embeddings")?.unwrap_or(false) {
+            return Err(Error::config(
+                path,
+                "tie_word_embeddings is true; gpt-oss keeps a separate lm_head and tied heads are not supported",
+            ));
+        }
+        cfg.validate().map_err(|m| Error::config(path, m))?;
+        Ok(cfg)
+    }
+
+    /// Checks that the dimensions describe a model that can exist; the message names the
+    /// offending keys and values.
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        let positive = [
+            ("vocab_size", self.vocab_size),
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("num_hidden_layers", self.num_layers),
+            ("num_attention_heads", self.num_heads),
+            ("num_key_value_heads", self.num_kv_heads),
+            ("head_dim", self.head_dim),
+            ("num_local_experts", self.num_experts),
+            ("num_experts_per_tok", self.experts_per_token),
+            ("max_position_embeddings", self.max_position_embeddings),
+        ];
+        for (key, v) in positive {
+            if v == 0 {
+                return Err(format!("{key} is 0; it must be positive"));
+            }
+        }
+        // Sizes beyond these would overflow index arithmetic long before any real model.
+        let limits = [
+            ("vocab_size", self.vocab_size, 1 << 24),
+            ("hidden_size", self.hidden_size, 1 << 17),
+            ("intermediate_size", self.intermediate_size, 1 << 18),
+            ("num_hidden_layers", self.num_layers, 1 << 12),
+            ("num_attention_heads", self.num_heads, 1 << 12),
+            ("head_dim", self.head_dim, 1 << 12),
+            ("num_local_experts", self.num_experts, 1 << 14),
+        ];
+        for (key, v, max) in limits {
+            if v > max {
+                return Err(format!("{key} is {v}, larger than the supported maximum {max}"));
+            }
+        }
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
+            return Err(format!(
+                "num_attention_heads {} is not a multiple of num_key_value_heads {}",
+                self.num_heads, self.num_kv_heads
+            ));
+        }
+        if !self.head_dim.is_multiple_of(2) {
+            return Err(format!("head_dim {} is odd; RoPE rotates pairs of halves", self.head_dim));
+        }
+        if self.experts_per_token > self.num_experts {
+            return Err(format!(
+                "num_experts_per_tok {} exceeds num_local_experts {}",
+                self.experts_per_token, self.num_experts
+            ));
+        }
+        if self.layer_types.len() != self.num_layers {
+            return Err(format!(
+                "layer_types has {} entries but num_hidden_layers is {}",
+                self.layer_types.len(),
+                self.num_layers
+            ));
+        }
+        if self.layer_types.contains(&AttentionKind::Sliding) && self.sliding_window == 0 {
+            return Err("layer_types has sliding layers but sliding_window is 0 or absent".into());
+        }
+        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
+            return Err(format!("rms_norm_eps {} must be a positive number", self.rms_norm_eps));
+        }
+        if !(self.rope_theta.is_finite() && self.rope_theta > 1.0) {
+            return Err(format!("rope_theta {} must be greater than 1", self.rope_theta));
+        }
+        if !(self.swiglu_limit.is_finite() && self.swiglu_limit > 0.0) {
+            return Err(format!("swiglu_limit {} must be a positive number", self.swiglu_limit));
+        }
+        if let RopeScaling::Yarn(y) = &self.rope_scaling {
+            if !(y.factor.is_finite() && y.factor >= 1.0) {
+                return Err(format!("rope_scaling.factor {} must be at least 1", y.factor));
+            }
+            if y.original_max_position_embeddings.is_nan() || y.original_max_position_embeddings <= 0.0 {
+                return Err("rope_scaling.original_max_position_embeddings must be positive".into());
+            }
+            if !(y.beta_fast > 0.0 && y.beta_slow > 0.0) {
+                return Err("rope_scaling.beta_fast and beta_slow must be positive".into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Width of all query heads together.
+    pub fn q_dim(&self) -> usize {
+        self.num_heads * self.head_dim
+    }
+
+    /// Width of all key (or value) heads together.
+    pub fn kv_dim(&self) -> usize {
+        self.num_kv_heads * self.head_dim
+    }
+
+    /// Attention kind of layer `layer`.
+    pub fn attention(&self, layer: usize) -> AttentionKind {
+        self.layer_types[layer]
+    }
+
+    /// How many earlier-or-current positions layer `layer` attends to at most
+    /// (`None` for full attention).
+    pub fn window(&self, layer: usize) -> Option<usize> {
+        match self.layer_types[layer] {
+            AttentionKind::Full => None,
+            AttentionKind::Sliding => Some(self.sliding_window),
+        }
+    }
+}
+
+fn parse_rope_scaling(rs: &Map<String, Value>, path: &Path) -> Result<RopeScaling> {
+    let kind = rs.get("rope_type").or_else(|| rs.get("type")).and_then(Value::as_str).unwrap_or("default");
+    let num = |key: &str| -> Result<Option<f64>> {
+        match rs.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| Error::config(path, format!("rope_scaling.{key} is {v}, expected a number"))),
+        }
+    };
+    match kind {
+        "default" => Ok(RopeScaling::None),
+        "yarn" => {
+            let factor =
+                num("factor")?.ok_or_else(|| Error::config(path, "rope_scaling (yarn) has no factor"))?;
+            Ok(RopeScaling::Yarn(YarnScaling {
+                factor,
+                beta_fast: num("beta_fast")?.filter(|&b| b != 0.0).unwrap_or(32.0),
+                beta_slow: num("beta_slow")?.filter(|&b| b != 0.0).unwrap_or(1.0),
+                original_max_position_embeddings: num("original_max_position_embeddings")?.ok_or_else(
+                    || Error::config(path, "rope_scaling (yarn) has no original_max_position_embeddings"),
+                )?,
+                truncate: rs.get("truncate").and_then(Value::as_bool).unwrap_or(true),
+                attention_factor: num("attention_factor")?,
+            }))
+        }
+        other => Err(Error::config(
+            path,
+            format!("rope_scaling.rope_type \"{other}\" is not supported (supported: yarn, default)"),
+        )),
+    }
+}
+
+/// Typed access to config keys with errors that name the key and the value found.
+struct Keys<'a> {
+    obj: &'a Map<String, Value>,
+    path: &'a Path,
+}
+
+impl Keys<'_> {
+    fn string(&self, key: &str) -> Result<String> {
+        match self.obj.get(key) {
+            Some(Value::String(s)) => Ok(s.clone()),
+            Some(v) => Err(Error::config(self.path, format!("{key} is {v}, expected a string"))),
+            None => Err(Error::config(self.path, format!("missing key {key}"))),
+        }
+    }
+
+    fn usize(&self, key: &str) -> Result<usize> {
+        self.opt_usize(key)?.ok_or_else(|| Error::config(self.path, format!("missing key {key}")))
+    }
+
+    fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
+        match self.obj.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => match v.as_u64() {
+                Some(n) => usize::try_from(n)
+                    .map(Some)
+                    .map_err(|_| Error::config(self.path, format!("{key} is {n}, too large"))),
+                None => {
+                    Err(Error::config(self.path, format!("{key} is {v}, expected a non-negative integer")))
+                }
+            },
+        }
+    }
+
+    fn opt_f64(&self, key: &str) -> Result<Option<f64>> {
+        match self.obj.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| Error::config(self.path, format!("{key} is {v}, expected a number"))),
+        }
+    }
+
+    fn opt_bool(&self, key: &str) -> Result<Option<bool>> {
+        match self.obj.get(key) {
+            None | Some(Value::Null) => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(v) => Err(Error::config(self.path, format!("{key} is {v}, expected true or false"))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GPT_OSS_20B: &str = r#"{
+        "architectures": ["GptOssForCausalLM"], "attention_bias": true, "attention_dropout": 0.0,
+        "eos_token_id": 200002, "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu",
+        "hidden_size": 2880, "initial_context_length": 4096, "initializer_range": 0.02,
+        "intermediate_size": 2880, "max_position_embeddings": 131072, "model_type": "gpt_oss",
+        "num_attention_heads": 64, "num_experts_per_tok": 4, "num_hidden_layers": 24,
+        "num_key_value_heads": 8, "num_local_experts": 32, "output_router_logits": false,
+        "pad_token_id": 199999,
+        "quantization_config": {"modules_to_not_convert": ["model.layers.*.self_attn",
+            "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"], "quant_method": "mxfp4"},
+        "rms_norm_eps": 1e-05,
+        "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+            "original_max_position_embeddings": 4096, "rope_type": "yarn", "truncate": false},
+        "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128,
+        "swiglu_limit": 7.0, "tie_word_embeddings": false, "use_cache": true, "vocab_size": 201088
+    }"#;
+
+    fn parse(text: &str) -> Result<ModelConfig> {
+        ModelConfig::from_json_str(text, Path::new("config.json"))
+    }
+
+    #[test]
+    fn reads_the_released_20b_config() {
+        let c = parse(GPT_OSS_20B).unwrap();
+        assert_eq!(c.num_layers, 24);
+        assert_eq!(c.num_experts, 32);
+        assert_eq!(c.experts_per_token, 4);
+        assert_eq!(c.q_dim(), 4096);
+        assert_eq!(c.kv_dim(), 512);
+        // No layer_types key: even layers slide.
+        assert_eq!(c.layer_types[0], AttentionKind::Sliding);
+        assert_eq!(c.layer_types[1], AttentionKind::Full);
+        assert_eq!(c.window(0), Some(128));
+        assert_eq!(c.window(1), None);
+        match &c.rope_scaling {
+            RopeScaling::Yarn(y) => {
+                assert_eq!(y.factor, 32.0);
+                assert!(!y.truncate);
+            }
+            other => panic!("expected YaRN, got {other:?}"),
+        }
+        assert_eq!(c.source_quantization.as_ref().unwrap().method, "mxfp4");
+    }
+
+    #[test]
+    fn older_key_for_top_k_is_accepted() {
+        let text = GPT_OSS_20B.replace("\"num_experts_per_tok\": 4,", "");
+        assert_eq!(parse(&text).unwrap().experts_per_token, 4);
+    }
+
+    #[test]
+    fn impossible_dimensions_are_named() {
+        let cases = [
+            ("\"num_key_value_heads\": 8", "\"num_key_value_heads\": 7", "num_key_value_heads 7"),
+            ("\"hidden_size\": 2880", "\"hidden_size\": 0", "hidden_size is 0"),
+            ("\"head_dim\": 64", "\"head_dim\": 63", "head_dim 63 is odd"),
+            ("\"num_experts_per_tok\": 4", "\"num_experts_per_tok\": 33", "num_experts_per_tok 33"),
+            ("\"vocab_size\": 201088", "\"vocab_size\": -5", "vocab_size is -5"),
+            ("\"model_type\": \"gpt_oss\"", "\"model_type\": \"llama\"", "llama"),
+        ];
+        for (from, to, expect) in cases {
+            let text = GPT_OSS_20B.replace(from, to);
+            let err = parse(&text).unwrap_err().to_string();
+            assert!(err.contains(expect), "for {to}: error `{err}` does not mention `{expect}`");
+            assert!(err.contains("config.json"), "error `{err}` does not name the file");
+        }
+    }
+
+    #[test]
+    fn layer_types_must_match_layer_count() {
+        let text = GPT_OSS_20B.replace(
+            "\"num_hidden_layers\": 24",
+            "\"num_hidden_layers\": 2, \"layer_types\": [\"full_attention\"]",
+        );
+        let err = parse(&text).unwrap_err().to_string();
+        assert!(err.contains("layer_types has 1 entries"), "{err}");
+    }
+
+    #[test]
+    fn missing_key_is_named() {
+        let text = GPT_OSS_20B.replace("\"intermediate_size\": 2880,", "");
+        let err = parse(&text).unwrap_err().to_string();
+        assert!(err.contains("missing key intermediate_size"), "{err}");
+    }
+}

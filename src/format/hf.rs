@@ -1,0 +1,188 @@
+//! Loading a Hugging Face GPT-OSS checkpoint directly: dense tensors memory-mapped (F32 or
+//! BF16 kept as stored), experts decoded to F32 (from MXFP4 blocks/scales, or from the
+//! dequantized `[E, in, out]` layout that `save_pretrained` writes, transposed to rows =
+//! outputs). Every mandatory tensor must be present with the shape the config implies.
+//!
+//! This path decodes every expert into memory, so it suits small models and tests; large
+//! models run from a converted container.
+
+use std::path::Path;
+
+use crate::config::ModelConfig;
+use crate::error::{Error, Result};
+use crate::format::mxfp4;
+use crate::format::safetensors::Checkpoint;
+use crate::model::weights::{AttentionWeights, DenseWeights, ExpertWeights, LayerWeights, Linear};
+use crate::quant::Matrix;
+
+/// How a checkpoint stores its experts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertLayout {
+    /// `*_blocks` (u8 `[E, out, in/32, 16]`) and `*_scales` (u8 `[E, out, in/32]`).
+    Mxfp4,
+    /// Dense `gate_up_proj` `[E, hidden, 2I]` and `down_proj` `[E, I, hidden]` (inputs first).
+    Dequantized,
+}
+
+/// Detects the expert layout of layer 0; fails naming the tensors looked for.
+pub fn expert_layout(ck: &Checkpoint) -> Result<ExpertLayout> {
+    let p = "model.layers.0.mlp.experts.";
+    if ck.contains(&format!("{p}gate_up_proj_blocks")) {
+        Ok(ExpertLayout::Mxfp4)
+    } else if ck.contains(&format!("{p}gate_up_proj")) {
+        Ok(ExpertLayout::Dequantized)
+    } else {
+        Err(Error::MissingTensor {
+            name: format!("{p}gate_up_proj_blocks (or {p}gate_up_proj)"),
+            dir: ck.dir().to_path_buf(),
+        })
+    }
+}
+
+/// Loads the dense part of a checkpoint, checking every tensor's presence and shape.
+pub fn load_dense(ck: &Checkpoint, cfg: &ModelConfig) -> Result<DenseWeights> {
+    let h = cfg.hidden_size;
+    let linear = |name: &str, rows: usize, cols: usize| -> Result<Linear> {
+        Ok(Linear {
+            weight: ck.matrix(&format!("{name}.weight"), rows, cols)?,
+            bias: Some(ck.f32_tensor(&format!("{name}.bias"), &[rows])?),
+        })
+    };
+    let mut layers = Vec::with_capacity(cfg.num_layers);
+    for l in 0..cfg.num_layers {
+        let p = format!("model.layers.{l}");
+        layers.push(LayerWeights {
+            attn_norm: ck.f32_tensor(&format!("{p}.input_layernorm.weight"), &[h])?,
+            attn: AttentionWeights {
+                q: linear(&format!("{p}.self_attn.q_proj"), cfg.q_dim(), h)?,
+                k: linear(&format!("{p}.self_attn.k_proj"), cfg.kv_dim(), h)?,
+                v: linear(&format!("{p}.self_attn.v_proj"), cfg.kv_dim(), h)?,
+                o: linear(&format!("{p}.self_attn.o_proj"), h, cfg.q_dim())?,
+                sinks: ck.f32_tensor(&format!("{p}.self_attn.sinks"), &[cfg.num_heads])?,
+            },
+            mlp_norm: ck.f32_tensor(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
+            router: linear(&format!("{p}.mlp.router"), cfg.num_experts, h)?,
+        });
+    }
+    let dense = DenseWeights {
+        embed: ck.matrix("model.embed_tokens.weight", cfg.vocab_size, h)?,
+        layers,
+        final_norm: ck.f32_tensor("model.norm.weight", &[h])?,
+        lm_head: ck.matrix("lm_head.weight", cfg.vocab_size, h)?,
+    };
+    dense.check(cfg)?;
+    Ok(dense)
+}
+
+/// Decodes one expert of one layer to F32, rows = outputs.
+pub fn load_expert(
+    ck: &Checkpoint,
+    cfg: &ModelConfig,
+    layout: ExpertLayout,
+    layer: usize,
+    expert: usize,
+) -> Result<ExpertWeights> {
+    let (h, i, e_count) = (cfg.hidden_size, cfg.intermediate_size, cfg.num_experts);
+    let p = format!("model.layers.{layer}.mlp.experts");
+    let bias = |name: &str, len: usize| -> Result<Vec<f32>> {
+        ck.f32_range(&format!("{p}.{name}"), &[e_count, len], expert * len, len)
+    };
+    let (gate_up, down) = match layout {
+        ExpertLayout::Mxfp4 => (
+            decode_mxfp4_expert(ck, &format!("{p}.gate_up_proj"), e_count, expert, 2 * i, h)?,
+            decode_mxfp4_expert(ck, &format!("{p}.down_proj"), e_count, expert, h, i)?,
+        ),
+        ExpertLayout::Dequantized => (
+            transpose_expert(ck, &format!("{p}.gate_up_proj"), e_count, expert, h, 2 * i)?,
+            transpose_expert(ck, &format!("{p}.down_proj"), e_count, expert, i, h)?,
+        ),
+    };
+    let w = ExpertWeights {
+        gate_up: Matrix::from_f32(&format!("{p}.gate_up_proj[{expert}]"), 2 * i, h, gate_up)?,
+        gate_up_bias: bias("gate_up_proj_bias", 2 * i)?,
+        down: Matrix::from_f32(&format!("{p}.down_proj[{expert}]"), h, i, down)?,
+        down_bias: bias("down_proj_bias", h)?,
+    };
+    w.check(cfg, &format!("{p}[{expert}]"))?;
+    Ok(w)
+}
+
+/// Loads every expert of every layer, decoded to F32.
+pub fn load_all_experts(ck: &Checkpoint, cfg: &ModelConfig) -> Result<Vec<Vec<ExpertWeights>>> {
+    let layout = expert_layout(ck)?;
+    (0..cfg.num_layers)
+        .map(|l| (0..cfg.num_experts).map(|e| load_expert(ck, cfg, layout, l, e)).collect())
+        .collect()
+}
+
+/// Bytes that decoding every expert to F32 takes.
+pub fn decoded_expert_bytes(cfg: &ModelConfig) -> u64 {
+    let per = 3 * cfg.intermediate_size * cfg.hidden_size + 2 * cfg.intermediate_size + cfg.hidden_size;
+    4 * per as u64 * cfg.num_experts as u64 * cfg.num_layers as u64
+}
+
+/// One expert's `[rows, cols]` matrix from MXFP4 `{name}_blocks` / `{name}_scales`.
+fn decode_mxfp4_expert(
+    ck: &Checkpoint,
+    name: &str,
+    experts: usize,
+    expert: usize,
+    rows: usize,
+    cols: usize,
+) -> Result<Vec<f32>> {
+    if !cols.is_multiple_of(mxfp4::BLOCK) {
+        return Err(Error::tensor(
+            format!("{name}_blocks"),
+            format!("input dimension {cols} is not a multiple of the MXFP4 block size 32"),
+        ));
+    }
+    let groups = cols / mxfp4::BLOCK;
+    let blocks = ck.u8_tensor(&format!("{name}_blocks"), &[experts, rows, groups, mxfp4::BLOCK_BYTES])?;
+    let scales = ck.u8_tensor(&format!("{name}_scales"), &[experts, rows, groups])?;
+    let block_stride = rows * groups * mxfp4::BLOCK_BYTES;
+    let scale_stride = rows * groups;
+    let blocks = &blocks[expert * block_stride..(expert + 1) * block_stride];
+    let scales = &scales[expert * scale_stride..(expert + 1) * scale_stride];
+    let mut out = vec![0.0f32; rows * cols];
+    for r in 0..rows {
+        mxfp4::decode_row(
+            &blocks[r * groups * mxfp4::BLOCK_BYTES..(r + 1) * groups * mxfp4::BLOCK_BYTES],
+            &scales[r * groups..(r + 1) * groups],
+            &mut out[r * cols..(r + 1) * cols],
+        )
+        .map_err(|g| {
+            Error::tensor(
+                format!("{name}_scales"),
+                format!("expert {expert}, row {r}, block {g}: scale byte 255 (NaN)"),
+            )
+        })?;
+    }
+    Ok(out)
+}
+
+/// One expert of a dequantized `[E, in, out]` tensor, transposed to `[out, in]`.
+fn transpose_expert(
+    ck: &Checkpoint,
+    name: &str,
+    experts: usize,
+    expert: usize,
+    inputs: usize,
+    outputs: usize,
+) -> Result<Vec<f32>> {
+    let per = inputs * outputs;
+    let src = ck.f32_range(name, &[experts, inputs, outputs], expert * per, per)?;
+    let mut out = vec![0.0f32; inputs * outputs];
+    for r in 0..inputs {
+        for c in 0..outputs {
+            out[c * inputs + r] = src[r * outputs + c];
+        }
+    }
+    Ok(out)
+}
+
+/// Opens a Hugging Face checkpoint directory: config and tensors.
+pub fn open(dir: &Path) -> Result<(ModelConfig, Checkpoint)> {
+    let cfg = ModelConfig::from_dir(dir)?;
+    let ck = Checkpoint::open(dir)?;
+    Ok((cfg, ck))
+}

@@ -1,0 +1,217 @@
+//! The GPT-OSS forward pass, written once over the [`Backend`] ops.
+//!
+//! Per layer: RMSNorm, Q/K/V with bias, RoPE on Q and K, attention with sinks over the
+//! cache (sliding on sliding layers), output projection, residual; RMSNorm, router top-k,
+//! the experts, residual. Then the final RMSNorm and the head.
+
+use std::time::{Duration, Instant};
+
+use crate::backend::{Backend, LinearId, NormId, RouteTable};
+use crate::error::Result;
+
+/// Which positions of a batch get logits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogitRows {
+    /// Only the last position (generation).
+    Last,
+    /// Every position (scoring, `--logits-out`, validation).
+    All,
+    /// None: only the key/value cache is filled (consuming a token nobody needs logits of).
+    None,
+}
+
+/// Receives intermediate values during a forward pass (validation checkpoints, seed 0.3).
+/// Observing forces readbacks, so it is for tests and diagnostics only; [`NoObserver`]
+/// turns it off.
+pub trait Observer {
+    /// Whether to read anything back at all.
+    fn enabled(&self) -> bool {
+        true
+    }
+    /// The residual stream entering layer `layer` (layer == num_layers: after the last),
+    /// `[rows, hidden]`, for positions `start_pos..`.
+    fn residual(&mut self, _layer: usize, _start_pos: usize, _rows: &[f32]) {}
+    /// The routing decision of `layer` for positions `start_pos..`.
+    fn routes(&mut self, _layer: usize, _start_pos: usize, _routes: &RouteTable) {}
+}
+
+/// Observes nothing (no readbacks).
+pub struct NoObserver;
+
+impl Observer for NoObserver {
+    fn enabled(&self) -> bool {
+        false
+    }
+}
+
+/// Where time went, by phase (wall clock on the calling thread).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PhaseTimes {
+    /// Norm, projections, RoPE, attention, output projection.
+    pub attention: Duration,
+    /// Norm, routing, experts (including waiting for expert weights).
+    pub experts: Duration,
+    /// Final norm and output head, with the readback.
+    pub head: Duration,
+}
+
+/// Scratch buffers for a batch of a given size, reused across calls.
+struct Scratch<B: Backend> {
+    rows: usize,
+    x: B::Act,
+    normed: B::Act,
+    q: B::Act,
+    k: B::Act,
+    v: B::Act,
+    attn: B::Act,
+    proj: B::Act,
+    routes: B::Routes,
+}
+
+/// A backend plus the buffers and counters of the forward pass.
+pub struct Forward<B: Backend> {
+    backend: B,
+    scratch: Option<Scratch<B>>,
+    /// Largest number of positions processed in one batch.
+    max_batch: usize,
+    times: PhaseTimes,
+}
+
+impl<B: Backend> Forward<B> {
+    /// Wraps a backend. Prompts longer than `max_batch` are processed in blocks.
+    pub fn new(backend: B, max_batch: usize) -> Self {
+        Forward { backend, scratch: None, max_batch: max_batch.max(1), times: PhaseTimes::default() }
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+
+    /// The backend, mutably.
+    pub fn backend_mut(&mut self) -> &mut B {
+        &mut self.backend
+    }
+
+    /// Time spent so far, by phase.
+    pub fn times(&self) -> PhaseTimes {
+        self.times
+    }
+
+    /// Runs `ids` at positions `start_pos..` and returns logits (`[rows, vocab]`, rows as
+    /// `logits` asks). The caller has validated IDs and capacity.
+    pub fn run(
+        &mut self,
+        ids: &[u32],
+        start_pos: usize,
+        logits: LogitRows,
+        observer: &mut dyn Observer,
+    ) -> Result<Vec<f32>> {
+        let mut out = Vec::new();
+        let blocks = ids.len().div_ceil(self.max_batch);
+        for (b, block) in ids.chunks(self.max_batch).enumerate() {
+            let last_block = b + 1 == blocks;
+            let rows = match logits {
+                LogitRows::All => Some(0..block.len()),
+                LogitRows::Last if last_block => Some(block.len() - 1..block.len()),
+                LogitRows::Last | LogitRows::None => None,
+            };
+            let pos = start_pos + b * self.max_batch;
+            let part = self.run_block(block, pos, rows, observer)?;
+            out.extend_from_slice(&part);
+        }
+        Ok(out)
+    }
+
+    fn scratch(&mut self, rows: usize) -> Result<Scratch<B>> {
+        if let Some(s) = self.scratch.take()
+            && s.rows == rows
+        {
+            return Ok(s);
+        }
+        let cfg = self.backend.config().clone();
+        let b = &mut self.backend;
+        Ok(Scratch {
+            rows,
+            x: b.alloc(rows, cfg.hidden_size)?,
+            normed: b.alloc(rows, cfg.hidden_size)?,
+            q: b.alloc(rows, cfg.q_dim())?,
+            k: b.alloc(rows, cfg.kv_dim())?,
+            v: b.alloc(rows, cfg.kv_dim())?,
+            attn: b.alloc(rows, cfg.q_dim())?,
+            proj: b.alloc(rows, cfg.hidden_size)?,
+            routes: b.alloc_routes(rows)?,
+        })
+    }
+
+    fn run_block(
+        &mut self,
+        ids: &[u32],
+        start_pos: usize,
+        logit_rows: Option<std::ops::Range<usize>>,
+        observer: &mut dyn Observer,
+    ) -> Result<Vec<f32>> {
+        let mut s = self.scratch(ids.len())?;
+        let result = self.layers(&mut s, ids, start_pos, logit_rows, observer);
+        self.scratch = Some(s);
+        result
+    }
+
+    fn layers(
+        &mut self,
+        s: &mut Scratch<B>,
+        ids: &[u32],
+        start_pos: usize,
+        logit_rows: Option<std::ops::Range<usize>>,
+        observer: &mut dyn Observer,
+    ) -> Result<Vec<f32>> {
+        let observe = observer.enabled();
+        let layers = self.backend.config().num_layers;
+        let b = &mut self.backend;
+        b.embed(ids, &mut s.x)?;
+        for layer in 0..layers {
+            if observe {
+                observer.residual(layer, start_pos, &b.read(&s.x)?);
+            }
+            let t0 = Instant::now();
+            b.rms_norm(NormId::Attention(layer), &s.x, &mut s.normed)?;
+            b.linear(LinearId::Q(layer), &s.normed, &mut s.q)?;
+            b.linear(LinearId::K(layer), &s.normed, &mut s.k)?;
+            b.linear(LinearId::V(layer), &s.normed, &mut s.v)?;
+            b.rope(&mut s.q, start_pos)?;
+            b.rope(&mut s.k, start_pos)?;
+            b.attention(layer, start_pos, &s.q, &s.k, &s.v, &mut s.attn)?;
+            b.linear(LinearId::O(layer), &s.attn, &mut s.proj)?;
+            b.add(&mut s.x, &s.proj)?;
+            let t1 = Instant::now();
+            b.rms_norm(NormId::Mlp(layer), &s.x, &mut s.normed)?;
+            b.route(layer, &s.normed, &mut s.routes)?;
+            if observe {
+                observer.routes(layer, start_pos, &b.read_routes(&s.routes)?);
+            }
+            b.experts(layer, &s.normed, &s.routes, &mut s.proj)?;
+            b.add(&mut s.x, &s.proj)?;
+            let t2 = Instant::now();
+            self.times.attention += t1 - t0;
+            self.times.experts += t2 - t1;
+        }
+        if observe {
+            observer.residual(layers, start_pos, &b.read(&s.x)?);
+        }
+        let Some(rows) = logit_rows else {
+            return Ok(Vec::new());
+        };
+        let t0 = Instant::now();
+        let vocab = b.config().vocab_size;
+        let hidden = b.config().hidden_size;
+        let mut selected = b.alloc(rows.len(), hidden)?;
+        b.copy_rows(&s.x, rows.start, &mut selected)?;
+        let mut normed = b.alloc(rows.len(), hidden)?;
+        b.rms_norm(NormId::Final, &selected, &mut normed)?;
+        let mut logits = b.alloc(rows.len(), vocab)?;
+        b.linear(LinearId::LmHead, &normed, &mut logits)?;
+        let out = b.read(&logits)?;
+        self.times.head += t0.elapsed();
+        Ok(out)
+    }
+}

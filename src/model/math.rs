@@ -1,0 +1,219 @@
+//! The elementwise and small-vector math of GPT-OSS, as plain functions: RMSNorm, the
+//! attention softmax with a sink, top-k routing, and the clipped interleaved SwiGLU.
+//! Backends that compute these elsewhere (SIMD, GPU) are tested against these.
+
+/// `out[i] = weight[i] * (x[i] / sqrt(mean(x^2) + eps))`, in f32.
+pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    debug_assert_eq!(x.len(), weight.len());
+    debug_assert_eq!(x.len(), out.len());
+    let mut sum_sq = 0.0f32;
+    for v in x {
+        sum_sq += v * v;
+    }
+    let inv = 1.0 / (sum_sq / x.len() as f32 + eps).sqrt();
+    for ((o, &v), &w) in out.iter_mut().zip(x).zip(weight) {
+        *o = w * (v * inv);
+    }
+}
+
+/// Softmax of `scores` with one extra "sink" logit appended: the max is taken over the
+/// scores and the sink, the sink's share is dropped, so the returned weights sum to less
+/// than one. Writes the weights over `scores`.
+pub fn softmax_with_sink(scores: &mut [f32], sink: f32) {
+    let mut max = sink;
+    for &s in scores.iter() {
+        max = max.max(s);
+    }
+    let mut denom = (sink - max).exp();
+    for s in scores.iter_mut() {
+        *s = (*s - max).exp();
+        denom += *s;
+    }
+    let inv = 1.0 / denom;
+    for s in scores.iter_mut() {
+        *s *= inv;
+    }
+}
+
+/// Plain softmax in place.
+pub fn softmax(values: &mut [f32]) {
+    let max = values.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut denom = 0.0f32;
+    for v in values.iter_mut() {
+        *v = (*v - max).exp();
+        denom += *v;
+    }
+    for v in values.iter_mut() {
+        *v /= denom;
+    }
+}
+
+/// The `k` largest router logits, in descending order (ties: lower index first), and the
+/// softmax over just those `k` logits. Writes `k` indices and `k` weights.
+pub fn route_top_k(logits: &[f32], k: usize, indices: &mut [u32], weights: &mut [f32]) {
+    debug_assert!(k <= logits.len());
+    debug_assert_eq!(indices.len(), k);
+    debug_assert_eq!(weights.len(), k);
+    // Insertion into a sorted list of k: k is small (4) and E is at most a few hundred.
+    let mut n = 0usize;
+    for (e, &v) in logits.iter().enumerate() {
+        // Position among the current best: after every value >= v (earlier index wins ties).
+        let mut pos = n;
+        while pos > 0 && weights[pos - 1] < v {
+            pos -= 1;
+        }
+        if pos >= k {
+            continue;
+        }
+        let end = if n < k { n } else { k - 1 };
+        for j in (pos..end).rev() {
+            weights[j + 1] = weights[j];
+            indices[j + 1] = indices[j];
+        }
+        weights[pos] = v;
+        indices[pos] = e as u32;
+        if n < k {
+            n += 1;
+        }
+    }
+    softmax(weights);
+}
+
+/// GPT-OSS's SwiGLU over the interleaved gate/up vector (`gate_up[2i]` is gate `i`,
+/// `gate_up[2i+1]` is up `i`): gate clamped above at `limit`, up clamped to
+/// `[-limit, limit]`, `out[i] = (up + 1) * gate * sigmoid(alpha * gate)`.
+pub fn swiglu_interleaved(gate_up: &[f32], limit: f32, alpha: f32, out: &mut [f32]) {
+    debug_assert_eq!(gate_up.len(), 2 * out.len());
+    for (o, pair) in out.iter_mut().zip(gate_up.chunks_exact(2)) {
+        let gate = pair[0].min(limit);
+        let up = pair[1].clamp(-limit, limit);
+        let glu = gate * sigmoid(gate * alpha);
+        *o = (up + 1.0) * glu;
+    }
+}
+
+/// The logistic function `1 / (1 + e^-x)`.
+#[inline]
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// Index and value of the largest element (lowest index on ties), and the margin to the
+/// runner-up (0 when there is only one element).
+pub fn argmax_with_margin(values: &[f32]) -> (usize, f32, f32) {
+    let mut best = 0usize;
+    for (i, &v) in values.iter().enumerate() {
+        if v > values[best] {
+            best = i;
+        }
+    }
+    let mut second = f32::NEG_INFINITY;
+    for (i, &v) in values.iter().enumerate() {
+        if i != best && v > second {
+            second = v;
+        }
+    }
+    let margin = if values.len() > 1 { values[best] - second } else { 0.0 };
+    (best, values[best], margin)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn close(a: f32, b: f32, tol: f32) -> bool {
+        (a - b).abs() <= tol * (1.0 + b.abs())
+    }
+
+    #[test]
+    fn rms_norm_matches_definition() {
+        let x = [1.0f32, -2.0, 3.0, 0.5];
+        let w = [1.0f32, 0.5, 2.0, -1.0];
+        let mut out = [0.0f32; 4];
+        rms_norm(&x, &w, 1e-5, &mut out);
+        let ms = (1.0 + 4.0 + 9.0 + 0.25) / 4.0;
+        let r = 1.0 / (ms + 1e-5f64).sqrt();
+        for i in 0..4 {
+            assert!(close(out[i], (w[i] as f64 * x[i] as f64 * r) as f32, 1e-6), "{i}: {}", out[i]);
+        }
+        // eps matters for a zero vector: the output is zero, not NaN.
+        let mut z = [1.0f32; 4];
+        rms_norm(&[0.0; 4], &w, 1e-5, &mut z);
+        assert_eq!(z, [0.0; 4]);
+    }
+
+    #[test]
+    fn sink_takes_its_share_and_is_dropped() {
+        let mut s = [1.0f32, 2.0, 3.0];
+        softmax_with_sink(&mut s, 2.5);
+        let e = [1.0f64, 2.0, 3.0, 2.5].map(|v: f64| v.exp());
+        let total: f64 = e.iter().sum();
+        for i in 0..3 {
+            assert!(close(s[i], (e[i] / total) as f32, 1e-6));
+        }
+        let sum: f32 = s.iter().sum();
+        assert!(close(sum, (1.0 - e[3] / total) as f32, 1e-6));
+        assert!(sum < 1.0);
+        // A sink far above every score swallows almost all the mass; no overflow.
+        let mut s = [0.0f32, 1.0];
+        softmax_with_sink(&mut s, 100.0);
+        assert!(s.iter().all(|v| v.is_finite() && *v < 1e-40));
+        // A very negative sink leaves a plain softmax.
+        let mut s = [0.0f32, 1.0];
+        softmax_with_sink(&mut s, -1e30);
+        assert!(close(s[0] + s[1], 1.0, 1e-7));
+    }
+
+    #[test]
+    fn top_k_sorted_descending_with_softmax_over_k() {
+        let logits = [0.1f32, 3.0, -1.0, 2.0, 2.5, 0.0, 5.0, 1.0];
+        let mut idx = [0u32; 4];
+        let mut w = [0.0f32; 4];
+        route_top_k(&logits, 4, &mut idx, &mut w);
+        assert_eq!(idx, [6, 1, 4, 3]);
+        let e = [5.0f64, 3.0, 2.5, 2.0].map(|v: f64| v.exp());
+        let t: f64 = e.iter().sum();
+        for i in 0..4 {
+            assert!(close(w[i], (e[i] / t) as f32, 1e-6));
+        }
+        // Ties resolve to the lower index; k == E works.
+        let mut idx = [0u32; 3];
+        let mut w = [0.0f32; 3];
+        route_top_k(&[1.0, 1.0, 1.0], 3, &mut idx, &mut w);
+        assert_eq!(idx, [0, 1, 2]);
+        assert!(w.iter().all(|&v| close(v, 1.0 / 3.0, 1e-6)));
+        // k == 1 gives weight exactly 1.
+        let mut idx = [0u32; 1];
+        let mut w = [0.0f32; 1];
+        route_top_k(&[-3.0, -1.0, -2.0], 1, &mut idx, &mut w);
+        assert_eq!((idx[0], w[0]), (1, 1.0));
+    }
+
+    #[test]
+    fn swiglu_is_interleaved_and_clipped() {
+        let (limit, alpha) = (7.0f32, 1.702f32);
+        // Pairs (gate, up): plain, gate above the limit, up below -limit, up above limit.
+        let gu = [0.5f32, -0.25, 9.0, 1.0, -2.0, -8.0, 1.0, 10.0];
+        let mut out = [0.0f32; 4];
+        swiglu_interleaved(&gu, limit, alpha, &mut out);
+        let f = |g: f64, u: f64| (u + 1.0) * g / (1.0 + (-(alpha as f64) * g).exp());
+        let want = [f(0.5, -0.25), f(7.0, 1.0), f(-2.0, -7.0), f(1.0, 7.0)];
+        for i in 0..4 {
+            assert!(close(out[i], want[i] as f32, 1e-6), "{i}: {} vs {}", out[i], want[i]);
+        }
+        // Gate is clamped only from above: a very negative gate passes through (to ~0).
+        let mut o = [0.0f32];
+        swiglu_interleaved(&[-20.0, 0.0], limit, alpha, &mut o);
+        assert!(o[0] < 0.0 && o[0] > -1e-12);
+        // Swapping gate and up (the "split halves" bug) changes the answer.
+        let mut swapped = [0.0f32; 1];
+        swiglu_interleaved(&[-0.25, 0.5], limit, alpha, &mut swapped);
+        assert!((swapped[0] - out[0]).abs() > 1e-3);
+    }
+
+    #[test]
+    fn argmax_reports_margin() {
+        assert_eq!(argmax_with_margin(&[1.0, 4.0, 3.5, 4.0]), (1, 4.0, 0.0));
+        assert_eq!(argmax_with_margin(&[1.0, 4.0, 3.5]), (1, 4.0, 0.5));
+    }
+}

@@ -1,0 +1,166 @@
+//! A session: one conversation's key/value cache and position on a runner.
+//!
+//! Invariant: `pos` equals the number of valid positions in the cache, and every token the
+//! session emits is also consumed (fed back), so the next turn continues from a cache that
+//! matches the token history exactly. Every request is validated before any state changes.
+
+use crate::engine::Runner;
+use crate::error::{Error, Result};
+use crate::model::{LogitRows, NoObserver, Observer};
+use crate::sample::Sampler;
+
+/// Why generation stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StopReason {
+    /// The requested number of tokens was produced.
+    MaxTokens,
+    /// A stop token was produced (and consumed).
+    Stop(u32),
+    /// The context is full; the last emitted token was consumed.
+    ContextFull,
+    /// The caller asked to stop.
+    Cancelled,
+}
+
+/// The result of a generation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Generation {
+    /// Tokens produced, stop token included.
+    pub tokens: Vec<u32>,
+    /// Why it stopped.
+    pub stop: StopReason,
+}
+
+/// A conversation's state on a runner.
+pub struct Session {
+    runner: Box<dyn Runner>,
+    /// Token at each valid cache position.
+    tokens: Vec<u32>,
+    /// Logits after the last consumed token, if computed.
+    last_logits: Option<Vec<f32>>,
+}
+
+impl Session {
+    /// A fresh session (empty cache).
+    pub fn new(runner: Box<dyn Runner>) -> Self {
+        Session { runner, tokens: Vec::new(), last_logits: None }
+    }
+
+    /// The runner.
+    pub fn runner(&self) -> &dyn Runner {
+        self.runner.as_ref()
+    }
+
+    /// Valid positions in the cache.
+    pub fn pos(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Cache capacity.
+    pub fn capacity(&self) -> usize {
+        self.runner.capacity()
+    }
+
+    /// The token at every valid position.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Checks that every ID is in the vocabulary; the error names the first bad one.
+    pub fn check_ids(&self, ids: &[u32]) -> Result<()> {
+        let vocab = self.runner.config().vocab_size;
+        match ids.iter().enumerate().find(|&(_, &id)| id as usize >= vocab) {
+            Some((i, id)) => Err(Error::invalid(format!(
+                "token ID {id} (input position {i}) is outside the vocabulary (0..{vocab})"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Checks that `keep` cached positions plus `new` more fit.
+    pub fn check_fits(&self, keep: usize, new: usize) -> Result<()> {
+        if keep > self.pos() {
+            return Err(Error::invalid(format!(
+                "cannot keep {keep} positions: only {} are cached",
+                self.pos()
+            )));
+        }
+        if keep + new > self.capacity() {
+            return Err(Error::ContextFull { needed: keep + new, capacity: self.capacity() });
+        }
+        Ok(())
+    }
+
+    /// Drops every position from `keep` on.
+    pub fn rewind(&mut self, keep: usize) -> Result<()> {
+        self.check_fits(keep, 0)?;
+        if keep < self.tokens.len() {
+            self.tokens.truncate(keep);
+            self.last_logits = None;
+        }
+        Ok(())
+    }
+
+    /// Consumes `ids` after the cached positions and returns logits for `rows`.
+    /// Validates IDs and capacity first: on error, nothing has changed.
+    pub fn feed(&mut self, ids: &[u32], rows: LogitRows, observer: &mut dyn Observer) -> Result<Vec<f32>> {
+        self.check_ids(ids)?;
+        self.check_fits(self.pos(), ids.len())?;
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let logits = self.runner.forward(ids, self.pos(), rows, observer)?;
+        self.tokens.extend_from_slice(ids);
+        let vocab = self.runner.config().vocab_size;
+        self.last_logits = match rows {
+            LogitRows::None => None,
+            _ => Some(logits[logits.len() - vocab..].to_vec()),
+        };
+        Ok(logits)
+    }
+
+    /// Feeds `prompt`, then produces up to `max_new` tokens, feeding each one back. Stops
+    /// early on a token in `stop`, when the context is full, or when `on_token` returns
+    /// false. An empty prompt continues from the last consumed token.
+    pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        max_new: usize,
+        sampler: &mut Sampler,
+        stop: &[u32],
+        on_token: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<Generation> {
+        if prompt.is_empty() && self.last_logits.is_none() && max_new > 0 {
+            return Err(Error::invalid("empty prompt and nothing to continue from"));
+        }
+        self.check_ids(prompt)?;
+        self.check_fits(self.pos(), prompt.len())?;
+        if !prompt.is_empty() {
+            let rows = if max_new > 0 { LogitRows::Last } else { LogitRows::None };
+            self.feed(prompt, rows, &mut NoObserver)?;
+        }
+        let mut out = Vec::new();
+        while out.len() < max_new {
+            if self.pos() >= self.capacity() {
+                return Ok(Generation { tokens: out, stop: StopReason::ContextFull });
+            }
+            let Some(logits) = self.last_logits.as_deref() else {
+                break;
+            };
+            let token = sampler.sample(logits);
+            out.push(token);
+            let keep_going = on_token(token);
+            let is_stop = stop.contains(&token);
+            let more = keep_going && !is_stop && out.len() < max_new;
+            // Consume what was emitted, so the cache matches the history.
+            self.feed(&[token], if more { LogitRows::Last } else { LogitRows::None }, &mut NoObserver)?;
+            if is_stop {
+                return Ok(Generation { tokens: out, stop: StopReason::Stop(token) });
+            }
+            if !keep_going {
+                return Ok(Generation { tokens: out, stop: StopReason::Cancelled });
+            }
+        }
+        Ok(Generation { tokens: out, stop: StopReason::MaxTokens })
+    }
+}

@@ -1,0 +1,71 @@
+//! Shared helpers for integration tests: fixture paths and Transformers references.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use safetensors::{Dtype, SafeTensors};
+
+/// `fixtures/<name>` in the source tree.
+pub fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(name)
+}
+
+/// Every fixture model: (directory name, has Transformers references).
+pub const FIXTURES: [&str; 4] = ["tiny-f32", "tiny-mxfp4", "alt-f32", "alt-mxfp4"];
+
+/// The references Transformers computed for a fixture (see fixtures/gen_fixtures.py).
+pub struct Reference {
+    pub prompt: Vec<u32>,
+    /// `[T, vocab]`.
+    pub logits: Vec<f32>,
+    /// `[layers, T, k]`.
+    pub router_idx: Vec<u32>,
+    /// `[layers, T, k]`.
+    pub router_weights: Vec<f32>,
+    pub greedy: Vec<u32>,
+    pub greedy_margins: Vec<f32>,
+    /// `[layers + 1, T, hidden]`.
+    pub hidden: Vec<f32>,
+    pub inv_freq: Vec<f32>,
+    pub attention_factor: f32,
+}
+
+fn floats(st: &SafeTensors, name: &str) -> Vec<f32> {
+    let t = st.tensor(name).unwrap_or_else(|e| panic!("reference tensor {name}: {e}"));
+    assert_eq!(t.dtype(), Dtype::F32, "{name}");
+    t.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+}
+
+fn ints(st: &SafeTensors, name: &str) -> Vec<u32> {
+    let t = st.tensor(name).unwrap_or_else(|e| panic!("reference tensor {name}: {e}"));
+    assert_eq!(t.dtype(), Dtype::I32, "{name}");
+    t.data()
+        .chunks_exact(4)
+        .map(|c| u32::try_from(i32::from_le_bytes(c.try_into().unwrap())).unwrap())
+        .collect()
+}
+
+impl Reference {
+    pub fn load(fixture_dir: &Path) -> Self {
+        let bytes = std::fs::read(fixture_dir.join("reference.safetensors")).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        Reference {
+            prompt: ints(&st, "prompt_ids"),
+            logits: floats(&st, "logits"),
+            router_idx: ints(&st, "router_idx"),
+            router_weights: floats(&st, "router_weights"),
+            greedy: ints(&st, "greedy_ids"),
+            greedy_margins: floats(&st, "greedy_margins"),
+            hidden: floats(&st, "hidden_states"),
+            inv_freq: floats(&st, "inv_freq"),
+            attention_factor: floats(&st, "attention_factor")[0],
+        }
+    }
+}
+
+/// Largest absolute difference.
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}
