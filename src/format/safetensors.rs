@@ -15,6 +15,7 @@ use safetensors::{Dtype, SafeTensorError, SafeTensors};
 
 use crate::error::{Error, Result};
 use crate::quant::reference::bf16_to_f32;
+use crate::quant::buffer::ByteRegion;
 use crate::quant::{Matrix, MatrixData, WeightBuf};
 
 /// Where one tensor lives.
@@ -215,10 +216,10 @@ impl Checkpoint {
     /// A `[rows, cols]` float matrix. F32 and BF16 stay in the mapped file; F16 is widened.
     pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Matrix> {
         let t = self.require_shape(name, &[rows, cols])?;
-        let map = &self.shards[t.shard].map;
+        let region: Arc<dyn ByteRegion> = self.shards[t.shard].map.clone();
         let data = match t.dtype {
-            Dtype::F32 => MatrixData::F32(WeightBuf::mapped(map, t.offset, t.len)),
-            Dtype::BF16 => MatrixData::Bf16(WeightBuf::mapped(map, t.offset, t.len)),
+            Dtype::F32 => MatrixData::F32(WeightBuf::shared(&region, t.offset, t.len)),
+            Dtype::BF16 => MatrixData::Bf16(WeightBuf::shared(&region, t.offset, t.len)),
             Dtype::F16 => MatrixData::F32(WeightBuf::owned(self.f32_tensor(name, &[rows, cols])?)),
             other => {
                 return Err(Error::tensor(name, format!("dtype {other:?}, expected F32, BF16 or F16")));

@@ -5,6 +5,9 @@
 //! faster kernels are added beside it and tested against it.
 
 pub mod buffer;
+pub mod int4;
+pub mod int8;
+pub mod kernels;
 pub mod reference;
 
 use rayon::prelude::*;
@@ -20,6 +23,32 @@ pub enum MatrixData {
     F32(WeightBuf<f32>),
     /// bfloat16 (the upper half of an f32), widened exactly to f32 before use.
     Bf16(WeightBuf<u16>),
+    /// INT8, one f32 scale per row (see [`int8`]).
+    Int8Rows {
+        /// `rows * cols` codes.
+        codes: WeightBuf<i8>,
+        /// `rows` scales.
+        scales: WeightBuf<f32>,
+    },
+    /// INT4 in groups of 64 inputs with an f16 scale each (see [`int4`]).
+    Int4G64 {
+        /// `rows * int4::row_bytes(cols)` code bytes.
+        codes: WeightBuf<u8>,
+        /// `rows * int4::groups(cols)` f16 scales.
+        scales: WeightBuf<u16>,
+    },
+}
+
+impl MatrixData {
+    /// Short name of the storage format.
+    pub fn format_name(&self) -> &'static str {
+        match self {
+            MatrixData::F32(_) => "f32",
+            MatrixData::Bf16(_) => "bf16",
+            MatrixData::Int8Rows { .. } => "int8-row",
+            MatrixData::Int4G64 { .. } => "int4-gs64",
+        }
+    }
 }
 
 /// A weight matrix: `rows` outputs by `cols` inputs, row-major.
@@ -38,16 +67,20 @@ pub struct Matrix {
 const PARALLEL_MIN_WORK: usize = 1 << 15;
 
 impl Matrix {
-    /// Builds a matrix, checking that `data` holds exactly `rows * cols` elements.
+    /// Builds a matrix, checking that `data` holds exactly what `rows x cols` needs.
     pub fn new(name: &str, rows: usize, cols: usize, data: MatrixData) -> Result<Self> {
-        let len = match &data {
-            MatrixData::F32(b) => b.len(),
-            MatrixData::Bf16(b) => b.len(),
+        let (have, want) = match &data {
+            MatrixData::F32(b) => (vec![b.len()], vec![rows * cols]),
+            MatrixData::Bf16(b) => (vec![b.len()], vec![rows * cols]),
+            MatrixData::Int8Rows { codes, scales } => (vec![codes.len(), scales.len()], vec![rows * cols, rows]),
+            MatrixData::Int4G64 { codes, scales } => {
+                (vec![codes.len(), scales.len()], vec![rows * int4::row_bytes(cols), rows * int4::groups(cols)])
+            }
         };
-        if len != rows * cols {
+        if have != want {
             return Err(Error::tensor(
                 name,
-                format!("holds {len} elements, expected {rows} x {cols} = {}", rows * cols),
+                format!("{} [{rows}, {cols}] holds {have:?} elements, expected {want:?}", data.format_name()),
             ));
         }
         Ok(Matrix { rows, cols, data })
@@ -60,10 +93,7 @@ impl Matrix {
 
     /// Short name of the storage format.
     pub fn format_name(&self) -> &'static str {
-        match self.data {
-            MatrixData::F32(_) => "f32",
-            MatrixData::Bf16(_) => "bf16",
-        }
+        self.data.format_name()
     }
 
     /// Bytes of weight data (what one full product must read).
@@ -71,20 +101,37 @@ impl Matrix {
         match &self.data {
             MatrixData::F32(b) => b.byte_len(),
             MatrixData::Bf16(b) => b.byte_len(),
+            MatrixData::Int8Rows { codes, scales } => codes.byte_len() + scales.byte_len(),
+            MatrixData::Int4G64 { codes, scales } => codes.byte_len() + scales.byte_len(),
         }
     }
 
-    /// Dot product of row `r` with `x`.
+    /// Length of the input a row dot product takes: `cols`, or whole INT4 groups.
+    fn padded_cols(&self) -> usize {
+        match self.data {
+            MatrixData::Int4G64 { .. } => int4::groups(self.cols) * int4::GROUP,
+            _ => self.cols,
+        }
+    }
+
+    /// Dot product of row `r` with `x` (`padded_cols` long).
     #[inline]
-    pub fn row_dot(&self, r: usize, x: &[f32]) -> f32 {
+    fn row_dot(&self, r: usize, x: &[f32]) -> f32 {
         let c = self.cols;
         match &self.data {
-            MatrixData::F32(b) => reference::dot_f32(&b.as_slice()[r * c..(r + 1) * c], x),
-            MatrixData::Bf16(b) => reference::dot_bf16(&b.as_slice()[r * c..(r + 1) * c], x),
+            MatrixData::F32(b) => kernels::f32_dot(&b.as_slice()[r * c..(r + 1) * c], x),
+            MatrixData::Bf16(b) => kernels::bf16_dot(&b.as_slice()[r * c..(r + 1) * c], x),
+            MatrixData::Int8Rows { codes, scales } => {
+                kernels::int8_dot(&codes.as_slice()[r * c..(r + 1) * c], scales.as_slice()[r], x)
+            }
+            MatrixData::Int4G64 { codes, scales } => {
+                let (rb, g) = (int4::row_bytes(c), int4::groups(c));
+                kernels::int4_dot(&codes.as_slice()[r * rb..(r + 1) * rb], &scales.as_slice()[r * g..(r + 1) * g], x)
+            }
         }
     }
 
-    /// Writes row `r`, widened to f32, into `out` (embedding lookup).
+    /// Writes row `r`, decoded to f32, into `out` (embedding lookup).
     pub fn row_to_f32(&self, r: usize, out: &mut [f32]) {
         let c = self.cols;
         match &self.data {
@@ -94,6 +141,17 @@ impl Matrix {
                     *o = reference::bf16_to_f32(w);
                 }
             }
+            MatrixData::Int8Rows { codes, scales } => {
+                int8::dequantize_row(&codes.as_slice()[r * c..(r + 1) * c], scales.as_slice()[r], out)
+            }
+            MatrixData::Int4G64 { codes, scales } => {
+                let (rb, g) = (int4::row_bytes(c), int4::groups(c));
+                int4::dequantize_row(
+                    &codes.as_slice()[r * rb..(r + 1) * rb],
+                    &scales.as_slice()[r * g..(r + 1) * g],
+                    out,
+                )
+            }
         }
     }
 
@@ -102,6 +160,15 @@ impl Matrix {
     pub fn matvec(&self, x: &[f32], y: &mut [f32]) {
         assert_eq!(x.len(), self.cols, "matvec input length");
         assert_eq!(y.len(), self.rows, "matvec output length");
+        let padded;
+        let x = if self.padded_cols() == self.cols {
+            x
+        } else {
+            let mut p = vec![0.0f32; self.padded_cols()];
+            p[..self.cols].copy_from_slice(x);
+            padded = p;
+            &padded
+        };
         if self.rows * self.cols < PARALLEL_MIN_WORK {
             for (r, out) in y.iter_mut().enumerate() {
                 *out = self.row_dot(r, x);
@@ -116,7 +183,12 @@ impl Matrix {
         }
     }
 
-    /// The whole matrix widened to f32 (for tests and the L1 reference).
+    /// The same matrix stored as F32 (dequantized): the L1 reference runs on this.
+    pub fn dequantized(&self) -> Matrix {
+        Matrix { rows: self.rows, cols: self.cols, data: MatrixData::F32(WeightBuf::owned(self.to_f32())) }
+    }
+
+    /// The whole matrix decoded to f32.
     pub fn to_f32(&self) -> Vec<f32> {
         let mut out = vec![0.0; self.rows * self.cols];
         for (r, row) in out.chunks_mut(self.cols).enumerate() {
