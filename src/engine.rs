@@ -8,11 +8,16 @@ use crate::backend::Backend;
 use crate::backend::cpu::CpuBackend;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
-use crate::experts::{ExpertSource, ResidentExperts};
+use crate::experts::{CachedExperts, ExpertSource, ExpertStats, ExpertStore, ResidentExperts};
+use crate::format::container::convert::{STATE_FILE, is_hf_checkpoint};
+use crate::format::container::{
+    Container, ConvertOptions, Formats, Manifest, convert, is_container, source_identity,
+};
 use crate::format::{hf, safetensors::Checkpoint};
 use crate::model::forward::PhaseTimes;
-use crate::model::weights::DenseWeights;
+use crate::model::weights::{AttentionWeights, DenseWeights, ExpertWeights, LayerWeights, Linear};
 use crate::model::{Forward, LogitRows, Observer};
+use crate::system::gib;
 
 /// A model on a backend, ready to run positions.
 pub trait Runner: Send {
@@ -33,6 +38,8 @@ pub trait Runner: Send {
     ) -> Result<Vec<f32>>;
     /// Time spent so far, by phase.
     fn times(&self) -> PhaseTimes;
+    /// Counters of the expert source.
+    fn expert_stats(&self) -> ExpertStats;
 }
 
 impl<B: Backend + Send> Runner for Forward<B> {
@@ -61,6 +68,10 @@ impl<B: Backend + Send> Runner for Forward<B> {
     fn times(&self) -> PhaseTimes {
         Forward::times(self)
     }
+
+    fn expert_stats(&self) -> ExpertStats {
+        self.backend().expert_stats()
+    }
 }
 
 /// A loaded model: configuration, dense weights and where experts come from.
@@ -71,8 +82,60 @@ pub struct LoadedModel {
     pub dense: Arc<DenseWeights>,
     /// The expert source.
     pub experts: Arc<dyn ExpertSource>,
-    /// The directory it was loaded from.
+    /// The directory the weights were loaded from (the container, after conversion).
     pub dir: PathBuf,
+}
+
+impl LoadedModel {
+    /// The same model with every weight decoded to F32 and every expert in memory: the
+    /// level-L1 reference for a quantized container (small models only).
+    pub fn dequantized(&self) -> Result<LoadedModel> {
+        let cfg = &self.config;
+        let d = &self.dense;
+        let lin = |l: &Linear| Linear { weight: l.weight.dequantized(), bias: l.bias.clone() };
+        let dense = DenseWeights {
+            embed: d.embed.dequantized(),
+            layers: d
+                .layers
+                .iter()
+                .map(|l| LayerWeights {
+                    attn_norm: l.attn_norm.clone(),
+                    attn: AttentionWeights {
+                        q: lin(&l.attn.q),
+                        k: lin(&l.attn.k),
+                        v: lin(&l.attn.v),
+                        o: lin(&l.attn.o),
+                        sinks: l.attn.sinks.clone(),
+                    },
+                    mlp_norm: l.mlp_norm.clone(),
+                    router: lin(&l.router),
+                })
+                .collect(),
+            final_norm: d.final_norm.clone(),
+            lm_head: d.lm_head.dequantized(),
+        };
+        let experts = (0..cfg.num_layers)
+            .map(|l| {
+                (0..cfg.num_experts)
+                    .map(|e| {
+                        let w = self.experts.expert(l, e)?;
+                        Ok(ExpertWeights {
+                            gate_up: w.gate_up.dequantized(),
+                            gate_up_bias: w.gate_up_bias.clone(),
+                            down: w.down.dequantized(),
+                            down_bias: w.down_bias.clone(),
+                        })
+                    })
+                    .collect::<Result<Vec<_>>>()
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(LoadedModel {
+            config: Arc::clone(&self.config),
+            dense: Arc::new(dense),
+            experts: Arc::new(ResidentExperts::new(experts)),
+            dir: self.dir.clone(),
+        })
+    }
 }
 
 /// Options for running a model.
@@ -96,8 +159,113 @@ pub fn default_ctx(cfg: &ModelConfig) -> usize {
     4096.min(cfg.max_position_embeddings)
 }
 
-/// Loads a model directory (a Hugging Face checkpoint), checking every mandatory tensor.
-pub fn load(dir: &Path) -> Result<LoadedModel> {
+/// Options for opening a model directory.
+#[derive(Clone, Debug, Default)]
+pub struct OpenOptions {
+    /// RAM for the expert cache in bytes; `None` sizes it from the machine.
+    pub ram_bytes: Option<u64>,
+    /// Formats used when a Hugging Face directory has to be converted first.
+    pub formats: Formats,
+    /// Where converted copies of Hugging Face directories go; `None`: the user cache.
+    pub cache_dir: Option<PathBuf>,
+    /// Show a progress bar while converting.
+    pub progress: bool,
+    /// Context capacity the model will run with (to reserve KV memory).
+    pub ctx: usize,
+}
+
+/// Opens a model directory: a container directly, or a Hugging Face checkpoint through
+/// its converted copy in the cache (converting it on first use).
+pub fn open(path: &Path, opts: &OpenOptions) -> Result<LoadedModel> {
+    if !path.is_dir() {
+        return Err(Error::format(path, "model directory does not exist"));
+    }
+    if is_container(path) {
+        return load_container(path, opts);
+    }
+    if path.join(STATE_FILE).exists() {
+        return Err(Error::format(
+            path,
+            "is an incomplete conversion (interrupted); run `picchio convert` on its source again to finish it",
+        ));
+    }
+    if !is_hf_checkpoint(path) {
+        return Err(Error::format(
+            path,
+            "neither a Picchio container (manifest.json) nor a Hugging Face checkpoint (config.json + model.safetensors)",
+        ));
+    }
+    let target = converted_copy_dir(path, opts)?;
+    if !is_container(&target) || Manifest::read(&target).is_err() {
+        tracing::info!("converting {} into {} (first use)", path.display(), target.display());
+        let report = convert(
+            path,
+            &target,
+            &ConvertOptions { formats: opts.formats, progress: opts.progress, interrupt_after: None },
+        )?;
+        tracing::info!(
+            "converted in {:.1} s ({} written, peak RSS {})",
+            report.seconds,
+            gib(report.bytes_written),
+            report.peak_rss.map_or("unknown".into(), gib)
+        );
+    }
+    load_container(&target, opts)
+}
+
+/// Where the converted copy of the checkpoint `src` lives: keyed by the source's identity
+/// and the formats, so a changed source or other formats get a fresh conversion.
+pub fn converted_copy_dir(src: &Path, opts: &OpenOptions) -> Result<PathBuf> {
+    let root = match &opts.cache_dir {
+        Some(d) => d.clone(),
+        None => dirs::cache_dir()
+            .ok_or_else(|| Error::invalid("no user cache directory on this platform; pass --cache-dir"))?
+            .join("picchio"),
+    };
+    let mut h = blake3::Hasher::new();
+    h.update(source_identity(src)?.as_bytes());
+    h.update(&serde_json::to_vec(&opts.formats).expect("formats serialize"));
+    let key = h.finalize().to_hex();
+    let name = src
+        .canonicalize()
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "model".into());
+    Ok(root.join(format!("{name}-{}", &key.as_str()[..16])))
+}
+
+/// Loads a container: dense weights mapped, experts through a RAM cache.
+pub fn load_container(dir: &Path, opts: &OpenOptions) -> Result<LoadedModel> {
+    let c = Container::open(dir)?;
+    let config = Arc::new(c.config.clone());
+    let dense = c.load_dense()?;
+    let store = ExpertStore::open(dir, c.experts(), Arc::clone(&config))?;
+    let ram = match opts.ram_bytes {
+        Some(b) => b,
+        None => default_ram_budget(&config, c.dense_bytes(), store.expert_bytes(), opts.ctx),
+    };
+    Ok(LoadedModel {
+        config,
+        dense: Arc::new(dense),
+        experts: Arc::new(CachedExperts::new(store, ram)),
+        dir: dir.to_path_buf(),
+    })
+}
+
+/// Memory left for the expert cache: physical RAM minus the dense weights, the KV cache and
+/// a reserve for the OS and everything else (4 GiB, or a quarter of RAM on small machines);
+/// never less than one token's experts in every layer.
+pub fn default_ram_budget(cfg: &ModelConfig, dense_bytes: u64, expert_bytes: u64, ctx: usize) -> u64 {
+    let total = crate::system::total_memory().unwrap_or(8 << 30);
+    let kv = 2 * 4 * (cfg.num_layers * ctx * cfg.kv_dim()) as u64;
+    let reserve = (4u64 << 30).min(total / 4);
+    let floor = expert_bytes * (cfg.num_layers * cfg.experts_per_token) as u64;
+    total.saturating_sub(dense_bytes + kv + reserve).max(floor)
+}
+
+/// Loads a Hugging Face checkpoint directly, every expert decoded to F32 in memory. For
+/// small models and validation against Transformers; large models run from a container.
+pub fn load_hf(dir: &Path) -> Result<LoadedModel> {
     if !dir.is_dir() {
         return Err(Error::format(dir, "model directory does not exist"));
     }

@@ -11,10 +11,12 @@ pub mod engine;
 pub mod error;
 pub mod experts;
 pub mod format;
+pub mod io;
 pub mod model;
 pub mod quant;
 pub mod sample;
 pub mod session;
+pub mod system;
 
 pub use config::ModelConfig;
 pub use error::{Error, Result};

@@ -18,7 +18,7 @@ fn copy_fixture(name: &str) -> tempfile::TempDir {
 }
 
 fn load_error(dir: &Path) -> String {
-    match picchio::engine::load(dir) {
+    match picchio::engine::load_hf(dir) {
         Ok(_) => panic!("{} loaded although it is broken", dir.display()),
         Err(e) => e.to_string(),
     }

@@ -11,6 +11,13 @@ fn picchio(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_picchio")).args(args).output().expect("run picchio")
 }
 
+/// Runs a model command with converted copies kept in a test's own cache directory.
+fn picchio_cached(cache: &std::path::Path, args: &[&str]) -> Output {
+    let mut all: Vec<&str> = args.to_vec();
+    all.extend(["--cache-dir", cache.to_str().unwrap()]);
+    picchio(&all)
+}
+
 fn stdout_ids(out: &Output) -> Vec<u32> {
     String::from_utf8(out.stdout.clone())
         .unwrap()
@@ -25,26 +32,24 @@ fn stderr(out: &Output) -> String {
 
 #[test]
 fn default_model_prints_exactly_n_ids() {
-    let out = picchio(&["generate", "--ids", "0 5 17 999", "-n", "8"]);
+    let cache = tempfile::tempdir().unwrap();
+    let out = picchio_cached(cache.path(), &["generate", "--ids", "0 5 17 999", "-n", "8"]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stdout_ids(&out).len(), 8);
 }
 
+/// With the exact formats (everything F32) the converted fixture reproduces Transformers.
 #[test]
 fn reproduces_transformers_greedy_tokens() {
+    let cache = tempfile::tempdir().unwrap();
     for name in ["tiny-f32", "tiny-mxfp4"] {
         let dir = fixture(name);
         let r = Reference::load(&dir);
         let prompt = dir.join("prompt.ids");
-        let out = picchio(&[
-            "generate",
-            "-m",
-            dir.to_str().unwrap(),
-            "--ids-file",
-            prompt.to_str().unwrap(),
-            "-n",
-            "32",
-        ]);
+        let (dir, prompt) = (dir.to_str().unwrap(), prompt.to_str().unwrap());
+        let args =
+            ["generate", "-m", dir, "--ids-file", prompt, "-n", "32", "--experts", "f32", "--dense", "f32"];
+        let out = picchio_cached(cache.path(), &args);
         assert!(out.status.success(), "{}", stderr(&out));
         assert_eq!(stdout_ids(&out), r.greedy, "{name}");
     }
@@ -57,15 +62,22 @@ fn logits_out_writes_prompt_logits() {
     let tmp = tempfile::tempdir().unwrap();
     let npy = tmp.path().join("logits.npy");
     let prompt = dir.join("prompt.ids");
-    let out = picchio(&[
-        "generate",
-        "--ids-file",
-        prompt.to_str().unwrap(),
-        "-n",
-        "2",
-        "--logits-out",
-        npy.to_str().unwrap(),
-    ]);
+    let out = picchio_cached(
+        tmp.path(),
+        &[
+            "generate",
+            "--ids-file",
+            prompt.to_str().unwrap(),
+            "-n",
+            "2",
+            "--logits-out",
+            npy.to_str().unwrap(),
+            "--experts",
+            "f32",
+            "--dense",
+            "f32",
+        ],
+    );
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(stdout_ids(&out), r.greedy[..2]);
     let bytes = std::fs::read(&npy).unwrap();
@@ -79,7 +91,8 @@ fn logits_out_writes_prompt_logits() {
 
 #[test]
 fn id_outside_vocabulary_is_refused() {
-    let out = picchio(&["generate", "--ids", "1 2 1000", "-n", "3"]);
+    let cache = tempfile::tempdir().unwrap();
+    let out = picchio_cached(cache.path(), &["generate", "--ids", "1 2 1000", "-n", "3"]);
     assert!(!out.status.success());
     assert!(out.stdout.is_empty());
     let e = stderr(&out);
@@ -104,7 +117,9 @@ fn unreadable_or_malformed_ids_file_is_named() {
 #[test]
 fn prompt_longer_than_context_is_refused() {
     let prompt = fixture("tiny-f32").join("prompt.ids");
-    let out = picchio(&["generate", "--ids-file", prompt.to_str().unwrap(), "--ctx", "10"]);
+    let cache = tempfile::tempdir().unwrap();
+    let out =
+        picchio_cached(cache.path(), &["generate", "--ids-file", prompt.to_str().unwrap(), "--ctx", "10"]);
     assert!(!out.status.success());
     assert!(out.stdout.is_empty());
     let e = stderr(&out);
@@ -113,7 +128,8 @@ fn prompt_longer_than_context_is_refused() {
 
 #[test]
 fn generation_stops_cleanly_when_the_context_fills() {
-    let out = picchio(&["generate", "--ids", "1 2 3", "-n", "20", "--ctx", "8"]);
+    let cache = tempfile::tempdir().unwrap();
+    let out = picchio_cached(cache.path(), &["generate", "--ids", "1 2 3", "-n", "20", "--ctx", "8"]);
     assert!(out.status.success(), "{}", stderr(&out));
     // 3 prompt positions + 5 generated (each consumed) fill the 8 positions.
     assert_eq!(stdout_ids(&out).len(), 5);
@@ -125,4 +141,66 @@ fn missing_model_directory_is_named() {
     let out = picchio(&["generate", "-m", "/nonexistent/model", "--ids", "1"]);
     assert!(!out.status.success());
     assert!(stderr(&out).contains("/nonexistent/model"), "{}", stderr(&out));
+}
+
+#[test]
+fn checkpoint_is_converted_once_then_reused_and_reconverted_when_changed() {
+    let cache = tempfile::tempdir().unwrap();
+    let src = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(fixture("tiny-mxfp4")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), src.path().join(entry.file_name())).unwrap();
+    }
+    let args = ["generate", "-m", src.path().to_str().unwrap(), "--ids", "3 1 4 1 5", "-n", "4"];
+    let first = picchio_cached(cache.path(), &args);
+    assert!(first.status.success(), "{}", stderr(&first));
+    assert!(stderr(&first).contains("converting"), "{}", stderr(&first));
+    let second = picchio_cached(cache.path(), &args);
+    assert!(second.status.success());
+    assert!(!stderr(&second).contains("converting"), "{}", stderr(&second));
+    assert_eq!(stdout_ids(&first), stdout_ids(&second));
+    assert_eq!(std::fs::read_dir(cache.path()).unwrap().count(), 1);
+    // A changed source (here: one shard rewritten) gets its own conversion.
+    let shard = src.path().join("model-00002-of-00003.safetensors");
+    let bytes = std::fs::read(&shard).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    std::fs::write(&shard, bytes).unwrap();
+    let third = picchio_cached(cache.path(), &args);
+    assert!(third.status.success());
+    assert!(stderr(&third).contains("converting"), "{}", stderr(&third));
+    assert_eq!(std::fs::read_dir(cache.path()).unwrap().count(), 2);
+}
+
+#[test]
+fn convert_then_verify_from_the_command_line() {
+    let out = tempfile::tempdir().unwrap();
+    let target = out.path().join("c");
+    let r = picchio(&["convert", fixture("alt-mxfp4").to_str().unwrap(), target.to_str().unwrap()]);
+    assert!(r.status.success(), "{}", stderr(&r));
+    let v = picchio(&["verify", target.to_str().unwrap()]);
+    assert!(v.status.success(), "{}", stderr(&v));
+    assert!(stderr(&v).contains("all match"));
+    let m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(target.join("manifest.json")).unwrap()).unwrap();
+    let rec = &m["experts"]["records"][7];
+    let path = target.join("experts.bin");
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[rec["offset"].as_u64().unwrap() as usize + 1] ^= 0x80;
+    std::fs::write(&path, bytes).unwrap();
+    let v = picchio(&["verify", target.to_str().unwrap()]);
+    assert!(!v.status.success());
+    let e = stderr(&v);
+    assert!(e.contains(&format!("BAD expert layer {} expert {}", rec["layer"], rec["expert"])), "{e}");
+}
+
+#[test]
+fn stats_report_the_cache() {
+    let cache = tempfile::tempdir().unwrap();
+    let out = picchio_cached(
+        cache.path(),
+        &["generate", "--ids", "9 8 7", "-n", "3", "--stats", "--ram-gb", "0.0001"],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let e = stderr(&out);
+    assert!(e.contains("expert cache:") && e.contains("misses") && e.contains("disk wait"), "{e}");
 }

@@ -35,7 +35,7 @@ impl Observer for Recorder {
 }
 
 fn session(name: &str, max_batch: usize) -> Session {
-    let model = engine::load(&fixture(name)).unwrap();
+    let model = engine::load_hf(&fixture(name)).unwrap();
     let ctx = 128.min(model.config.max_position_embeddings);
     Session::new(engine::cpu_runner(&model, &RunOptions { ctx, max_batch }).unwrap())
 }

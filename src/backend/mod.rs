@@ -8,6 +8,7 @@ pub mod cpu;
 
 use crate::config::ModelConfig;
 use crate::error::Result;
+use crate::experts::ExpertStats;
 
 /// A dense linear layer of the model, by role.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -126,4 +127,7 @@ pub trait Backend {
     fn read(&mut self, x: &Self::Act) -> Result<Vec<f32>>;
     /// Reads a routing decision back to the host (for observers and verification).
     fn read_routes(&mut self, routes: &Self::Routes) -> Result<RouteTable>;
+
+    /// Counters of the expert source behind the backend.
+    fn expert_stats(&self) -> ExpertStats;
 }

@@ -68,14 +68,13 @@ fn read_prompt(args: &GenerateArgs) -> anyhow::Result<Vec<u32>> {
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     args.model.apply_threads()?;
     let prompt = read_prompt(&args)?;
-    let dir = args.model.model_dir();
     let started = Instant::now();
-    let model = engine::load(&dir).with_context(|| format!("loading model {}", dir.display()))?;
+    let model = args.model.open(args.model.ctx)?;
     let ctx = args.model.ctx.unwrap_or_else(|| engine::default_ctx(&model.config));
     let runner = engine::cpu_runner(&model, &RunOptions { ctx, ..Default::default() })?;
     tracing::info!(
         "loaded {} in {:.2?}: {} layers, {} experts (top-{}), vocab {}; {}",
-        dir.display(),
+        model.dir.display(),
         started.elapsed(),
         model.config.num_layers,
         model.config.num_experts,
@@ -92,9 +91,14 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     if let Some(path) = &args.logits_out {
         let logits = session.feed(&prompt, LogitRows::All, &mut NoObserver)?;
         write_logits(path, &logits, prompt.len(), session.runner().config().vocab_size)?;
-        return emit_continuation(&mut session, &[], &args, t0);
+        emit_continuation(&mut session, &[], &args, t0)?;
+    } else {
+        emit_continuation(&mut session, &prompt, &args, t0)?;
     }
-    emit_continuation(&mut session, &prompt, &args, t0)
+    if args.model.stats {
+        super::print_stats(session.runner(), prompt.len(), session.pos() - prompt.len(), t0.elapsed());
+    }
+    Ok(())
 }
 
 fn write_logits(path: &Path, logits: &[f32], rows: usize, vocab: usize) -> anyhow::Result<()> {

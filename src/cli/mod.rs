@@ -1,11 +1,14 @@
 //! Subcommands of the `picchio` binary. Each lives in its own module; this one holds the
 //! argument definitions shared by all of them.
 
+mod convert;
 mod generate;
+mod verify;
 
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+use picchio::format::container::{DenseFormat, ExpertFormat, Formats};
 
 /// Picchio runs GPT-OSS mixture-of-experts models locally.
 #[derive(Parser, Debug)]
@@ -27,14 +30,36 @@ pub struct Cli {
 pub enum Command {
     /// Generate token IDs from a raw-ID prompt (greedy by default).
     Generate(generate::GenerateArgs),
+    /// Convert a Hugging Face checkpoint into a Picchio container.
+    Convert(convert::ConvertArgs),
+    /// Re-hash every tensor and expert of a container against its manifest.
+    Verify(verify::VerifyArgs),
 }
 
 /// Options every command that runs a model takes.
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
-    /// Model directory (a Hugging Face checkpoint). Default: the tiny model in fixtures/.
+    /// Model directory: a Picchio container, or a Hugging Face checkpoint (converted on
+    /// first use into the cache directory). Default: the tiny model in fixtures/.
     #[arg(short = 'm', long = "model")]
     pub model: Option<PathBuf>,
+    /// RAM for the expert cache, in GiB (default: physical RAM minus dense weights, KV
+    /// cache and a reserve for the system).
+    #[arg(long)]
+    pub ram_gb: Option<f64>,
+    /// Where converted copies of Hugging Face checkpoints are kept (default: the user
+    /// cache directory, e.g. ~/.cache/picchio).
+    #[arg(long)]
+    pub cache_dir: Option<PathBuf>,
+    /// Expert format when a Hugging Face checkpoint is converted.
+    #[arg(long, value_enum, default_value_t = ExpertFormat::Int4)]
+    pub experts: ExpertFormat,
+    /// Dense format when a Hugging Face checkpoint is converted.
+    #[arg(long, value_enum, default_value_t = DenseFormat::Auto)]
+    pub dense: DenseFormat,
+    /// Print cache, disk and timing statistics at the end.
+    #[arg(long)]
+    pub stats: bool,
     /// Context capacity in positions (the key/value cache size). Default: 4096, or the
     /// model's maximum if smaller.
     #[arg(long)]
@@ -48,6 +73,31 @@ impl ModelArgs {
     /// The model directory to use.
     pub fn model_dir(&self) -> PathBuf {
         self.model.clone().unwrap_or_else(picchio::default_model_dir)
+    }
+
+    /// Opens the model with these options for a context of `ctx` positions.
+    pub fn open(&self, ctx: Option<usize>) -> anyhow::Result<picchio::engine::LoadedModel> {
+        use anyhow::Context;
+        let dir = self.model_dir();
+        let ram_bytes = match self.ram_gb {
+            Some(g) if !(g.is_finite() && g > 0.0) => {
+                anyhow::bail!("--ram-gb must be a positive number, got {g}")
+            }
+            Some(g) => Some((g * (1u64 << 30) as f64) as u64),
+            None => None,
+        };
+        let opts = picchio::engine::OpenOptions {
+            ram_bytes,
+            formats: Formats { experts: self.experts, dense: self.dense },
+            cache_dir: self.cache_dir.clone(),
+            progress: !self.quiet_progress(),
+            ctx: ctx.unwrap_or(4096),
+        };
+        picchio::engine::open(&dir, &opts).with_context(|| format!("loading model {}", dir.display()))
+    }
+
+    fn quiet_progress(&self) -> bool {
+        !std::io::IsTerminal::is_terminal(&std::io::stderr())
     }
 
     /// Sizes the worker pool.
@@ -82,5 +132,38 @@ pub fn init_logging(verbose: u8, quiet: bool) {
 pub fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Generate(args) => generate::run(args),
+        Command::Convert(args) => convert::run(args),
+        Command::Verify(args) => verify::run(args),
     }
+}
+
+/// Prints where time went and what the expert cache did (stderr).
+pub fn print_stats(
+    runner: &dyn picchio::engine::Runner,
+    prompt: usize,
+    generated: usize,
+    wall: std::time::Duration,
+) {
+    let t = runner.times();
+    let e = runner.expert_stats();
+    let secs = wall.as_secs_f64().max(1e-9);
+    eprintln!(
+        "stats: {prompt} prompt + {generated} generated positions in {secs:.3} s ({:.2} positions/s)",
+        (prompt + generated) as f64 / secs
+    );
+    eprintln!(
+        "  time: attention {:.3} s, experts {:.3} s (of which disk wait {:.3} s), head {:.3} s",
+        t.attention.as_secs_f64(),
+        t.experts.as_secs_f64(),
+        e.disk_wait.as_secs_f64(),
+        t.head.as_secs_f64()
+    );
+    eprintln!(
+        "  expert cache: {} hits, {} misses ({:.1}% hits), {} read, {} evictions",
+        e.hits,
+        e.misses,
+        100.0 * e.hit_rate(),
+        picchio::system::gib(e.bytes_read),
+        e.evictions
+    );
 }

@@ -72,10 +72,13 @@ impl Matrix {
         let (have, want) = match &data {
             MatrixData::F32(b) => (vec![b.len()], vec![rows * cols]),
             MatrixData::Bf16(b) => (vec![b.len()], vec![rows * cols]),
-            MatrixData::Int8Rows { codes, scales } => (vec![codes.len(), scales.len()], vec![rows * cols, rows]),
-            MatrixData::Int4G64 { codes, scales } => {
-                (vec![codes.len(), scales.len()], vec![rows * int4::row_bytes(cols), rows * int4::groups(cols)])
+            MatrixData::Int8Rows { codes, scales } => {
+                (vec![codes.len(), scales.len()], vec![rows * cols, rows])
             }
+            MatrixData::Int4G64 { codes, scales } => (
+                vec![codes.len(), scales.len()],
+                vec![rows * int4::row_bytes(cols), rows * int4::groups(cols)],
+            ),
         };
         if have != want {
             return Err(Error::tensor(
@@ -126,7 +129,11 @@ impl Matrix {
             }
             MatrixData::Int4G64 { codes, scales } => {
                 let (rb, g) = (int4::row_bytes(c), int4::groups(c));
-                kernels::int4_dot(&codes.as_slice()[r * rb..(r + 1) * rb], &scales.as_slice()[r * g..(r + 1) * g], x)
+                kernels::int4_dot(
+                    &codes.as_slice()[r * rb..(r + 1) * rb],
+                    &scales.as_slice()[r * g..(r + 1) * g],
+                    x,
+                )
             }
         }
     }

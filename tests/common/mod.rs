@@ -69,3 +69,22 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
+
+/// Converts fixture `name` into a fresh temporary container with `formats`.
+pub fn convert_fixture(name: &str, formats: picchio::format::container::Formats) -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    let opts = picchio::format::container::ConvertOptions { formats, progress: false, interrupt_after: None };
+    picchio::format::container::convert(&fixture(name), tmp.path(), &opts).unwrap();
+    tmp
+}
+
+/// Index of the largest value.
+pub fn argmax(v: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best
+}

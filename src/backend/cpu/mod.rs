@@ -13,7 +13,7 @@ use rayon::prelude::*;
 use crate::backend::{Backend, LinearId, NormId, RouteTable};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
-use crate::experts::ExpertSource;
+use crate::experts::{ExpertSource, ExpertStats};
 use crate::model::math::{rms_norm, route_top_k};
 use crate::model::rope::{RopeFrequencies, rotate_half};
 use crate::model::weights::{DenseWeights, Linear};
@@ -252,5 +252,9 @@ impl Backend for CpuBackend {
 
     fn read_routes(&mut self, routes: &RouteTable) -> Result<RouteTable> {
         Ok(routes.clone())
+    }
+
+    fn expert_stats(&self) -> ExpertStats {
+        self.experts.stats()
     }
 }
