@@ -16,6 +16,7 @@ pub mod model;
 pub mod quant;
 pub mod sample;
 pub mod session;
+pub mod synth;
 pub mod system;
 
 pub use config::ModelConfig;

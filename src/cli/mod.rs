@@ -3,6 +3,7 @@
 
 mod convert;
 mod generate;
+mod synth;
 mod verify;
 
 use std::path::PathBuf;
@@ -34,6 +35,8 @@ pub enum Command {
     Convert(convert::ConvertArgs),
     /// Re-hash every tensor and expert of a container against its manifest.
     Verify(verify::VerifyArgs),
+    /// Write a random GPT-OSS checkpoint of exact shape (for benchmarks and tests).
+    Synth(synth::SynthArgs),
 }
 
 /// Options every command that runs a model takes.
@@ -134,6 +137,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Generate(args) => generate::run(args),
         Command::Convert(args) => convert::run(args),
         Command::Verify(args) => verify::run(args),
+        Command::Synth(args) => synth::run(args),
     }
 }
 

@@ -115,8 +115,8 @@ impl ExpertSource for CachedExperts {
 
     fn describe(&self) -> String {
         format!(
-            "experts from disk through a {:.2} GiB RAM cache ({} of {} experts)",
-            self.capacity_bytes as f64 / (1u64 << 30) as f64,
+            "experts from disk through a {} RAM cache ({} of {} experts)",
+            crate::system::gib(self.capacity_bytes),
             self.capacity_experts(),
             self.store.len()
         )

@@ -190,6 +190,54 @@ impl Matrix {
         }
     }
 
+    /// `Y = X W^T`: `x` holds `n` input rows (`[n, cols]`), `y` gets `[n, rows]`. Each
+    /// weight row is read once for all `n` inputs (it stays in cache while they pass), and
+    /// every output is bit-identical to what [`Matrix::matvec`] gives for that input, so
+    /// batched prefill and token-by-token decode agree exactly.
+    pub fn matmul(&self, x: &[f32], n: usize, y: &mut [f32]) {
+        assert_eq!(x.len(), n * self.cols, "matmul input length");
+        assert_eq!(y.len(), n * self.rows, "matmul output length");
+        if n == 1 {
+            return self.matvec(x, y);
+        }
+        let pc = self.padded_cols();
+        let padded;
+        let x = if pc == self.cols {
+            x
+        } else {
+            let mut p = vec![0.0f32; n * pc];
+            for (dst, src) in p.chunks_mut(pc).zip(x.chunks(self.cols)) {
+                dst[..self.cols].copy_from_slice(src);
+            }
+            padded = p;
+            &padded
+        };
+        // Each task computes a block of weight rows for every input, then the block is
+        // scattered into the row-major output.
+        let chunk = (PARALLEL_MIN_WORK / (self.cols * n).max(1)).max(1);
+        let blocks: Vec<(usize, Vec<f32>)> = (0..self.rows.div_ceil(chunk))
+            .into_par_iter()
+            .map(|b| {
+                let r0 = b * chunk;
+                let r1 = (r0 + chunk).min(self.rows);
+                let mut out = Vec::with_capacity((r1 - r0) * n);
+                for r in r0..r1 {
+                    for t in 0..n {
+                        out.push(self.row_dot(r, &x[t * pc..(t + 1) * pc]));
+                    }
+                }
+                (r0, out)
+            })
+            .collect();
+        for (r0, out) in blocks {
+            for (i, vals) in out.chunks(n).enumerate() {
+                for (t, &v) in vals.iter().enumerate() {
+                    y[t * self.rows + r0 + i] = v;
+                }
+            }
+        }
+    }
+
     /// The same matrix stored as F32 (dequantized): the L1 reference runs on this.
     pub fn dequantized(&self) -> Matrix {
         Matrix { rows: self.rows, cols: self.cols, data: MatrixData::F32(WeightBuf::owned(self.to_f32())) }

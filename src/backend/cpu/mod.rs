@@ -143,10 +143,10 @@ impl Backend for CpuBackend {
     fn linear(&mut self, id: LinearId, x: &CpuAct, out: &mut CpuAct) -> Result<()> {
         let (w, bias) = self.linear_parts(id);
         check_shape("linear", out, x.rows, w.rows)?;
-        for (xr, or) in x.data.chunks(x.width).zip(out.data.chunks_mut(w.rows)) {
-            w.matvec(xr, or);
-            if let Some(b) = bias {
-                for (o, &b) in or.iter_mut().zip(b) {
+        w.matmul(&x.data, x.rows, &mut out.data);
+        if let Some(b) = bias {
+            for row in out.data.chunks_mut(w.rows) {
+                for (o, &b) in row.iter_mut().zip(b) {
                     *o += b;
                 }
             }

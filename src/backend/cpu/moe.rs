@@ -1,8 +1,7 @@
 //! The MoE block on the CPU: each expert of the batch's union is fetched once and applied
-//! to every row that chose it; each row's contributions are then summed in routing order,
-//! so the result is the same for any batch size, fetch order or cache state.
-
-use rayon::prelude::*;
+//! to every row that chose it, as one batched product; each row's contributions are then
+//! summed in routing order, so the result is the same for any batch size, fetch order or
+//! cache state.
 
 use crate::backend::RouteTable;
 use crate::config::ModelConfig;
@@ -11,19 +10,24 @@ use crate::experts::ExpertSource;
 use crate::model::math::swiglu_interleaved;
 use crate::model::weights::ExpertWeights;
 
-/// One expert applied to one row: `down(swiglu(gate_up x + b_gu)) + b_down`, unweighted.
-pub fn expert_forward(cfg: &ModelConfig, w: &ExpertWeights, x: &[f32], out: &mut [f32]) {
+/// One expert applied to `n` rows of `x` (`[n, hidden]`): `down(swiglu(gate_up x + b)) + b`,
+/// unweighted, into `out` (`[n, hidden]`).
+pub fn expert_forward(cfg: &ModelConfig, w: &ExpertWeights, x: &[f32], n: usize, out: &mut [f32]) {
     let i = cfg.intermediate_size;
-    let mut gate_up = vec![0.0f32; 2 * i];
-    w.gate_up.matvec(x, &mut gate_up);
-    for (g, &b) in gate_up.iter_mut().zip(&w.gate_up_bias) {
-        *g += b;
+    let mut gate_up = vec![0.0f32; n * 2 * i];
+    w.gate_up.matmul(x, n, &mut gate_up);
+    let mut act = vec![0.0f32; n * i];
+    for (gu, a) in gate_up.chunks_mut(2 * i).zip(act.chunks_mut(i)) {
+        for (g, &b) in gu.iter_mut().zip(&w.gate_up_bias) {
+            *g += b;
+        }
+        swiglu_interleaved(gu, cfg.swiglu_limit, cfg.swiglu_alpha, a);
     }
-    let mut act = vec![0.0f32; i];
-    swiglu_interleaved(&gate_up, cfg.swiglu_limit, cfg.swiglu_alpha, &mut act);
-    w.down.matvec(&act, out);
-    for (o, &b) in out.iter_mut().zip(&w.down_bias) {
-        *o += b;
+    w.down.matmul(&act, n, out);
+    for row in out.chunks_mut(cfg.hidden_size) {
+        for (o, &b) in row.iter_mut().zip(&w.down_bias) {
+            *o += b;
+        }
     }
 }
 
@@ -45,13 +49,20 @@ pub fn moe_forward(
     ids.dedup();
     let weights = source.experts(layer, &ids)?;
 
-    // Unweighted output of every (row, slot) pair, each computed independently.
+    // Unweighted output of every (row, slot) pair: per expert, its rows as one batch.
     let mut contrib = vec![0.0f32; rows * k * h];
-    contrib.par_chunks_mut(h).enumerate().for_each(|(pair, dst)| {
-        let row = pair / k;
-        let u = ids.partition_point(|&e| e < routes.experts[pair] as usize);
-        expert_forward(cfg, &weights[u], &x[row * h..(row + 1) * h], dst);
-    });
+    for (e, w) in ids.iter().zip(&weights) {
+        let pairs: Vec<usize> = (0..rows * k).filter(|&p| routes.experts[p] as usize == *e).collect();
+        let mut xs = Vec::with_capacity(pairs.len() * h);
+        for &p in &pairs {
+            xs.extend_from_slice(&x[(p / k) * h..(p / k + 1) * h]);
+        }
+        let mut ys = vec![0.0f32; pairs.len() * h];
+        expert_forward(cfg, w, &xs, pairs.len(), &mut ys);
+        for (&p, y) in pairs.iter().zip(ys.chunks(h)) {
+            contrib[p * h..(p + 1) * h].copy_from_slice(y);
+        }
+    }
 
     for r in 0..rows {
         let o = &mut out[r * h..(r + 1) * h];

@@ -1,0 +1,108 @@
+//! `picchio synth`: write a random GPT-OSS checkpoint of exact shape.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
+use picchio::synth::{SynthShape, SynthSpec, synth};
+use picchio::system::gib;
+
+/// Arguments of `picchio synth`.
+#[derive(Args, Debug)]
+pub struct SynthArgs {
+    /// Output directory (a Hugging Face checkpoint).
+    out: PathBuf,
+    /// Starting shape; every dimension below overrides it.
+    #[arg(long, value_enum, default_value_t = SynthShape::GptOss20b)]
+    shape: SynthShape,
+    /// Decoder layers.
+    #[arg(long)]
+    layers: Option<usize>,
+    /// Experts per layer.
+    #[arg(long)]
+    experts: Option<usize>,
+    /// Experts per token.
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// Residual width (a multiple of 32).
+    #[arg(long)]
+    hidden: Option<usize>,
+    /// Per-expert intermediate width (a multiple of 32).
+    #[arg(long)]
+    intermediate: Option<usize>,
+    /// Query heads.
+    #[arg(long)]
+    heads: Option<usize>,
+    /// Key/value heads.
+    #[arg(long)]
+    kv_heads: Option<usize>,
+    /// Width of a head.
+    #[arg(long)]
+    head_dim: Option<usize>,
+    /// Vocabulary size.
+    #[arg(long)]
+    vocab: Option<usize>,
+    /// Sliding window.
+    #[arg(long)]
+    window: Option<usize>,
+    /// Random seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Largest shard, in GiB.
+    #[arg(long, default_value_t = 4.0)]
+    shard_gb: f64,
+}
+
+/// Runs `picchio synth`.
+pub fn run(a: SynthArgs) -> anyhow::Result<()> {
+    let mut s = SynthSpec::of(a.shape);
+    let set = |dst: &mut usize, v: Option<usize>| {
+        if let Some(v) = v {
+            *dst = v;
+        }
+    };
+    set(&mut s.layers, a.layers);
+    set(&mut s.experts, a.experts);
+    set(&mut s.top_k, a.top_k);
+    set(&mut s.hidden, a.hidden);
+    set(&mut s.intermediate, a.intermediate);
+    set(&mut s.heads, a.heads);
+    set(&mut s.kv_heads, a.kv_heads);
+    set(&mut s.head_dim, a.head_dim);
+    set(&mut s.vocab, a.vocab);
+    set(&mut s.window, a.window);
+    s.seed = a.seed;
+    anyhow::ensure!(a.shard_gb > 0.0, "--shard-gb must be positive");
+    s.shard_bytes = (a.shard_gb * (1u64 << 30) as f64) as u64;
+    let bar = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        let b = ProgressBar::new(0);
+        b.set_style(ProgressStyle::with_template(
+            "synth [{bar:40}] {binary_bytes}/{binary_total_bytes} {binary_bytes_per_sec} ETA {eta}",
+        )?);
+        b
+    } else {
+        ProgressBar::hidden()
+    };
+    let t0 = Instant::now();
+    let r = synth(&s, &a.out, &mut |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    })
+    .with_context(|| format!("writing {}", a.out.display()))?;
+    bar.finish_and_clear();
+    tracing::info!(
+        "{}: {} layers x {} experts (top-{}), hidden {}, vocab {}: {} in {} shards, {:.1} s",
+        a.out.display(),
+        s.layers,
+        s.experts,
+        s.top_k,
+        s.hidden,
+        s.vocab,
+        gib(r.bytes),
+        r.shards,
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
