@@ -6,6 +6,7 @@
 #![warn(missing_docs)]
 
 pub mod backend;
+pub mod bench;
 pub mod config;
 pub mod engine;
 pub mod error;

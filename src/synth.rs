@@ -104,7 +104,10 @@ impl SynthSpec {
             return bad(format!("heads ({}) must be a multiple of kv heads ({})", self.heads, self.kv_heads));
         }
         if self.top_k == 0 || self.top_k > self.experts {
-            return bad(format!("top-k ({}) must be between 1 and the expert count ({})", self.top_k, self.experts));
+            return bad(format!(
+                "top-k ({}) must be between 1 and the expert count ({})",
+                self.top_k, self.experts
+            ));
         }
         if self.layers == 0 || self.vocab == 0 || self.head_dim % 2 != 0 || self.window == 0 {
             return bad("layers, vocab and window must be positive and head_dim even".into());
@@ -114,8 +117,9 @@ impl SynthSpec {
 
     /// The config.json of the checkpoint.
     pub fn config_json(&self) -> Value {
-        let layer_types: Vec<&str> =
-            (0..self.layers).map(|i| if i % 2 == 0 { "sliding_attention" } else { "full_attention" }).collect();
+        let layer_types: Vec<&str> = (0..self.layers)
+            .map(|i| if i % 2 == 0 { "sliding_attention" } else { "full_attention" })
+            .collect();
         let mut cfg = json!({
             "architectures": ["GptOssForCausalLM"],
             "attention_bias": true,
@@ -178,24 +182,41 @@ impl SynthSpec {
         let kv = self.kv_heads * self.head_dim;
         let inv = |n: usize| 1.0 / (n as f32).sqrt();
         let mut v = vec![
-            SynthTensor::bf16("model.embed_tokens.weight", vec![self.vocab, h], Fill::Uniform { std: 1.0, mean: 0.0 }),
+            SynthTensor::bf16(
+                "model.embed_tokens.weight",
+                vec![self.vocab, h],
+                Fill::Uniform { std: 1.0, mean: 0.0 },
+            ),
             SynthTensor::bf16("model.norm.weight", vec![h], Fill::Uniform { std: 0.05, mean: 1.0 }),
         ];
         for l in 0..self.layers {
             let p = format!("model.layers.{l}");
             let u = |std: f32| Fill::Uniform { std, mean: 0.0 };
-            v.push(SynthTensor::bf16(&format!("{p}.input_layernorm.weight"), vec![h], Fill::Uniform { std: 0.05, mean: 1.0 }));
-            v.push(SynthTensor::bf16(&format!("{p}.post_attention_layernorm.weight"), vec![h], Fill::Uniform { std: 0.05, mean: 1.0 }));
-            for (name, rows, cols, std) in
-                [("q_proj", q, h, inv(h)), ("k_proj", kv, h, inv(h)), ("v_proj", kv, h, inv(h)), ("o_proj", h, q, 0.5 * inv(q))]
-            {
+            v.push(SynthTensor::bf16(
+                &format!("{p}.input_layernorm.weight"),
+                vec![h],
+                Fill::Uniform { std: 0.05, mean: 1.0 },
+            ));
+            v.push(SynthTensor::bf16(
+                &format!("{p}.post_attention_layernorm.weight"),
+                vec![h],
+                Fill::Uniform { std: 0.05, mean: 1.0 },
+            ));
+            for (name, rows, cols, std) in [
+                ("q_proj", q, h, inv(h)),
+                ("k_proj", kv, h, inv(h)),
+                ("v_proj", kv, h, inv(h)),
+                ("o_proj", h, q, 0.5 * inv(q)),
+            ] {
                 v.push(SynthTensor::bf16(&format!("{p}.self_attn.{name}.weight"), vec![rows, cols], u(std)));
                 v.push(SynthTensor::bf16(&format!("{p}.self_attn.{name}.bias"), vec![rows], u(0.02)));
             }
             v.push(SynthTensor::bf16(&format!("{p}.self_attn.sinks"), vec![self.heads], u(0.5)));
             v.push(SynthTensor::bf16(&format!("{p}.mlp.router.weight"), vec![e, h], u(2.0 * inv(h))));
             v.push(SynthTensor::bf16(&format!("{p}.mlp.router.bias"), vec![e], u(0.1)));
-            for (name, rows, cols, std) in [("gate_up_proj", 2 * i, h, inv(h)), ("down_proj", h, i, 0.5 * inv(i))] {
+            for (name, rows, cols, std) in
+                [("gate_up_proj", 2 * i, h, inv(h)), ("down_proj", h, i, 0.5 * inv(i))]
+            {
                 let groups = cols / 32;
                 v.push(SynthTensor {
                     name: format!("{p}.mlp.experts.{name}_blocks"),
@@ -212,7 +233,11 @@ impl SynthSpec {
                 v.push(SynthTensor::bf16(&format!("{p}.mlp.experts.{name}_bias"), vec![e, rows], u(0.02)));
             }
         }
-        v.push(SynthTensor::bf16("lm_head.weight", vec![self.vocab, h], Fill::Uniform { std: inv(h), mean: 0.0 }));
+        v.push(SynthTensor::bf16(
+            "lm_head.weight",
+            vec![self.vocab, h],
+            Fill::Uniform { std: inv(h), mean: 0.0 },
+        ));
         v
     }
 }
@@ -350,13 +375,21 @@ fn write_json(path: &Path, v: &Value) -> Result<()> {
     std::fs::write(path, text).map_err(|e| Error::io(path, e))
 }
 
-fn write_shard(path: &Path, tensors: &[&SynthTensor], seed: u64, progress: &mut dyn FnMut(u64)) -> Result<()> {
+fn write_shard(
+    path: &Path,
+    tensors: &[&SynthTensor],
+    seed: u64,
+    progress: &mut dyn FnMut(u64),
+) -> Result<()> {
     let mut header = serde_json::Map::new();
     header.insert("__metadata__".into(), json!({ "format": "pt" }));
     let mut offset = 0u64;
     for t in tensors {
         let end = offset + t.bytes();
-        header.insert(t.name.clone(), json!({ "dtype": t.dtype, "shape": t.shape, "data_offsets": [offset, end] }));
+        header.insert(
+            t.name.clone(),
+            json!({ "dtype": t.dtype, "shape": t.shape, "data_offsets": [offset, end] }),
+        );
         offset = end;
     }
     let mut text = serde_json::to_string(&Value::Object(header)).expect("header serializes");

@@ -1,6 +1,7 @@
 //! Subcommands of the `picchio` binary. Each lives in its own module; this one holds the
 //! argument definitions shared by all of them.
 
+mod bench;
 mod convert;
 mod generate;
 mod synth;
@@ -37,6 +38,8 @@ pub enum Command {
     Verify(verify::VerifyArgs),
     /// Write a random GPT-OSS checkpoint of exact shape (for benchmarks and tests).
     Synth(synth::SynthArgs),
+    /// Measure prefill and decode speed.
+    Bench(bench::BenchArgs),
 }
 
 /// Options every command that runs a model takes.
@@ -138,6 +141,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Convert(args) => convert::run(args),
         Command::Verify(args) => verify::run(args),
         Command::Synth(args) => synth::run(args),
+        Command::Bench(args) => bench::run(args),
     }
 }
 

@@ -113,6 +113,10 @@ impl ExpertSource for CachedExperts {
         Ok(found.into_iter().flatten().collect())
     }
 
+    fn expert_bytes(&self) -> u64 {
+        self.expert_bytes
+    }
+
     fn describe(&self) -> String {
         format!(
             "experts from disk through a {} RAM cache ({} of {} experts)",

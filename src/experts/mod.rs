@@ -57,4 +57,7 @@ pub trait ExpertSource: Send + Sync {
     fn stats(&self) -> ExpertStats {
         ExpertStats::default()
     }
+
+    /// Bytes one expert occupies in memory.
+    fn expert_bytes(&self) -> u64;
 }

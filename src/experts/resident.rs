@@ -30,6 +30,10 @@ impl ExpertSource for ResidentExperts {
             .ok_or_else(|| Error::invalid(format!("no expert {expert} in layer {layer}")))
     }
 
+    fn expert_bytes(&self) -> u64 {
+        self.layers.first().and_then(|l| l.first()).map_or(0, |e| e.byte_len() as u64)
+    }
+
     fn describe(&self) -> String {
         let bytes: usize = self.layers.iter().flatten().map(|e| e.byte_len()).sum();
         format!(

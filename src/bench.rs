@@ -1,0 +1,70 @@
+//! Measurements for `picchio bench`: the memory-copy bandwidth of this machine (the floor
+//! every weight-streaming kernel is compared with) and the weight bytes one decoded token
+//! must touch.
+
+use std::time::Instant;
+
+use rayon::prelude::*;
+
+use crate::engine::LoadedModel;
+
+/// Bytes per second of a parallel memory copy of `bytes` bytes (best of `reps` runs),
+/// counting each byte once (as a weight-streaming kernel reads each weight once).
+pub fn copy_bandwidth(bytes: usize, reps: usize) -> f64 {
+    let src = vec![1u8; bytes];
+    let mut dst = vec![0u8; bytes];
+    let chunk = bytes.div_ceil(rayon::current_num_threads().max(1)).max(4096);
+    let mut best = f64::INFINITY;
+    for _ in 0..reps.max(1) {
+        let t0 = Instant::now();
+        dst.par_chunks_mut(chunk).zip(src.par_chunks(chunk)).for_each(|(d, s)| d.copy_from_slice(s));
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    std::hint::black_box(&dst);
+    bytes as f64 / best
+}
+
+/// Weight bytes a decoded token reads: every attention and router matrix, the output
+/// head, one embedding row, and `experts_per_token` experts in every layer.
+pub fn decode_bytes_per_token(model: &LoadedModel, expert_bytes: u64) -> u64 {
+    let cfg = &model.config;
+    let d = &model.dense;
+    let mut bytes = d.lm_head.byte_len() as u64 + (d.embed.byte_len() / cfg.vocab_size) as u64;
+    for l in &d.layers {
+        for m in [&l.attn.q, &l.attn.k, &l.attn.v, &l.attn.o, &l.router] {
+            bytes += m.weight.byte_len() as u64 + 4 * m.bias.as_ref().map_or(0, Vec::len) as u64;
+        }
+    }
+    bytes + expert_bytes * (cfg.num_layers * cfg.experts_per_token) as u64
+}
+
+/// Deterministic pseudo-random token IDs below `vocab`.
+pub fn prompt_ids(n: usize, vocab: usize, seed: u64) -> Vec<u32> {
+    let mut s = seed ^ 0x2545_f491_4f6c_dd1d;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s % vocab as u64) as u32
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompt_ids_are_in_range_and_repeatable() {
+        let a = prompt_ids(100, 1000, 7);
+        assert_eq!(a, prompt_ids(100, 1000, 7));
+        assert!(a.iter().all(|&i| i < 1000));
+        assert!(a.iter().collect::<std::collections::HashSet<_>>().len() > 50);
+    }
+
+    #[test]
+    fn copy_bandwidth_is_positive() {
+        assert!(copy_bandwidth(1 << 20, 2) > 0.0);
+    }
+}
