@@ -94,13 +94,13 @@ impl SynthSpec {
 
     fn check(&self) -> Result<()> {
         let bad = |m: String| Err(Error::invalid(m));
-        if self.hidden % 32 != 0 || self.intermediate % 32 != 0 {
+        if !self.hidden.is_multiple_of(32) || !self.intermediate.is_multiple_of(32) {
             return bad(format!(
                 "hidden ({}) and intermediate ({}) must be multiples of 32 (the MXFP4 block)",
                 self.hidden, self.intermediate
             ));
         }
-        if self.kv_heads == 0 || self.heads % self.kv_heads != 0 {
+        if self.kv_heads == 0 || !self.heads.is_multiple_of(self.kv_heads) {
             return bad(format!("heads ({}) must be a multiple of kv heads ({})", self.heads, self.kv_heads));
         }
         if self.top_k == 0 || self.top_k > self.experts {
@@ -109,7 +109,7 @@ impl SynthSpec {
                 self.top_k, self.experts
             ));
         }
-        if self.layers == 0 || self.vocab == 0 || self.head_dim % 2 != 0 || self.window == 0 {
+        if self.layers == 0 || self.vocab == 0 || !self.head_dim.is_multiple_of(2) || self.window == 0 {
             return bad("layers, vocab and window must be positive and head_dim even".into());
         }
         Ok(())
