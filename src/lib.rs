@@ -16,6 +16,7 @@ pub mod io;
 pub mod model;
 pub mod quant;
 pub mod sample;
+pub mod serve;
 pub mod session;
 pub mod synth;
 pub mod system;

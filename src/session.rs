@@ -119,6 +119,25 @@ impl Session {
         Ok(logits)
     }
 
+    /// Length of the longest common prefix of the cached tokens and `ids`.
+    pub fn common_prefix(&self, ids: &[u32]) -> usize {
+        self.tokens.iter().zip(ids).take_while(|(a, b)| a == b).count()
+    }
+
+    /// Makes the cache hold exactly the prefix of `full_prompt` that it shares with the
+    /// cached tokens (at most all but the last prompt token, so the last one is fed again
+    /// and yields logits), and returns how many positions were reused. Checks the whole
+    /// prompt first: on error nothing has changed.
+    pub fn reuse_prefix(&mut self, full_prompt: &[u32]) -> Result<usize> {
+        self.check_ids(full_prompt)?;
+        if full_prompt.len() > self.capacity() {
+            return Err(Error::ContextFull { needed: full_prompt.len(), capacity: self.capacity() });
+        }
+        let keep = self.common_prefix(full_prompt).min(full_prompt.len().saturating_sub(1));
+        self.rewind(keep)?;
+        Ok(keep)
+    }
+
     /// Feeds `prompt`, then produces up to `max_new` tokens, feeding each one back. Stops
     /// early on a token in `stop`, when the context is full, or when `on_token` returns
     /// false. An empty prompt continues from the last consumed token.
@@ -147,7 +166,7 @@ impl Session {
             let Some(logits) = self.last_logits.as_deref() else {
                 break;
             };
-            let token = sampler.sample(logits);
+            let token = sampler.sample(logits, &self.tokens);
             out.push(token);
             let keep_going = on_token(token);
             let is_stop = stop.contains(&token);

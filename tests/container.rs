@@ -28,8 +28,9 @@ fn session(model: &LoadedModel) -> Session {
 /// Prompt logits and the 32-token greedy continuation.
 fn run(model: &LoadedModel, r: &Reference) -> (Vec<f32>, Vec<u32>) {
     let logits = session(model).feed(&r.prompt, LogitRows::All, &mut NoObserver).unwrap();
-    let out =
-        session(model).generate(&r.prompt, r.greedy.len(), &mut Sampler::Greedy, &[], &mut |_| true).unwrap();
+    let out = session(model)
+        .generate(&r.prompt, r.greedy.len(), &mut Sampler::greedy(), &[], &mut |_| true)
+        .unwrap();
     (logits, out.tokens)
 }
 

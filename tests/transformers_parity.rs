@@ -78,7 +78,7 @@ fn check_prompt(name: &str) {
 fn check_greedy(name: &str) {
     let r = Reference::load(&fixture(name));
     let mut s = session(name, 256);
-    let out = s.generate(&r.prompt, r.greedy.len(), &mut Sampler::Greedy, &[], &mut |_| true).unwrap();
+    let out = s.generate(&r.prompt, r.greedy.len(), &mut Sampler::greedy(), &[], &mut |_| true).unwrap();
     if let Some(step) = out.tokens.iter().zip(&r.greedy).position(|(a, b)| a != b) {
         panic!(
             "{name}: greedy token {step} is {} but Transformers gives {} (reference margin {})",

@@ -93,7 +93,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let prefill_wall = t0.elapsed();
     let (t_b, e_b) = snap(&session);
     let t1 = Instant::now();
-    let generation = session.generate(&[], args.decode_tokens, &mut Sampler::Greedy, &[], &mut |_| true)?;
+    let generation = session.generate(&[], args.decode_tokens, &mut Sampler::greedy(), &[], &mut |_| true)?;
     let decode_wall = t1.elapsed();
     let (t_c, e_c) = snap(&session);
     let prefill = Phase { wall: prefill_wall, times: delta_times(t_a, t_b), experts: delta_stats(e_a, e_b) };

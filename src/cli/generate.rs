@@ -117,7 +117,7 @@ fn emit_continuation(
     let mut out = stdout.lock();
     let mut first = true;
     let mut write_error = None;
-    let generation = session.generate(prompt, args.max_tokens, &mut Sampler::Greedy, &[], &mut |id| {
+    let generation = session.generate(prompt, args.max_tokens, &mut Sampler::greedy(), &[], &mut |id| {
         let sep = if first { "" } else { " " };
         first = false;
         match write!(out, "{sep}{id}").and_then(|_| out.flush()) {

@@ -4,6 +4,7 @@
 mod bench;
 mod convert;
 mod generate;
+mod serve;
 mod synth;
 mod verify;
 
@@ -40,6 +41,8 @@ pub enum Command {
     Synth(synth::SynthArgs),
     /// Measure prefill and decode speed.
     Bench(bench::BenchArgs),
+    /// Serve a session to another program (stdio line protocol).
+    Serve(serve::ServeArgs),
 }
 
 /// Options every command that runs a model takes.
@@ -142,6 +145,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Verify(args) => verify::run(args),
         Command::Synth(args) => synth::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::Serve(args) => serve::run(args),
     }
 }
 

@@ -88,3 +88,19 @@ pub fn argmax(v: &[f32]) -> usize {
     }
     best
 }
+
+/// A synthetic tiny GPT-OSS with the real 201088-token vocabulary, converted to a container
+/// with the default formats.
+pub fn tiny_real_vocab() -> tempfile::TempDir {
+    let src = tempfile::tempdir().unwrap();
+    let spec = picchio::synth::SynthSpec::of(picchio::synth::SynthShape::Tiny);
+    picchio::synth::synth(&spec, src.path(), &mut |_, _| {}).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let opts = picchio::format::container::ConvertOptions {
+        formats: Default::default(),
+        progress: false,
+        interrupt_after: None,
+    };
+    picchio::format::container::convert(src.path(), out.path(), &opts).unwrap();
+    out
+}

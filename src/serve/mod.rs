@@ -1,0 +1,4 @@
+//! Front-ends that serve a session to other programs: the stdio line protocol
+//! (`docs/protocol.md`) and an OpenAI-compatible HTTP server.
+
+pub mod stdio;

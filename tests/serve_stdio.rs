@@ -1,0 +1,141 @@
+//! The stdio line protocol on a tiny model with the real vocabulary: prefix reuse gives
+//! exactly the tokens of a full re-prefill, bad requests get ERROR lines and leave the
+//! session usable, and the binary speaks the protocol end to end.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+
+use picchio::engine::{self, OpenOptions, RunOptions};
+use picchio::session::Session;
+
+fn session(dir: &std::path::Path, ctx: usize) -> Session {
+    let model = engine::open(dir, &OpenOptions { ctx, ..Default::default() }).unwrap();
+    Session::new(engine::cpu_runner(&model, &RunOptions { ctx, max_batch: 64 }).unwrap())
+}
+
+/// Runs the protocol over `script` and returns the reply lines.
+fn talk(session: &mut Session, script: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    picchio::serve::stdio::serve(session, script.as_bytes(), &mut out).unwrap();
+    String::from_utf8(out).unwrap().lines().map(String::from).collect()
+}
+
+fn tokens(lines: &[String]) -> Vec<u32> {
+    lines.iter().filter_map(|l| l.strip_prefix("TOKEN ")).map(|t| t.parse().unwrap()).collect()
+}
+
+fn ids(v: &[u32]) -> String {
+    v.iter().map(u32::to_string).collect::<Vec<_>>().join(" ")
+}
+
+#[test]
+fn prefix_reuse_equals_full_reprefill() {
+    let model = common::tiny_real_vocab();
+    let prompt1 = [200006u32, 17360, 200008, 3575, 200007, 200006, 173781];
+    let mut s = session(model.path(), 256);
+    let first = talk(&mut s, &format!("TURN 6 0 0 1 0 {} {}\n", prompt1.len(), ids(&prompt1)));
+    assert!(first[0].starts_with("READY 256 201088 200002 200012 199999"), "{first:?}");
+    let t1 = tokens(&first);
+    let done1 = first.last().unwrap();
+    assert!(
+        done1.starts_with("DONE ") && done1.ends_with(&format!(" {}", prompt1.len() + t1.len())),
+        "{done1}"
+    );
+
+    // Second turn: keep everything cached, add new IDs.
+    let new_ids = [200007u32, 200006, 1428, 200008, 99, 100];
+    let keep = prompt1.len() + t1.len();
+    let second =
+        talk(&mut s, &format!("TURN 8 {keep} 0.7 0.9 40 {} {} seed=5\n", new_ids.len(), ids(&new_ids)));
+    let t2 = tokens(&second);
+
+    // The same history re-prefilled from scratch in a fresh session.
+    let mut full: Vec<u32> = prompt1.to_vec();
+    full.extend(&t1);
+    full.extend(&new_ids);
+    let mut fresh = session(model.path(), 256);
+    let again = talk(&mut fresh, &format!("TURN 8 0 0.7 0.9 40 {} {} seed=5\n", full.len(), ids(&full)));
+    assert_eq!(t2, tokens(&again), "prefix reuse diverged from a full re-prefill");
+    assert!(!t2.is_empty());
+
+    // Partial reuse: keep only part of the history and replace the rest.
+    let keep = 3;
+    let tail = [42u32, 43, 44];
+    let third = talk(&mut s, &format!("TURN 5 {keep} 0 1 0 3 {}\n", ids(&tail)));
+    let mut fresh = session(model.path(), 256);
+    let mut redo = prompt1[..keep].to_vec();
+    redo.extend(tail);
+    let expect = talk(&mut fresh, &format!("TURN 5 0 0 1 0 {} {}\n", redo.len(), ids(&redo)));
+    assert_eq!(tokens(&third), tokens(&expect));
+}
+
+#[test]
+fn bad_requests_get_errors_and_the_next_turn_still_works() {
+    let model = common::tiny_real_vocab();
+    let mut s = session(model.path(), 32);
+    let script = "TURN 3 0 0 1 0 2 5 6\n\
+                  TURN 3 99 0 1 0 1 7\n\
+                  TURN 3 0 0 1 0 40 "
+        .to_string()
+        + &ids(&[1; 40])
+        + "\nFROB 1 2\n\
+           TURN 3 0 0 1 0 2 5 201088\n\
+           TURN 3 0 0 1 0 2 5 x\n\
+           TURN 3 0 2.0 7 0 1 5\n\
+           TURN 3 5 0 1 0 1 9\n";
+    let lines = talk(&mut s, &script);
+    let errors: Vec<&String> = lines.iter().filter(|l| l.starts_with("ERROR")).collect();
+    let codes: Vec<&str> = errors.iter().map(|l| l.split_whitespace().nth(1).unwrap()).collect();
+    assert_eq!(
+        codes,
+        ["KEEP_RANGE", "CONTEXT_FULL", "BAD_COMMAND", "BAD_ID", "BAD_ID", "BAD_ARGUMENT"],
+        "{lines:?}"
+    );
+    assert!(errors.iter().all(|l| l.split_whitespace().nth(2) == Some("0")));
+    // The last TURN (keep 5 of the first turn's 2 + 3 positions) ran after all the errors
+    // and matches a fresh session given the same history.
+    let dones: Vec<&String> = lines.iter().filter(|l| l.starts_with("DONE")).collect();
+    assert_eq!(dones.len(), 2, "{lines:?}");
+    let all_tokens = tokens(&lines);
+    let (first, last) = all_tokens.split_at(3);
+    let mut history = vec![5u32, 6];
+    history.extend(first);
+    history.push(9);
+    let mut fresh = session(model.path(), 32);
+    let expect = talk(&mut fresh, &format!("TURN 3 0 0 1 0 {} {}\n", history.len(), ids(&history)));
+    assert_eq!(last, tokens(&expect).as_slice());
+}
+
+#[test]
+fn the_binary_speaks_the_protocol() {
+    let model = common::tiny_real_vocab();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_picchio"))
+        .args(["-q", "serve", "--stdio", "--ctx", "64", "-m", model.path().to_str().unwrap()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert!(line.starts_with("READY 64 201088"), "{line}");
+    writeln!(stdin, "TURN 4 0 0 1 0 3 200006 1 200008").unwrap();
+    let mut got = Vec::new();
+    loop {
+        line.clear();
+        out.read_line(&mut line).unwrap();
+        got.push(line.trim().to_string());
+        if line.starts_with("DONE") || line.starts_with("ERROR") {
+            break;
+        }
+    }
+    assert!(got.last().unwrap().starts_with("DONE"), "{got:?}");
+    writeln!(stdin, "SHUTDOWN").unwrap();
+    line.clear();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "BYE");
+    assert!(child.wait().unwrap().success());
+}
