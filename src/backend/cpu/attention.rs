@@ -36,47 +36,53 @@ pub struct LayerCache<'a> {
     pub sinks: &'a [f32],
 }
 
-/// Attends the query row `q` (`heads * head_dim`) at position `pos` over `cache` (valid
-/// through `pos`), writing `out` (`heads * head_dim`). `scores` is scratch of at least
-/// `pos + 1` floats.
-pub fn attend_row(
+/// Attends one query head `qh` (`head_dim` values) of head index `h` at position `pos` over
+/// `cache` (valid through `pos`), writing `out` (`head_dim` values). `scores` is scratch; it
+/// is resized as needed.
+pub fn attend_head(
     shape: AttentionShape,
     cache: LayerCache<'_>,
-    q: &[f32],
+    h: usize,
+    qh: &[f32],
     pos: usize,
-    scores: &mut [f32],
+    scores: &mut Vec<f32>,
     out: &mut [f32],
 ) {
     let LayerCache { keys, values, sinks } = cache;
     let d = shape.head_dim;
     let kv_dim = shape.kv_heads * d;
-    let group = shape.heads / shape.kv_heads;
+    let kvh = h / (shape.heads / shape.kv_heads);
     let scale = 1.0 / (d as f32).sqrt();
     let first = first_visible(pos, shape.window);
     let n = pos + 1 - first;
-    for h in 0..shape.heads {
-        let kvh = h / group;
-        let qh = &q[h * d..(h + 1) * d];
-        let s = &mut scores[..n];
-        for (j, sj) in s.iter_mut().enumerate() {
-            let p = first + j;
-            let k = &keys[p * kv_dim + kvh * d..p * kv_dim + (kvh + 1) * d];
-            let mut dot = 0.0f32;
-            for (a, b) in qh.iter().zip(k) {
-                dot += a * b;
-            }
-            *sj = dot * scale;
+    scores.resize(n, 0.0);
+    for (j, sj) in scores.iter_mut().enumerate() {
+        let p = first + j;
+        let k = &keys[p * kv_dim + kvh * d..p * kv_dim + (kvh + 1) * d];
+        let mut dot = 0.0f32;
+        for (a, b) in qh.iter().zip(k) {
+            dot += a * b;
         }
-        softmax_with_sink(s, sinks[h]);
-        let oh = &mut out[h * d..(h + 1) * d];
-        oh.fill(0.0);
-        for (j, &w) in s.iter().enumerate() {
-            let p = first + j;
-            let v = &values[p * kv_dim + kvh * d..p * kv_dim + (kvh + 1) * d];
-            for (o, &vv) in oh.iter_mut().zip(v) {
-                *o += w * vv;
-            }
+        *sj = dot * scale;
+    }
+    softmax_with_sink(scores, sinks[h]);
+    out.fill(0.0);
+    for (j, &w) in scores.iter().enumerate() {
+        let p = first + j;
+        let v = &values[p * kv_dim + kvh * d..p * kv_dim + (kvh + 1) * d];
+        for (o, &vv) in out.iter_mut().zip(v) {
+            *o += w * vv;
         }
+    }
+}
+
+/// Attends every head of the query row `q` (`heads * head_dim`) at position `pos`, writing
+/// `out` (`heads * head_dim`).
+pub fn attend_row(shape: AttentionShape, cache: LayerCache<'_>, q: &[f32], pos: usize, out: &mut [f32]) {
+    let d = shape.head_dim;
+    let mut scores = Vec::new();
+    for (h, o) in out.chunks_mut(d).enumerate() {
+        attend_head(shape, cache, h, &q[h * d..(h + 1) * d], pos, &mut scores, o);
     }
 }
 
@@ -102,16 +108,8 @@ mod tests {
         let keys = [0.0f32, 0.0];
         let values = [10.0f32, 20.0];
         let sinks = [f32::NEG_INFINITY; 4];
-        let mut scores = [0.0f32; 1];
         let mut out = [0.0f32; 4];
-        attend_row(
-            shape,
-            LayerCache { keys: &keys, values: &values, sinks: &sinks },
-            &q,
-            0,
-            &mut scores,
-            &mut out,
-        );
+        attend_row(shape, LayerCache { keys: &keys, values: &values, sinks: &sinks }, &q, 0, &mut out);
         assert_eq!(out, [10.0, 10.0, 20.0, 20.0]);
     }
 
@@ -121,14 +119,13 @@ mod tests {
         let shape = AttentionShape { heads: 1, kv_heads: 1, head_dim: 1, window: Some(2) };
         let keys = [0.0f32; 3];
         let values = [100.0f32, 1.0, 3.0];
-        let mut scores = [0.0f32; 3];
         let mut out = [0.0f32; 1];
         let sinks = [f32::NEG_INFINITY];
         let cache = LayerCache { keys: &keys, values: &values, sinks: &sinks };
-        attend_row(shape, cache, &[1.0], 2, &mut scores, &mut out);
+        attend_row(shape, cache, &[1.0], 2, &mut out);
         assert_eq!(out[0], 2.0);
         let full = AttentionShape { window: None, ..shape };
-        attend_row(full, cache, &[1.0], 2, &mut scores, &mut out);
+        attend_row(full, cache, &[1.0], 2, &mut out);
         assert!((out[0] - 104.0 / 3.0).abs() < 1e-4);
     }
 }

@@ -19,7 +19,7 @@ use crate::model::rope::{RopeFrequencies, rotate_half};
 use crate::model::weights::{DenseWeights, Linear};
 use crate::quant::Matrix;
 
-use attention::{AttentionShape, LayerCache, attend_row};
+use attention::{AttentionShape, LayerCache, attend_head};
 use kv_cache::KvCache;
 
 /// Activations in host memory.
@@ -197,10 +197,12 @@ impl Backend for CpuBackend {
             values: self.kv.values(layer),
             sinks: &self.dense.layers[layer].attn.sinks,
         };
-        out.data.par_chunks_mut(cfg.q_dim()).enumerate().for_each(|(r, o)| {
-            let pos = start_pos + r;
-            let mut scores = vec![0.0f32; pos + 1];
-            attend_row(shape, cache, q.row(r), pos, &mut scores, o);
+        // One task per (row, head); each head's result is independent of the split.
+        let (d, heads) = (cfg.head_dim, cfg.num_heads);
+        out.data.par_chunks_mut(d).enumerate().for_each_init(Vec::new, |scores, (i, o)| {
+            let (r, h) = (i / heads, i % heads);
+            let qh = &q.row(r)[h * d..(h + 1) * d];
+            attend_head(shape, cache, h, qh, start_pos + r, scores, o);
         });
         Ok(())
     }
