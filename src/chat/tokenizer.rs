@@ -95,8 +95,8 @@ fn split_long_whitespace(text: &str) -> impl Iterator<Item = &str> {
     (0..cuts.len() - 1).map(move |k| &text[cuts[k]..cuts[k + 1]])
 }
 
-/// The o200k_harmony tokenizer. Cheap to copy: the vocabulary is built once per process
-/// (about a tenth of a second) and shared.
+/// The o200k_harmony tokenizer. Cheap to copy: the tables are built on first use and shared
+/// by the whole process.
 #[derive(Clone, Copy)]
 pub struct Tokenizer {
     bpe: &'static CoreBPE,
