@@ -7,6 +7,7 @@
 
 pub mod backend;
 pub mod bench;
+pub mod chat;
 pub mod config;
 pub mod engine;
 pub mod error;

@@ -1,0 +1,38 @@
+//! Tokens and chat format of GPT-OSS: the o200k_harmony tokenizer and the Harmony message
+//! format, token-exact with OpenAI's `openai-harmony` 0.0.8 (checked against its output in
+//! `fixtures/harmony/`).
+//!
+//! ```
+//! use picchio::chat::{Conversation, HarmonyEncoding, Message, RenderConfig, Role, SystemContent};
+//!
+//! let harmony = HarmonyEncoding::new();
+//! let convo = Conversation::from_messages([
+//!     Message::system(SystemContent::new().with_conversation_start_date("2025-08-05")),
+//!     Message::user("What is 2 + 2?"),
+//! ]);
+//! let prompt = harmony.render_conversation_for_completion(&convo, Role::Assistant, &RenderConfig::default())?;
+//! // ... generate until one of `harmony.stop_tokens()`, pushing each token:
+//! let mut parser = harmony.stream_parser(Some(Role::Assistant));
+//! for &t in &harmony.tokenizer().encode_with_special("<|channel|>final<|message|>4<|return|>") {
+//!     parser.push(t)?;
+//! }
+//! assert_eq!(parser.messages()[0].text(), "4");
+//! # assert!(!prompt.is_empty());
+//! # Ok::<(), picchio::Error>(())
+//! ```
+
+pub mod harmony;
+pub mod json;
+pub mod message;
+pub mod parser;
+mod schema;
+pub mod tokenizer;
+
+pub use harmony::{HarmonyEncoding, MESSAGE_END_TOKENS, RenderConfig, RenderOptions, STOP_TOKENS};
+pub use json::JsonValue;
+pub use message::{
+    ChannelConfig, Content, Conversation, DeveloperContent, Message, ReasoningEffort, Role, SystemContent,
+    ToolDescription, ToolNamespace,
+};
+pub use parser::{ParseOptions, ParserState, StreamParser};
+pub use tokenizer::{StreamDecoder, Tokenizer, VOCAB_SIZE};
