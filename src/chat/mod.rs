@@ -27,6 +27,7 @@ pub mod message;
 pub mod parser;
 mod schema;
 pub mod tokenizer;
+pub mod turn;
 
 pub use harmony::{HarmonyEncoding, MESSAGE_END_TOKENS, RenderConfig, RenderOptions, STOP_TOKENS};
 pub use json::JsonValue;
@@ -36,3 +37,4 @@ pub use message::{
 };
 pub use parser::{ParseOptions, ParserState, StreamParser};
 pub use tokenizer::{StreamDecoder, Tokenizer, VOCAB_SIZE};
+pub use turn::{ChatEvent, TurnOptions, TurnOutcome, complete, today_utc};

@@ -1,0 +1,189 @@
+//! One assistant turn of a Harmony conversation on a session: render the conversation,
+//! reuse the longest common prefix of the cache, generate until `<|return|>` or `<|call|>`,
+//! stream what each channel produces, and return the parsed assistant messages.
+//!
+//! Re-rendering is not prefix-preserving (past analysis is dropped and a final
+//! `<|return|>` becomes `<|end|>`), so the cache is matched token by token against the new
+//! rendering rather than extended blindly.
+
+use crate::chat::RenderConfig;
+use crate::chat::harmony::HarmonyEncoding;
+use crate::chat::message::{Conversation, Message, Role};
+use crate::chat::parser::ParseOptions;
+use crate::chat::tokenizer::special;
+use crate::error::Result;
+use crate::sample::{Sampler, SamplingParams};
+use crate::session::{Session, StopReason};
+
+/// Something the assistant produced, as it is generated.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChatEvent<'a> {
+    /// Text added to the reasoning (the `analysis` channel).
+    Reasoning(&'a str),
+    /// Text added to the answer (the `final` channel).
+    Answer(&'a str),
+    /// Text added to a tool call's arguments (a message addressed to `recipient`).
+    ToolCall {
+        /// Who the call is for, e.g. `functions.get_weather`.
+        recipient: &'a str,
+        /// The new text of the arguments.
+        text: &'a str,
+    },
+    /// Text on another channel without a recipient (e.g. a commentary preamble).
+    Commentary(&'a str),
+}
+
+/// Settings of one turn.
+#[derive(Clone, Debug)]
+pub struct TurnOptions {
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// Sampling settings.
+    pub sampling: SamplingParams,
+}
+
+/// What a turn did.
+#[derive(Clone, Debug)]
+pub struct TurnOutcome {
+    /// The assistant messages generated (reasoning, answer, tool calls), complete or, if
+    /// the turn was cut short, up to the last complete one plus the partial one.
+    pub messages: Vec<Message>,
+    /// Why generation stopped.
+    pub stop: StopReason,
+    /// Tokens of the rendered prompt.
+    pub prompt_tokens: usize,
+    /// Prompt positions reused from the cache.
+    pub reused: usize,
+    /// Tokens generated (terminator included).
+    pub completion_tokens: usize,
+    /// The generated token IDs.
+    pub tokens: Vec<u32>,
+}
+
+impl TurnOutcome {
+    /// The text of the answer (`final` channel), if any.
+    pub fn answer(&self) -> Option<String> {
+        self.messages.iter().rev().find(|m| m.channel.as_deref() == Some("final")).map(Message::text)
+    }
+
+    /// The reasoning text (`analysis` channel), joined.
+    pub fn reasoning(&self) -> String {
+        self.messages.iter().filter(|m| m.channel.as_deref() == Some("analysis")).map(Message::text).collect()
+    }
+
+    /// Tool calls: (recipient, arguments).
+    pub fn tool_calls(&self) -> Vec<(String, String)> {
+        self.messages.iter().filter_map(|m| m.recipient.as_ref().map(|r| (r.clone(), m.text()))).collect()
+    }
+}
+
+/// The tokens that end an assistant turn in a vocabulary of `vocab` tokens: `<|return|>`,
+/// `<|call|>`, and `<|endoftext|>`.
+pub fn turn_stop_tokens(harmony: &HarmonyEncoding, vocab: usize) -> Vec<u32> {
+    let mut stops = harmony.stop_tokens().to_vec();
+    stops.push(special::ENDOFTEXT);
+    stops.retain(|&t| (t as usize) < vocab);
+    stops
+}
+
+/// Runs one assistant turn for `conversation` on `session`. `on_event` receives the
+/// generated text as it comes; returning false stops the turn (what was generated is kept
+/// and consumed, so the session stays consistent).
+pub fn complete(
+    session: &mut Session,
+    harmony: &HarmonyEncoding,
+    conversation: &Conversation,
+    opts: &TurnOptions,
+    on_event: &mut dyn FnMut(ChatEvent<'_>) -> bool,
+) -> Result<TurnOutcome> {
+    let prompt = harmony.render_conversation_for_completion(
+        conversation,
+        Role::Assistant,
+        &RenderConfig::default(),
+    )?;
+    let mut sampler = Sampler::new(opts.sampling.clone())?;
+    let reused = session.reuse_prefix(&prompt)?;
+    let stops = turn_stop_tokens(harmony, session.runner().config().vocab_size);
+    let mut parser = harmony.stream_parser(Some(Role::Assistant));
+    let mut parse_error = None;
+    let generation =
+        session.generate(&prompt[reused..], opts.max_tokens, &mut sampler, &stops, &mut |id| {
+            if parse_error.is_some() {
+                return true;
+            }
+            if let Err(e) = parser.push(id) {
+                // The model produced something that is not Harmony; keep generating what it
+                // says (the turn ends at a stop token or the limit) but stop parsing.
+                parse_error = Some(e);
+                return true;
+            }
+            let Some(delta) = parser.last_content_delta() else { return true };
+            let event = match (parser.current_recipient(), parser.current_channel()) {
+                (Some(recipient), _) => ChatEvent::ToolCall { recipient, text: delta },
+                (None, Some("analysis")) => ChatEvent::Reasoning(delta),
+                (None, Some("final")) => ChatEvent::Answer(delta),
+                (None, _) => ChatEvent::Commentary(delta),
+            };
+            on_event(event)
+        })?;
+    if let Some(e) = parse_error {
+        tracing::warn!("the generated tokens are not valid Harmony from some point on: {e}");
+    }
+    // A turn cut short leaves a partial message: keep what was said.
+    let _ = parser.finish();
+    let mut messages = parser.messages().to_vec();
+    if messages.is_empty() || !matches!(generation.stop, StopReason::Stop(_)) {
+        let lenient = harmony.parse_messages_with_options(
+            &generation.tokens,
+            Some(Role::Assistant),
+            ParseOptions { strict: false },
+        );
+        if let Ok(m) = lenient
+            && m.len() >= messages.len()
+        {
+            messages = m;
+        }
+    }
+    Ok(TurnOutcome {
+        messages,
+        stop: generation.stop,
+        prompt_tokens: prompt.len(),
+        reused,
+        completion_tokens: generation.tokens.len(),
+        tokens: generation.tokens,
+    })
+}
+
+/// Today's date in UTC as `YYYY-MM-DD` (for the system message).
+pub fn today_utc() -> String {
+    let secs = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    civil_date(secs / 86_400)
+}
+
+/// The proleptic Gregorian date of a day count since 1970-01-01.
+fn civil_date(days: u64) -> String {
+    // Howard Hinnant's days-to-civil algorithm.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn civil_dates() {
+        assert_eq!(civil_date(0), "1970-01-01");
+        assert_eq!(civil_date(11_016), "2000-02-29");
+        assert_eq!(civil_date(20_786), "2026-11-29");
+        assert_eq!(today_utc().len(), 10);
+    }
+}
