@@ -9,7 +9,7 @@
 use crate::chat::RenderConfig;
 use crate::chat::harmony::HarmonyEncoding;
 use crate::chat::message::{Conversation, Message, Role};
-use crate::chat::parser::ParseOptions;
+use crate::chat::parser::{ParseOptions, ParserState};
 use crate::chat::tokenizer::special;
 use crate::error::Result;
 use crate::sample::{Sampler, SamplingParams};
@@ -31,6 +31,9 @@ pub enum ChatEvent<'a> {
     },
     /// Text on another channel without a recipient (e.g. a commentary preamble).
     Commentary(&'a str),
+    /// Text the model generated outside the Harmony structure (after a token the parser
+    /// could not place), decoded as it comes so the user still sees what the model says.
+    Unparsed(&'a str),
 }
 
 /// Settings of one turn.
@@ -106,26 +109,48 @@ pub fn complete(
     let stops = turn_stop_tokens(harmony, session.runner().config().vocab_size);
     let mut parser = harmony.stream_parser(Some(Role::Assistant));
     let mut parse_error = None;
+    let mut raw = harmony.tokenizer().stream_decoder();
+    let mut header: Vec<u32> = Vec::new();
+    let mut on_token = |id: u32| -> bool {
+        let mut pending = vec![id];
+        if parse_error.is_none() {
+            match parser.push(id) {
+                Err(e) => parse_error = Some(e.to_string()),
+                Ok(()) if parser.state() == ParserState::Header => {
+                    header.push(id);
+                    if header.len() > MAX_HEADER_TOKENS {
+                        parse_error =
+                            Some(format!("a message header longer than {MAX_HEADER_TOKENS} tokens"));
+                        pending = std::mem::take(&mut header);
+                    }
+                }
+                Ok(()) => header.clear(),
+            }
+        }
+        if parse_error.is_some() {
+            // The model produced something that is not Harmony: keep generating (the turn
+            // ends at a stop token or the limit), stop parsing, show the text as it is.
+            let mut keep_going = true;
+            for t in pending {
+                if let Ok(Some(text)) = raw.push(t)
+                    && !harmony.tokenizer().is_special(t)
+                {
+                    keep_going &= on_event(ChatEvent::Unparsed(&text));
+                }
+            }
+            return keep_going;
+        }
+        let Some(delta) = parser.last_content_delta() else { return true };
+        let event = match (parser.current_recipient(), parser.current_channel()) {
+            (Some(recipient), _) => ChatEvent::ToolCall { recipient, text: delta },
+            (None, Some("analysis")) => ChatEvent::Reasoning(delta),
+            (None, Some("final")) => ChatEvent::Answer(delta),
+            (None, _) => ChatEvent::Commentary(delta),
+        };
+        on_event(event)
+    };
     let generation =
-        session.generate(&prompt[reused..], opts.max_tokens, &mut sampler, &stops, &mut |id| {
-            if parse_error.is_some() {
-                return true;
-            }
-            if let Err(e) = parser.push(id) {
-                // The model produced something that is not Harmony; keep generating what it
-                // says (the turn ends at a stop token or the limit) but stop parsing.
-                parse_error = Some(e);
-                return true;
-            }
-            let Some(delta) = parser.last_content_delta() else { return true };
-            let event = match (parser.current_recipient(), parser.current_channel()) {
-                (Some(recipient), _) => ChatEvent::ToolCall { recipient, text: delta },
-                (None, Some("analysis")) => ChatEvent::Reasoning(delta),
-                (None, Some("final")) => ChatEvent::Answer(delta),
-                (None, _) => ChatEvent::Commentary(delta),
-            };
-            on_event(event)
-        })?;
+        session.generate(&prompt[reused..], opts.max_tokens, &mut sampler, &stops, &mut on_token)?;
     if let Some(e) = parse_error {
         tracing::warn!("the generated tokens are not valid Harmony from some point on: {e}");
     }
@@ -153,6 +178,10 @@ pub fn complete(
         tokens: generation.tokens,
     })
 }
+
+/// Longest message header (`<|channel|>final to=... <|constrain|>json`) accepted before
+/// the output is treated as not Harmony.
+const MAX_HEADER_TOKENS: usize = 48;
 
 /// Today's date in UTC as `YYYY-MM-DD` (for the system message).
 pub fn today_utc() -> String {

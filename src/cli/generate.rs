@@ -13,21 +13,28 @@ use picchio::sample::Sampler;
 use picchio::session::{Session, StopReason};
 
 use super::ModelArgs;
+use super::chat::ChatSettings;
 
 /// Arguments of `picchio generate`.
 #[derive(Args, Debug)]
+#[command(group(clap::ArgGroup::new("input").required(true)))]
 pub struct GenerateArgs {
     #[command(flatten)]
     model: ModelArgs,
     /// Prompt token IDs, whitespace-separated, e.g. --ids "1 2 3".
-    #[arg(long, conflicts_with = "ids_file", required_unless_present = "ids_file")]
+    #[arg(long, group = "input")]
     ids: Option<String>,
     /// File of prompt token IDs (decimal, whitespace-separated).
-    #[arg(long)]
+    #[arg(long, group = "input")]
     ids_file: Option<PathBuf>,
-    /// Number of tokens to generate.
-    #[arg(short = 'n', long = "max-tokens", default_value_t = 16)]
-    max_tokens: usize,
+    /// A user message: one Harmony chat turn, printing the final answer.
+    #[arg(short = 'p', long, group = "input")]
+    prompt: Option<String>,
+    /// Number of tokens to generate [default: 16 for raw IDs, the rest of the context for -p].
+    #[arg(short = 'n', long = "max-tokens")]
+    max_tokens: Option<usize>,
+    #[command(flatten)]
+    chat: ChatSettings,
     /// Write the F32 logits of every prompt position to this .npy file, shape [T, vocab].
     #[arg(long)]
     logits_out: Option<PathBuf>,
@@ -60,13 +67,16 @@ fn read_prompt(args: &GenerateArgs) -> anyhow::Result<Vec<u32>> {
                 std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
             parse_ids(&text, &path.display().to_string())
         }
-        (None, None) => anyhow::bail!("give the prompt with --ids or --ids-file"),
+        (None, None) => anyhow::bail!("give the prompt with --ids, --ids-file or -p"),
     }
 }
 
 /// Runs `picchio generate`.
 pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     args.model.apply_threads()?;
+    if let Some(text) = &args.prompt {
+        return chat_turn(&args, text);
+    }
     let prompt = read_prompt(&args)?;
     let started = Instant::now();
     let model = args.model.open(args.model.ctx)?;
@@ -117,7 +127,9 @@ fn emit_continuation(
     let mut out = stdout.lock();
     let mut first = true;
     let mut write_error = None;
-    let generation = session.generate(prompt, args.max_tokens, &mut Sampler::greedy(), &[], &mut |id| {
+    let mut sampler = Sampler::new(args.chat.sampling_with(0, 0.0))?;
+    let max_tokens = args.max_tokens.unwrap_or(16);
+    let generation = session.generate(prompt, max_tokens, &mut sampler, &[], &mut |id| {
         let sep = if first { "" } else { " " };
         first = false;
         match write!(out, "{sep}{id}").and_then(|_| out.flush()) {
@@ -160,4 +172,41 @@ mod tests {
         assert!(e.contains("99999999999"), "{e}");
         assert!(parse_ids(" \n", "p.ids").unwrap_err().to_string().contains("empty"));
     }
+}
+
+/// `generate -p`: one Harmony turn; the final answer goes to stdout as it is generated.
+fn chat_turn(args: &GenerateArgs, text: &str) -> anyhow::Result<()> {
+    let model = args.model.open(args.model.ctx)?;
+    super::chat::require_harmony_vocab(model.config.vocab_size)?;
+    let ctx = args.model.ctx.unwrap_or_else(|| engine::default_ctx(&model.config));
+    let mut session = Session::new(engine::cpu_runner(&model, &RunOptions { ctx, ..Default::default() })?);
+    let mut messages = args.chat.opening();
+    messages.push(picchio::chat::Message::user(text));
+    let conversation = picchio::chat::Conversation::from_messages(messages);
+    let mut opts = args.chat.turn(&session, 0);
+    if let Some(n) = args.max_tokens {
+        opts.max_tokens = n;
+    }
+    let t0 = Instant::now();
+    let harmony = picchio::chat::HarmonyEncoding::new();
+    let mut out = std::io::stdout().lock();
+    let outcome = picchio::chat::complete(&mut session, &harmony, &conversation, &opts, &mut |e| {
+        if let picchio::chat::ChatEvent::Answer(t) = e {
+            let _ = write!(out, "{t}");
+            let _ = out.flush();
+        }
+        true
+    })?;
+    writeln!(out)?;
+    if outcome.answer().is_none() {
+        tracing::warn!(
+            "the model gave no final answer ({} tokens, stop: {:?})",
+            outcome.completion_tokens,
+            outcome.stop
+        );
+    }
+    if args.model.stats {
+        super::print_stats(session.runner(), outcome.prompt_tokens, outcome.completion_tokens, t0.elapsed());
+    }
+    Ok(())
 }

@@ -2,6 +2,7 @@
 //! argument definitions shared by all of them.
 
 mod bench;
+mod chat;
 mod convert;
 mod generate;
 mod serve;
@@ -43,6 +44,8 @@ pub enum Command {
     Bench(bench::BenchArgs),
     /// Serve a session to another program (stdio line protocol).
     Serve(serve::ServeArgs),
+    /// Chat with the model in the terminal.
+    Chat(chat::ChatArgs),
 }
 
 /// Options every command that runs a model takes.
@@ -146,6 +149,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Synth(args) => synth::run(args),
         Command::Bench(args) => bench::run(args),
         Command::Serve(args) => serve::run(args),
+        Command::Chat(args) => chat::run(args),
     }
 }
 
