@@ -153,27 +153,6 @@ fn emit_continuation(
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ids_parse_across_lines() {
-        assert_eq!(parse_ids("0 1\n 2\t3\n\n", "x").unwrap(), vec![0, 1, 2, 3]);
-    }
-
-    #[test]
-    fn bad_ids_name_line_and_text() {
-        let e = parse_ids("1 2\n3 x4", "p.ids").unwrap_err().to_string();
-        assert!(e.contains("p.ids: line 2: `x4`"), "{e}");
-        let e = parse_ids("-1", "p.ids").unwrap_err().to_string();
-        assert!(e.contains("`-1`"), "{e}");
-        let e = parse_ids("99999999999", "p.ids").unwrap_err().to_string();
-        assert!(e.contains("99999999999"), "{e}");
-        assert!(parse_ids(" \n", "p.ids").unwrap_err().to_string().contains("empty"));
-    }
-}
-
 /// `generate -p`: one Harmony turn; the final answer goes to stdout as it is generated.
 fn chat_turn(args: &GenerateArgs, text: &str) -> anyhow::Result<()> {
     let model = args.model.open(args.model.ctx)?;
@@ -209,4 +188,25 @@ fn chat_turn(args: &GenerateArgs, text: &str) -> anyhow::Result<()> {
         super::print_stats(session.runner(), outcome.prompt_tokens, outcome.completion_tokens, t0.elapsed());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_parse_across_lines() {
+        assert_eq!(parse_ids("0 1\n 2\t3\n\n", "x").unwrap(), vec![0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn bad_ids_name_line_and_text() {
+        let e = parse_ids("1 2\n3 x4", "p.ids").unwrap_err().to_string();
+        assert!(e.contains("p.ids: line 2: `x4`"), "{e}");
+        let e = parse_ids("-1", "p.ids").unwrap_err().to_string();
+        assert!(e.contains("`-1`"), "{e}");
+        let e = parse_ids("99999999999", "p.ids").unwrap_err().to_string();
+        assert!(e.contains("99999999999"), "{e}");
+        assert!(parse_ids(" \n", "p.ids").unwrap_err().to_string().contains("empty"));
+    }
 }
