@@ -36,7 +36,7 @@ fn chat_through_a_terminal() {
     p.expect(">>> ").expect("prompt after the second answer");
     p.send_line("/stats").unwrap();
     let reused = p.expect(Regex(r"\((\d+) reused from the cache\)")).expect("/stats after the second turn");
-    let n: usize = String::from_utf8_lossy(&reused.matches().nth(1).unwrap()).parse().unwrap();
+    let n: usize = String::from_utf8_lossy(reused.matches().nth(1).unwrap()).parse().unwrap();
     assert!(n > 0, "the second turn reused nothing");
     p.expect(">>> ").unwrap();
 
@@ -63,7 +63,7 @@ fn ctrl_c_stops_the_answer_not_the_program() {
     // Still usable: /stats answers and shows fewer than 3000 generated tokens.
     p.send_line("/stats").unwrap();
     let m = p.expect(Regex(r"(\d+) generated in")).unwrap();
-    let n: usize = String::from_utf8_lossy(&m.matches().nth(1).unwrap()).parse().unwrap();
+    let n: usize = String::from_utf8_lossy(m.matches().nth(1).unwrap()).parse().unwrap();
     assert!(n < 3000, "the answer ran to the limit ({n} tokens)");
     p.send_line("/exit").unwrap();
     p.expect(Eof).expect("exit");
