@@ -43,7 +43,7 @@ use crate::session::Session;
 pub const DEFAULT_MAX_BODY_BYTES: usize = 4 << 20;
 
 /// Settings of the server.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct HttpOptions {
     /// The model ID reported by `/v1/models` and in every response.
     pub model_id: String,
@@ -65,6 +65,18 @@ impl HttpOptions {
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             stop_on_ctrl_c: false,
         }
+    }
+}
+
+/// Shows everything but the key.
+impl std::fmt::Debug for HttpOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HttpOptions")
+            .field("model_id", &self.model_id)
+            .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
+            .field("max_body_bytes", &self.max_body_bytes)
+            .field("stop_on_ctrl_c", &self.stop_on_ctrl_c)
+            .finish()
     }
 }
 
