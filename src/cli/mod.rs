@@ -42,7 +42,7 @@ pub enum Command {
     Synth(synth::SynthArgs),
     /// Measure prefill and decode speed.
     Bench(bench::BenchArgs),
-    /// Serve a session to another program (stdio line protocol).
+    /// Serve a session to another program (stdio line protocol or OpenAI-compatible HTTP).
     Serve(serve::ServeArgs),
     /// Chat with the model in the terminal.
     Chat(chat::ChatArgs),

@@ -1,0 +1,580 @@
+//! OpenAI requests to Harmony conversations and sampling settings, and generated Harmony
+//! messages back to OpenAI's message shape. Every check a request can fail happens here,
+//! before the engine sees it.
+
+use std::collections::HashMap;
+
+use super::api::{ChatRequest, FunctionCall, RequestMessage, ResponseMessage, Tool, ToolCall};
+use super::error::ApiError;
+use crate::chat::{
+    Conversation, DeveloperContent, JsonValue, Message, ReasoningEffort, SystemContent, ToolDescription,
+};
+use crate::sample::SamplingParams;
+use crate::session::StopReason;
+
+/// A checked request, ready for the engine.
+#[derive(Debug, Clone)]
+pub(crate) struct Plan {
+    /// The Harmony conversation to complete.
+    pub conversation: Conversation,
+    /// Sampling settings (validated).
+    pub sampling: SamplingParams,
+    /// `max_completion_tokens` / `max_tokens`, if given (at least 1).
+    pub max_tokens: Option<usize>,
+    /// Answer as server-sent events.
+    pub stream: bool,
+    /// Add a usage chunk to the stream.
+    pub include_usage: bool,
+    /// Return token IDs (extension).
+    pub return_token_ids: bool,
+}
+
+/// The namespace of OpenAI function tools in Harmony.
+const FUNCTIONS: &str = "functions";
+
+/// Parses a request body, naming the field at fault on error.
+pub(crate) fn parse_request(body: &[u8]) -> Result<ChatRequest, ApiError> {
+    let de = &mut serde_json::Deserializer::from_slice(body);
+    let request: ChatRequest = serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        // serde_path_to_error writes `.` for the root and `?` where it lost track.
+        let known = !(inner.is_syntax() || inner.is_eof() || path == "." || path.contains('?'));
+        let param = known.then_some(path);
+        let message = if inner.is_syntax() || inner.is_eof() {
+            format!("the body is not valid JSON: {inner}")
+        } else {
+            match &param {
+                Some(p) => format!("invalid value for `{p}`: {inner}"),
+                None => format!("invalid request: {inner}"),
+            }
+        };
+        ApiError::invalid(param.as_deref(), message)
+    })?;
+    Ok(request)
+}
+
+/// Checks a request and turns it into a Harmony conversation with sampling settings.
+/// `date` goes into the system message (`YYYY-MM-DD`); `seed` is used when the request
+/// has none.
+pub(crate) fn plan(req: ChatRequest, date: &str, seed: u64) -> Result<Plan, ApiError> {
+    if let Some(n) = req.n
+        && n != 1
+    {
+        return Err(ApiError::unsupported("n", format!("n must be 1 (one choice per request), got {n}")));
+    }
+    if req.logprobs == Some(true) || req.top_logprobs.is_some_and(|n| n > 0) {
+        return Err(ApiError::unsupported("logprobs", "log probabilities are not supported"));
+    }
+    check_stop(req.stop.as_ref())?;
+    for (name, value) in
+        [("frequency_penalty", req.frequency_penalty), ("presence_penalty", req.presence_penalty)]
+    {
+        if value.is_some_and(|v| v != 0.0) {
+            return Err(ApiError::unsupported(
+                name,
+                format!("{name} is not supported (only 0); see `repetition_penalty`"),
+            ));
+        }
+    }
+    check_response_format(req.response_format.as_ref())?;
+    let use_tools = match &req.tool_choice {
+        None | Some(serde_json::Value::Null) => true,
+        Some(serde_json::Value::String(s)) if s == "auto" => true,
+        Some(serde_json::Value::String(s)) if s == "none" => false,
+        Some(_) => {
+            return Err(ApiError::unsupported(
+                "tool_choice",
+                "tool_choice must be \"auto\" or \"none\" (the model cannot be forced to call a tool)",
+            ));
+        }
+    };
+    let sampling = sampling(&req, seed)?;
+    let max_tokens = match req.max_completion_tokens.or(req.max_tokens) {
+        Some(0) => {
+            let param =
+                if req.max_completion_tokens.is_some() { "max_completion_tokens" } else { "max_tokens" };
+            return Err(ApiError::invalid(Some(param), format!("{param} must be at least 1")));
+        }
+        Some(n) => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+        None => None,
+    };
+    let effort = match req.reasoning_effort.as_deref() {
+        None | Some("medium") => ReasoningEffort::Medium,
+        Some("low") => ReasoningEffort::Low,
+        Some("high") => ReasoningEffort::High,
+        Some(other) => {
+            return Err(ApiError::invalid(
+                Some("reasoning_effort"),
+                format!("reasoning_effort must be \"low\", \"medium\" or \"high\", got {other:?}"),
+            ));
+        }
+    };
+    let tools = function_tools(req.tools.unwrap_or_default())?;
+    let messages =
+        req.messages.ok_or_else(|| ApiError::invalid(Some("messages"), "`messages` is required"))?;
+    if messages.is_empty() {
+        return Err(ApiError::invalid(Some("messages"), "`messages` must not be empty"));
+    }
+    let (instructions, body) = convert_messages(messages)?;
+
+    let mut conversation = vec![Message::system(
+        SystemContent::new().with_reasoning_effort(effort).with_conversation_start_date(date),
+    )];
+    let tools = if use_tools { tools } else { Vec::new() };
+    if !instructions.is_empty() || !tools.is_empty() {
+        let mut developer = DeveloperContent::new();
+        if !instructions.is_empty() {
+            developer = developer.with_instructions(instructions.join("\n\n"));
+        }
+        if !tools.is_empty() {
+            developer = developer.with_function_tools(tools);
+        }
+        conversation.push(Message::developer(developer));
+    }
+    conversation.extend(body);
+    Ok(Plan {
+        conversation: Conversation::from_messages(conversation),
+        sampling,
+        max_tokens,
+        stream: req.stream.unwrap_or(false),
+        include_usage: req.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
+        return_token_ids: req.return_token_ids.unwrap_or(false),
+    })
+}
+
+fn check_stop(stop: Option<&serde_json::Value>) -> Result<(), ApiError> {
+    let empty = match stop {
+        None | Some(serde_json::Value::Null) => true,
+        Some(serde_json::Value::String(s)) => s.is_empty(),
+        Some(serde_json::Value::Array(a)) => a.is_empty(),
+        Some(_) => false,
+    };
+    if empty {
+        Ok(())
+    } else {
+        Err(ApiError::unsupported(
+            "stop",
+            "stop sequences are not supported; a turn ends at the model's own end of turn",
+        ))
+    }
+}
+
+fn check_response_format(format: Option<&serde_json::Value>) -> Result<(), ApiError> {
+    match format {
+        None | Some(serde_json::Value::Null) => Ok(()),
+        Some(v) if v.get("type").and_then(|t| t.as_str()) == Some("text") => Ok(()),
+        Some(_) => Err(ApiError::unsupported(
+            "response_format",
+            "only response_format {\"type\": \"text\"} is supported",
+        )),
+    }
+}
+
+/// The sampling settings of a request: OpenAI's defaults (temperature 1, top_p 1).
+fn sampling(req: &ChatRequest, default_seed: u64) -> Result<SamplingParams, ApiError> {
+    let temperature = req.temperature.unwrap_or(1.0);
+    if !(temperature.is_finite() && (0.0..=2.0).contains(&temperature)) {
+        return Err(ApiError::invalid(
+            Some("temperature"),
+            format!("temperature must be between 0 and 2, got {temperature}"),
+        ));
+    }
+    let top_p = req.top_p.unwrap_or(1.0);
+    if !(top_p > 0.0 && top_p <= 1.0) {
+        return Err(ApiError::invalid(Some("top_p"), format!("top_p must be in (0, 1], got {top_p}")));
+    }
+    let top_k = match req.top_k {
+        None | Some(-1) | Some(0) => 0,
+        Some(k) if k > 0 => usize::try_from(k).unwrap_or(usize::MAX),
+        Some(k) => {
+            return Err(ApiError::invalid(
+                Some("top_k"),
+                format!("top_k must be -1, 0 or positive, got {k}"),
+            ));
+        }
+    };
+    let min_p = req.min_p.unwrap_or(0.0);
+    if !(0.0..=1.0).contains(&min_p) {
+        return Err(ApiError::invalid(Some("min_p"), format!("min_p must be in [0, 1], got {min_p}")));
+    }
+    let repetition_penalty = req.repetition_penalty.unwrap_or(1.0);
+    if !(repetition_penalty.is_finite() && repetition_penalty > 0.0) {
+        return Err(ApiError::invalid(
+            Some("repetition_penalty"),
+            format!("repetition_penalty must be positive, got {repetition_penalty}"),
+        ));
+    }
+    let seed = match &req.seed {
+        None => default_seed,
+        Some(n) => match (n.as_u64(), n.as_i64()) {
+            (Some(u), _) => u,
+            (None, Some(i)) => i as u64,
+            _ => return Err(ApiError::invalid(Some("seed"), format!("seed must be an integer, got {n}"))),
+        },
+    };
+    let params = SamplingParams {
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        repetition_penalty,
+        seed,
+        ..SamplingParams::default()
+    };
+    params.validate().map_err(|e| ApiError::invalid(None, e.to_string()))?;
+    Ok(params)
+}
+
+/// Whether `name` is a valid function name (OpenAI's rule: `[A-Za-z0-9_-]{1,64}`).
+fn valid_function_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+}
+
+fn check_function_name(name: &str, param: &str) -> Result<(), ApiError> {
+    if valid_function_name(name) {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(
+            Some(param),
+            format!("function name {name:?} must be 1 to 64 letters, digits, `_` or `-`"),
+        ))
+    }
+}
+
+fn function_tools(tools: Vec<Tool>) -> Result<Vec<ToolDescription>, ApiError> {
+    let mut out: Vec<ToolDescription> = Vec::with_capacity(tools.len());
+    for (i, tool) in tools.into_iter().enumerate() {
+        if tool.kind != "function" {
+            return Err(ApiError::unsupported(
+                &format!("tools[{i}].type"),
+                format!("only function tools are supported, got type {:?}", tool.kind),
+            ));
+        }
+        let param = format!("tools[{i}].function");
+        let f = tool
+            .function
+            .ok_or_else(|| ApiError::invalid(Some(&param), "a function tool needs `function`"))?;
+        check_function_name(&f.name, &format!("{param}.name"))?;
+        if out.iter().any(|t| t.name == f.name) {
+            return Err(ApiError::invalid(Some(&param), format!("tool {:?} is declared twice", f.name)));
+        }
+        let parameters = match f.parameters {
+            None | Some(JsonValue::Null) => None,
+            Some(p @ JsonValue::Object(_)) => Some(p),
+            Some(_) => {
+                return Err(ApiError::invalid(
+                    Some(&format!("{param}.parameters")),
+                    "parameters must be a JSON schema object",
+                ));
+            }
+        };
+        out.push(ToolDescription::new(f.name, f.description.unwrap_or_default(), parameters));
+    }
+    Ok(out)
+}
+
+/// The text of a message's content: a string, or the text parts joined by newlines.
+/// `None` for a missing or null content.
+fn content_text(content: Option<serde_json::Value>, param: &str) -> Result<Option<String>, ApiError> {
+    match content {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::String(s)) => Ok(Some(s)),
+        Some(serde_json::Value::Array(parts)) => {
+            let mut texts = Vec::with_capacity(parts.len());
+            for (j, part) in parts.into_iter().enumerate() {
+                let kind = part.get("type").and_then(|t| t.as_str()).unwrap_or("");
+                if kind != "text" {
+                    return Err(ApiError::unsupported(
+                        &format!("{param}[{j}].type"),
+                        format!("only text content parts are supported, got type {kind:?}"),
+                    ));
+                }
+                match part.get("text") {
+                    Some(serde_json::Value::String(t)) => texts.push(t.clone()),
+                    _ => {
+                        return Err(ApiError::invalid(
+                            Some(&format!("{param}[{j}].text")),
+                            "a text part needs a string `text`",
+                        ));
+                    }
+                }
+            }
+            Ok(Some(texts.join("\n")))
+        }
+        Some(_) => Err(ApiError::invalid(
+            Some(param),
+            "content must be a string or a list of {\"type\": \"text\", \"text\": ...} parts",
+        )),
+    }
+}
+
+fn required_text(content: Option<serde_json::Value>, param: &str, role: &str) -> Result<String, ApiError> {
+    content_text(content, param)?
+        .ok_or_else(|| ApiError::invalid(Some(param), format!("a {role} message needs `content`")))
+}
+
+/// The system/developer instructions (in order) and the other messages in Harmony form.
+fn convert_messages(messages: Vec<RequestMessage>) -> Result<(Vec<String>, Vec<Message>), ApiError> {
+    let mut instructions = Vec::new();
+    let mut out = Vec::with_capacity(messages.len());
+    // Tool call ID -> function name, from the assistant messages seen so far.
+    let mut calls: HashMap<String, String> = HashMap::new();
+    for (i, m) in messages.into_iter().enumerate() {
+        let param = format!("messages[{i}]");
+        let content_param = format!("{param}.content");
+        let role =
+            m.role.as_deref().ok_or_else(|| ApiError::invalid(Some(&param), "a message needs `role`"))?;
+        match role {
+            "system" | "developer" => instructions.push(required_text(m.content, &content_param, role)?),
+            "user" => out.push(Message::user(required_text(m.content, &content_param, role)?)),
+            "assistant" => {
+                let reasoning = m.reasoning_content.or(m.reasoning).filter(|r| !r.is_empty());
+                if let Some(r) = reasoning {
+                    out.push(Message::assistant("analysis", r));
+                }
+                let text = content_text(m.content, &content_param)?;
+                let tool_calls = m.tool_calls.unwrap_or_default();
+                if tool_calls.is_empty() {
+                    out.push(Message::assistant("final", text.unwrap_or_default()));
+                    continue;
+                }
+                // Text beside tool calls is a preamble: the commentary channel.
+                if let Some(t) = text.filter(|t| !t.is_empty()) {
+                    out.push(Message::assistant("commentary", t));
+                }
+                for (j, call) in tool_calls.into_iter().enumerate() {
+                    let call_param = format!("{param}.tool_calls[{j}]");
+                    if call.kind.as_deref().is_some_and(|k| k != "function") {
+                        return Err(ApiError::unsupported(
+                            &format!("{call_param}.type"),
+                            "only function tool calls are supported",
+                        ));
+                    }
+                    let name = call.function.name;
+                    check_function_name(&name, &format!("{call_param}.function.name"))?;
+                    let arguments = match call.function.arguments {
+                        JsonValue::String(s) => s,
+                        other => other.to_string(),
+                    };
+                    out.push(Message::tool_call(format!("{FUNCTIONS}.{name}"), arguments));
+                    calls.insert(call.id, name);
+                }
+            }
+            "tool" => {
+                let id_param = format!("{param}.tool_call_id");
+                let id = m.tool_call_id.ok_or_else(|| {
+                    ApiError::invalid(Some(&id_param), "a tool message needs `tool_call_id`")
+                })?;
+                let name = calls.get(&id).ok_or_else(|| {
+                    ApiError::invalid(
+                        Some(&id_param),
+                        format!("tool_call_id {id:?} matches no tool call of an earlier assistant message"),
+                    )
+                })?;
+                let text = required_text(m.content, &content_param, role)?;
+                out.push(Message::tool_result(format!("{FUNCTIONS}.{name}"), text));
+            }
+            "function" => {
+                return Err(ApiError::unsupported(
+                    &format!("{param}.role"),
+                    "the deprecated `function` role is not supported; use `tool`",
+                ));
+            }
+            other => {
+                return Err(ApiError::invalid(
+                    Some(&format!("{param}.role")),
+                    format!("unknown role {other:?} (expected system, developer, user, assistant or tool)"),
+                ));
+            }
+        }
+    }
+    Ok((instructions, out))
+}
+
+/// OpenAI's name of a tool recipient: `functions.get_weather` -> `get_weather`; other
+/// recipients (builtin tools) are kept whole.
+pub(crate) fn function_name(recipient: &str) -> &str {
+    recipient.strip_prefix("functions.").unwrap_or(recipient)
+}
+
+/// The assistant message of a response, from the messages the model generated: analysis is
+/// the reasoning, messages addressed to a tool are tool calls (`new_id` names each), and
+/// every other message (final answer, commentary preamble) is content.
+pub(crate) fn response_message(messages: &[Message], new_id: &mut dyn FnMut() -> String) -> ResponseMessage {
+    let mut content: Option<String> = None;
+    let mut reasoning: Option<String> = None;
+    let mut tool_calls = Vec::new();
+    for m in messages {
+        let text = m.text();
+        if let Some(recipient) = &m.recipient {
+            tool_calls.push(ToolCall {
+                id: new_id(),
+                kind: "function",
+                function: FunctionCall { name: function_name(recipient).to_string(), arguments: text },
+            });
+        } else if m.channel.as_deref() == Some("analysis") {
+            reasoning.get_or_insert_with(String::new).push_str(&text);
+        } else {
+            content.get_or_insert_with(String::new).push_str(&text);
+        }
+    }
+    ResponseMessage { role: "assistant", content, reasoning_content: reasoning, tool_calls }
+}
+
+/// OpenAI's finish reason: `tool_calls` when the turn ended in a tool call, `length` when
+/// it ran out of tokens or context, `stop` otherwise.
+pub(crate) fn finish_reason(stop: StopReason, called_tool: bool) -> &'static str {
+    match stop {
+        StopReason::MaxTokens | StopReason::ContextFull => "length",
+        _ if called_tool => "tool_calls",
+        _ => "stop",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chat::{Content, Role};
+
+    fn plan_json(json: &str) -> Result<Plan, ApiError> {
+        plan(parse_request(json.as_bytes())?, "2026-01-02", 7)
+    }
+
+    fn param(json: &str) -> Option<String> {
+        plan_json(json).unwrap_err().param
+    }
+
+    #[test]
+    fn messages_map_to_harmony() {
+        let p = plan_json(
+            r#"{"model": "m", "messages": [
+                {"role": "system", "content": "Be brief."},
+                {"role": "developer", "content": [{"type": "text", "text": "Use metric."}]},
+                {"role": "user", "content": "Weather?"},
+                {"role": "assistant", "content": null, "reasoning_content": "Call it.",
+                 "tool_calls": [{"id": "c1", "type": "function",
+                                 "function": {"name": "get_weather", "arguments": "{\"city\":\"Oslo\"}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "5 C"},
+                {"role": "assistant", "content": "It is 5 C."},
+                {"role": "user", "content": "Thanks"}],
+              "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Weather.",
+                 "parameters": {"type": "object", "properties": {"z": {"type": "string"}, "a": {"type": "number"}}}}}],
+              "reasoning_effort": "high", "temperature": 0, "max_tokens": 9}"#,
+        )
+        .unwrap();
+        let m = &p.conversation.messages;
+        let Content::System(sys) = &m[0].content[0] else { panic!("no system content") };
+        assert_eq!(sys.reasoning_effort, Some(ReasoningEffort::High));
+        assert_eq!(sys.conversation_start_date.as_deref(), Some("2026-01-02"));
+        let Content::Developer(dev) = &m[1].content[0] else { panic!("no developer content") };
+        assert_eq!(dev.instructions.as_deref(), Some("Be brief.\n\nUse metric."));
+        let tool = &dev.tools.as_ref().unwrap()["functions"].tools[0];
+        let keys: Vec<&str> = tool
+            .parameters
+            .as_ref()
+            .unwrap()
+            .get("properties")
+            .unwrap()
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, _)| k.as_str())
+            .collect();
+        assert_eq!(keys, ["z", "a"], "schema key order is kept");
+        assert_eq!(m[2], Message::user("Weather?"));
+        assert_eq!(m[3], Message::assistant("analysis", "Call it."));
+        assert_eq!(m[4], Message::tool_call("functions.get_weather", r#"{"city":"Oslo"}"#));
+        assert_eq!(m[5], Message::tool_result("functions.get_weather", "5 C"));
+        assert_eq!(m[6], Message::assistant("final", "It is 5 C."));
+        assert_eq!(m[7].role, Role::User);
+        assert_eq!(m.len(), 8);
+        assert_eq!((p.sampling.temperature, p.sampling.seed, p.max_tokens), (0.0, 7, Some(9)));
+        assert!(!p.stream);
+    }
+
+    #[test]
+    fn defaults_are_openai_s() {
+        let p = plan_json(r#"{"messages": [{"role": "user", "content": "hi"}], "seed": -1}"#).unwrap();
+        assert_eq!(p.conversation.messages.len(), 2, "no developer message without instructions or tools");
+        assert_eq!((p.sampling.temperature, p.sampling.top_p, p.sampling.seed), (1.0, 1.0, u64::MAX));
+        assert_eq!(p.max_tokens, None);
+    }
+
+    #[test]
+    fn bad_requests_name_the_field() {
+        let user = r#""messages": [{"role": "user", "content": "hi"}]"#;
+        assert_eq!(param(r#"{"messages": []}"#).as_deref(), Some("messages"));
+        assert_eq!(param("{}").as_deref(), Some("messages"));
+        assert_eq!(param(&format!(r#"{{{user}, "temperature": "hot"}}"#)).as_deref(), Some("temperature"));
+        assert_eq!(param(&format!(r#"{{{user}, "temperature": 2.5}}"#)).as_deref(), Some("temperature"));
+        assert_eq!(param(&format!(r#"{{{user}, "top_p": 0}}"#)).as_deref(), Some("top_p"));
+        assert_eq!(param(&format!(r#"{{{user}, "n": 2}}"#)).as_deref(), Some("n"));
+        assert_eq!(param(&format!(r#"{{{user}, "max_tokens": 0}}"#)).as_deref(), Some("max_tokens"));
+        assert_eq!(param(&format!(r#"{{{user}, "max_tokens": -5}}"#)).as_deref(), Some("max_tokens"));
+        assert_eq!(param(&format!(r#"{{{user}, "stop": ["x"]}}"#)).as_deref(), Some("stop"));
+        assert!(plan_json(&format!(r#"{{{user}, "stop": null}}"#)).is_ok());
+        assert_eq!(
+            param(&format!(r#"{{{user}, "reasoning_effort": "max"}}"#)).as_deref(),
+            Some("reasoning_effort")
+        );
+        assert_eq!(
+            param(&format!(r#"{{{user}, "tool_choice": "required"}}"#)).as_deref(),
+            Some("tool_choice")
+        );
+        assert_eq!(
+            param(r#"{"messages": [{"role": "robot", "content": "x"}]}"#).as_deref(),
+            Some("messages[0].role")
+        );
+        assert_eq!(param(r#"{"messages": [{"content": "x"}]}"#).as_deref(), Some("messages[0]"));
+        assert_eq!(param(r#"{"messages": [{"role": "user"}]}"#).as_deref(), Some("messages[0].content"));
+        assert_eq!(
+            param(r#"{"messages": [{"role": "user", "content": 5}]}"#).as_deref(),
+            Some("messages[0].content")
+        );
+        assert_eq!(
+            param(r#"{"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}"#)
+                .as_deref(),
+            Some("messages[0].content[0].type")
+        );
+        assert_eq!(
+            param(r#"{"messages": [{"role": "tool", "tool_call_id": "nope", "content": "x"}]}"#).as_deref(),
+            Some("messages[0].tool_call_id")
+        );
+        assert_eq!(
+            param(&format!(
+                r#"{{{user}, "tools": [{{"type": "function", "function": {{"name": "a.b"}}}}]}}"#
+            ))
+            .as_deref(),
+            Some("tools[0].function.name")
+        );
+        let e = plan_json("{not json").unwrap_err();
+        assert_eq!((e.status.as_u16(), e.param), (400, None));
+        let e = plan_json("[1, 2]").unwrap_err();
+        assert_eq!(e.status.as_u16(), 400);
+    }
+
+    #[test]
+    fn generated_messages_map_back() {
+        let messages = [
+            Message::assistant("analysis", "think"),
+            Message::assistant("commentary", "Checking."),
+            Message::tool_call("functions.get_weather", "{}"),
+        ];
+        let mut n = 0;
+        let m = response_message(&messages, &mut || {
+            n += 1;
+            format!("call_{n}")
+        });
+        assert_eq!(m.reasoning_content.as_deref(), Some("think"));
+        assert_eq!(m.content.as_deref(), Some("Checking."));
+        assert_eq!(m.tool_calls[0].id, "call_1");
+        assert_eq!(m.tool_calls[0].function.name, "get_weather");
+        assert_eq!(finish_reason(StopReason::Stop(200012), true), "tool_calls");
+        assert_eq!(finish_reason(StopReason::MaxTokens, true), "length");
+        assert_eq!(finish_reason(StopReason::Stop(200002), false), "stop");
+        let empty = response_message(&[], &mut String::new);
+        assert_eq!((empty.content, empty.reasoning_content), (None, None));
+    }
+}

@@ -1,0 +1,346 @@
+//! The routes: `POST /v1/chat/completions`, `GET /v1/models`, `GET /v1/models/{id}`,
+//! `GET /health`; the API key check, the body limit, request logging, and OpenAI-shaped
+//! 404 and 405 answers.
+
+use std::future::poll_fn;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, Request, State};
+use axum::http::{HeaderMap, Method, header};
+use axum::middleware::{self, Next};
+use axum::response::sse::{KeepAlive, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use futures_core::Stream;
+use rand::Rng;
+use serde::Serialize;
+use tokio::sync::mpsc::unbounded_channel;
+
+use super::api::{ChatCompletion, Choice, ModelCard, ModelList, Usage};
+use super::convert;
+use super::error::{ApiError, ErrorNote};
+use super::stream::{ChunkMeta, ChunkStream};
+use super::worker::{Counters, Failure, Job, Stats, WorkerMsg};
+use crate::chat::{HarmonyEncoding, RenderConfig, Role, TurnOptions, today_utc};
+
+/// How often an idle stream sends a comment, so that a vanished client is noticed.
+const KEEP_ALIVE: Duration = Duration::from_secs(10);
+
+/// What the handlers share.
+pub(crate) struct App {
+    /// The chat format.
+    pub harmony: HarmonyEncoding,
+    /// The served model.
+    pub model: ModelCard,
+    /// Context capacity in tokens.
+    pub capacity: usize,
+    /// The key every `/v1` request must bear, if any.
+    pub api_key: Option<String>,
+    /// Largest request body in bytes.
+    pub max_body_bytes: usize,
+    /// The engine's queue.
+    pub jobs: mpsc::Sender<Job>,
+    /// Counters.
+    pub counters: Arc<Counters>,
+    /// Set when the server shuts down.
+    pub stopping: Arc<AtomicBool>,
+}
+
+impl App {
+    fn submit(&self, job: Job) -> Result<(), ApiError> {
+        if self.stopping.load(Ordering::SeqCst) {
+            return Err(ApiError::unavailable("the server is shutting down"));
+        }
+        self.counters.enqueued();
+        if self.jobs.send(job).is_err() {
+            self.counters.unqueued();
+            return Err(ApiError::unavailable("the engine has stopped"));
+        }
+        Ok(())
+    }
+}
+
+/// Token counts of a finished request, for the request log.
+#[derive(Clone, Copy, Debug)]
+struct TokenNote(Usage);
+
+/// Marks a streamed response in the request log.
+#[derive(Clone, Copy, Debug)]
+struct StreamNote;
+
+/// The application.
+pub(crate) fn router(app: Arc<App>) -> Router {
+    let v1 = Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/models", get(list_models))
+        .route("/v1/models/{id}", get(get_model))
+        .route_layer(middleware::from_fn_with_state(Arc::clone(&app), require_key));
+    Router::new()
+        .merge(v1)
+        .route("/health", get(health))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn(log_requests))
+        .with_state(app)
+}
+
+/// Logs every request: method, path, status, time, and token counts when known.
+async fn log_requests(req: Request, next: Next) -> Response {
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let start = Instant::now();
+    let response = next.run(req).await;
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    let status = response.status().as_u16();
+    let ext = response.extensions();
+    if let Some(TokenNote(u)) = ext.get::<TokenNote>() {
+        tracing::info!(
+            "{method} {path} {status} in {ms:.1} ms: {} prompt tokens ({} cached) + {} completion tokens",
+            u.prompt_tokens,
+            u.prompt_tokens_details.cached_tokens,
+            u.completion_tokens
+        );
+    } else if ext.get::<StreamNote>().is_some() {
+        tracing::info!("{method} {path} {status}, streaming after {ms:.1} ms");
+    } else if let Some(ErrorNote(message)) = ext.get::<ErrorNote>() {
+        tracing::info!("{method} {path} {status} in {ms:.1} ms: {message}");
+    } else {
+        tracing::info!("{method} {path} {status} in {ms:.1} ms");
+    }
+    response
+}
+
+/// Compares without an early exit, so the time taken does not tell how much of a key matched.
+fn same_key(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// Requires `Authorization: Bearer KEY` when a key is set.
+async fn require_key(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+    if let Some(key) = &app.api_key {
+        let given = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token.trim());
+        match given {
+            None => {
+                return ApiError::unauthorized(
+                    "no API key given: send the header `Authorization: Bearer KEY`",
+                )
+                .into_response();
+            }
+            Some(token) if !same_key(token.as_bytes(), key.as_bytes()) => {
+                return ApiError::unauthorized("incorrect API key").into_response();
+            }
+            Some(_) => {}
+        }
+    }
+    next.run(req).await
+}
+
+async fn not_found(method: Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::not_found(format!("no route {method} {}", uri.path()))
+}
+
+async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> ApiError {
+    ApiError::method_not_allowed(format!("{} does not accept {method}", uri.path()))
+}
+
+/// `GET /health`: liveness, the model, and the counters.
+async fn health(State(app): State<Arc<App>>) -> Response {
+    #[derive(Serialize)]
+    struct Health<'a> {
+        status: &'static str,
+        model: &'a str,
+        context_length: usize,
+        #[serde(flatten)]
+        stats: Stats,
+    }
+    let body = Health {
+        status: "ok",
+        model: &app.model.id,
+        context_length: app.capacity,
+        stats: app.counters.snapshot(),
+    };
+    axum::Json(body).into_response()
+}
+
+async fn list_models(State(app): State<Arc<App>>) -> Response {
+    axum::Json(ModelList { object: "list", data: vec![app.model.clone()] }).into_response()
+}
+
+async fn get_model(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
+    if id == app.model.id {
+        axum::Json(app.model.clone()).into_response()
+    } else {
+        let mut e = ApiError::not_found(format!(
+            "the model {id:?} does not exist; this server has {:?}",
+            app.model.id
+        ));
+        e.param = Some("model".into());
+        e.code = Some("model_not_found");
+        e.into_response()
+    }
+}
+
+/// Reads the body, up to `limit` bytes. A larger body gets a 413; what the client sends of
+/// it is read and dropped first (up to four times the limit), so that it sees the answer
+/// rather than a reset connection.
+async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Bytes, ApiError> {
+    let drain_limit = limit.saturating_mul(4);
+    let declared =
+        headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
+    let expects_continue =
+        headers.get(header::EXPECT).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    if let Some(n) = declared
+        && n > limit as u64
+        && (expects_continue || n > drain_limit as u64)
+    {
+        // The client waits for our go-ahead (or the body is too big to drain): answer now.
+        return Err(ApiError::too_large(limit));
+    }
+    let mut stream = body.into_data_stream();
+    let mut data = Vec::with_capacity(declared.map_or(0, |n| n.min(limit as u64) as usize));
+    let mut total = 0usize;
+    while let Some(chunk) = poll_fn(|cx| Pin::new(&mut stream).poll_next(cx)).await {
+        let chunk =
+            chunk.map_err(|e| ApiError::invalid(None, format!("could not read the request body: {e}")))?;
+        total = total.saturating_add(chunk.len());
+        if total > drain_limit {
+            break;
+        }
+        if total <= limit {
+            data.extend_from_slice(&chunk);
+        }
+    }
+    if total > limit {
+        return Err(ApiError::too_large(limit));
+    }
+    Ok(Bytes::from(data))
+}
+
+/// A random ID: `prefix` and 24 letters and digits.
+fn new_id(prefix: &str) -> String {
+    let tail: String = rand::rng().sample_iter(rand::distr::Alphanumeric).take(24).map(char::from).collect();
+    format!("{prefix}{tail}")
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+/// The answer to a failed turn.
+pub(crate) fn failure_error(failure: Failure) -> ApiError {
+    match failure {
+        Failure::ContextFull(m) => ApiError::context_length(m),
+        Failure::Invalid(m) => ApiError::invalid(None, m),
+        Failure::Engine(m) => ApiError::server(format!("the engine failed: {m}")),
+        Failure::ShuttingDown => ApiError::unavailable("the server is shutting down"),
+    }
+}
+
+async fn chat_completions(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {
+    chat(app, headers, body).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// `POST /v1/chat/completions`: checks the request, renders it to count its tokens, queues
+/// it, and answers with one JSON body or a stream of chunks.
+async fn chat(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let bytes = read_body(&headers, body, app.max_body_bytes).await?;
+    let request = convert::parse_request(&bytes)?;
+    let plan = convert::plan(request, &today_utc(), rand::random())?;
+    // Rendering tokenizes the whole conversation: keep it off the async workers.
+    let harmony = app.harmony;
+    let conversation = plan.conversation.clone();
+    let prompt = tokio::task::spawn_blocking(move || {
+        harmony.render_conversation_for_completion(&conversation, Role::Assistant, &RenderConfig::default())
+    })
+    .await
+    .map_err(|e| ApiError::server(format!("rendering the prompt failed: {e}")))?
+    .map_err(|e| ApiError::invalid(Some("messages"), format!("the conversation cannot be rendered: {e}")))?;
+    if prompt.len() >= app.capacity {
+        return Err(ApiError::context_length(format!(
+            "the prompt is {} tokens, but the context holds {} tokens and at least one must be left \
+             for the answer",
+            prompt.len(),
+            app.capacity
+        )));
+    }
+    let room = app.capacity - prompt.len();
+    let max_tokens = plan.max_tokens.map_or(room, |m| m.min(room));
+    let (tx, mut rx) = unbounded_channel();
+    app.submit(Job {
+        conversation: plan.conversation,
+        turn: TurnOptions { max_tokens, sampling: plan.sampling },
+        events: tx,
+        queued_at: Instant::now(),
+    })?;
+    let meta = ChunkMeta {
+        id: new_id("chatcmpl-"),
+        created: unix_now(),
+        model: app.model.id.clone(),
+        include_usage: plan.include_usage,
+    };
+    if plan.stream {
+        let stream = ChunkStream::new(rx, meta, Box::new(|| new_id("call_")));
+        let mut response = Sse::new(stream).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)).into_response();
+        response.extensions_mut().insert(StreamNote);
+        return Ok(response);
+    }
+    let finished = loop {
+        match rx.recv().await {
+            Some(WorkerMsg::Done(result)) => break result.map_err(failure_error)?,
+            Some(_) => {}
+            None => return Err(ApiError::unavailable("the engine stopped before the answer was complete")),
+        }
+    };
+    let usage = Usage::new(finished.prompt_tokens, finished.cached_tokens, finished.completion_tokens);
+    let message = convert::response_message(&finished.messages, &mut || new_id("call_"));
+    let completion = ChatCompletion {
+        id: meta.id,
+        object: "chat.completion",
+        created: meta.created,
+        model: meta.model,
+        choices: vec![Choice {
+            index: 0,
+            message,
+            logprobs: None,
+            finish_reason: convert::finish_reason(finished.stop, finished.called_tool()),
+            token_ids: plan.return_token_ids.then_some(finished.tokens),
+        }],
+        usage,
+        prompt_token_ids: plan.return_token_ids.then_some(prompt),
+    };
+    let mut response = axum::Json(completion).into_response();
+    response.extensions_mut().insert(TokenNote(usage));
+    Ok(response)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_compare_exactly() {
+        assert!(same_key(b"secret", b"secret"));
+        assert!(!same_key(b"secret", b"secreT"));
+        assert!(!same_key(b"secret", b"secret2"));
+        assert!(!same_key(b"", b"x"));
+    }
+
+    #[test]
+    fn ids_are_random() {
+        let a = new_id("chatcmpl-");
+        assert!(a.starts_with("chatcmpl-") && a.len() == 9 + 24);
+        assert_ne!(a, new_id("chatcmpl-"));
+    }
+}

@@ -1,0 +1,196 @@
+//! The streaming answer: the engine's pieces as `chat.completion.chunk` server-sent events,
+//! ending with the finish chunk, the usage chunk when asked for, and `data: [DONE]`.
+//!
+//! Dropping the stream (the client disconnected) drops the receiver, which the engine
+//! notices at its next piece of text and stops generating.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use axum::response::sse::Event;
+use futures_core::Stream;
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use super::api::{ChatCompletionChunk, ChunkChoice, Delta, FunctionDelta, ToolCallDelta, Usage};
+use super::convert::{finish_reason, function_name};
+use super::error::ApiError;
+use super::routes::failure_error;
+use super::worker::{Piece, WorkerMsg};
+
+/// What every chunk of one completion shares.
+pub(crate) struct ChunkMeta {
+    /// `chatcmpl-...`
+    pub id: String,
+    /// Unix time of the request.
+    pub created: u64,
+    /// The model ID.
+    pub model: String,
+    /// Send a usage chunk before `[DONE]`.
+    pub include_usage: bool,
+}
+
+/// The stream of events of one completion.
+pub(crate) struct ChunkStream {
+    rx: UnboundedReceiver<WorkerMsg>,
+    meta: ChunkMeta,
+    pending: VecDeque<Event>,
+    /// Recipient and index of the tool call being streamed.
+    tool: Option<(String, usize)>,
+    tool_calls: usize,
+    new_call_id: Box<dyn FnMut() -> String + Send>,
+    started: Instant,
+    done: bool,
+}
+
+impl ChunkStream {
+    /// A stream of the messages on `rx`; it starts with the role chunk.
+    pub fn new(
+        rx: UnboundedReceiver<WorkerMsg>,
+        meta: ChunkMeta,
+        new_call_id: Box<dyn FnMut() -> String + Send>,
+    ) -> Self {
+        let mut s = ChunkStream {
+            rx,
+            meta,
+            pending: VecDeque::new(),
+            tool: None,
+            tool_calls: 0,
+            new_call_id,
+            started: Instant::now(),
+            done: false,
+        };
+        s.push_delta(
+            Delta { role: Some("assistant"), content: Some(String::new()), ..Delta::default() },
+            None,
+        );
+        s
+    }
+
+    fn push_chunk(&mut self, choices: Vec<ChunkChoice>, usage: Option<Usage>) {
+        let chunk = ChatCompletionChunk {
+            id: &self.meta.id,
+            object: "chat.completion.chunk",
+            created: self.meta.created,
+            model: &self.meta.model,
+            choices,
+            usage,
+        };
+        match serde_json::to_string(&chunk) {
+            Ok(json) => self.pending.push_back(Event::default().data(json)),
+            Err(e) => tracing::error!("could not serialize a chunk: {e}"),
+        }
+    }
+
+    fn push_delta(&mut self, delta: Delta, finish_reason: Option<&'static str>) {
+        self.push_chunk(vec![ChunkChoice { index: 0, delta, logprobs: None, finish_reason }], None);
+    }
+
+    fn push_tool_delta(&mut self, call: ToolCallDelta) {
+        self.push_delta(Delta { tool_calls: Some(vec![call]), ..Delta::default() }, None);
+    }
+
+    fn on_piece(&mut self, piece: Piece) {
+        match piece {
+            Piece::Reasoning(t) => {
+                self.push_delta(Delta { reasoning_content: Some(t), ..Delta::default() }, None);
+            }
+            Piece::Content(t) => self.push_delta(Delta { content: Some(t), ..Delta::default() }, None),
+            Piece::ToolCall { recipient, text } => {
+                let index = match &self.tool {
+                    Some((r, i)) if *r == recipient => *i,
+                    _ => {
+                        // A new call: its ID and name first, as OpenAI streams them.
+                        let index = self.tool_calls;
+                        self.tool_calls += 1;
+                        let id = (self.new_call_id)();
+                        self.push_tool_delta(ToolCallDelta {
+                            index,
+                            id: Some(id),
+                            kind: Some("function"),
+                            function: FunctionDelta {
+                                name: Some(function_name(&recipient).to_string()),
+                                arguments: String::new(),
+                            },
+                        });
+                        self.tool = Some((recipient, index));
+                        index
+                    }
+                };
+                self.push_tool_delta(ToolCallDelta {
+                    index,
+                    id: None,
+                    kind: None,
+                    function: FunctionDelta { name: None, arguments: text },
+                });
+            }
+        }
+    }
+
+    fn on_message(&mut self, msg: WorkerMsg) {
+        match msg {
+            WorkerMsg::Started => {}
+            WorkerMsg::Piece(piece) => self.on_piece(piece),
+            WorkerMsg::Done(Ok(fin)) => {
+                let reason = finish_reason(fin.stop, fin.called_tool());
+                self.push_delta(Delta::default(), Some(reason));
+                if self.meta.include_usage {
+                    let usage = Usage::new(fin.prompt_tokens, fin.cached_tokens, fin.completion_tokens);
+                    self.push_chunk(Vec::new(), Some(usage));
+                }
+                tracing::info!(
+                    "stream {}: {} prompt tokens ({} cached) + {} generated, {reason}, in {:.2} s",
+                    self.meta.id,
+                    fin.prompt_tokens,
+                    fin.cached_tokens,
+                    fin.completion_tokens,
+                    self.started.elapsed().as_secs_f64()
+                );
+                self.finish();
+            }
+            WorkerMsg::Done(Err(failure)) => {
+                self.push_error(failure_error(failure));
+                self.finish();
+            }
+        }
+    }
+
+    fn push_error(&mut self, error: ApiError) {
+        tracing::warn!("stream {} failed: {}", self.meta.id, error.message);
+        self.pending.push_back(Event::default().data(error.body()));
+    }
+
+    fn finish(&mut self) {
+        self.pending.push_back(Event::default().data("[DONE]"));
+        self.done = true;
+    }
+}
+
+impl Stream for ChunkStream {
+    type Item = Result<Event, Infallible>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        loop {
+            if let Some(event) = this.pending.pop_front() {
+                return Poll::Ready(Some(Ok(event)));
+            }
+            if this.done {
+                return Poll::Ready(None);
+            }
+            match this.rx.poll_recv(cx) {
+                Poll::Ready(Some(msg)) => this.on_message(msg),
+                Poll::Ready(None) => {
+                    // The engine dropped the job without an outcome (it stopped).
+                    this.push_error(ApiError::unavailable(
+                        "the engine stopped before the answer was complete",
+                    ));
+                    this.finish();
+                }
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}
