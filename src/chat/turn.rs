@@ -31,6 +31,9 @@ pub enum ChatEvent<'a> {
     },
     /// Text on another channel without a recipient (e.g. a commentary preamble).
     Commentary(&'a str),
+    /// A token was generated (sent for every token, before any text it adds), so a caller
+    /// can stop the turn at any point, not only when text appears.
+    Token(u32),
     /// Text the model generated outside the Harmony structure (after a token the parser
     /// could not place), decoded as it comes so the user still sees what the model says.
     Unparsed(&'a str),
@@ -112,6 +115,9 @@ pub fn complete(
     let mut raw = harmony.tokenizer().stream_decoder();
     let mut header: Vec<u32> = Vec::new();
     let mut on_token = |id: u32| -> bool {
+        if !on_event(ChatEvent::Token(id)) {
+            return false;
+        }
         let mut pending = vec![id];
         if parse_error.is_none() {
             match parser.push(id) {

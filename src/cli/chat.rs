@@ -166,7 +166,7 @@ impl Printer {
                 }
                 let _ = write!(out, "{t}");
             }
-            ChatEvent::Reasoning(_) => {}
+            ChatEvent::Reasoning(_) | ChatEvent::Token(_) => {}
             ChatEvent::Answer(t) | ChatEvent::Commentary(t) | ChatEvent::Unparsed(t) => {
                 self.end_reasoning(&mut out);
                 let _ = write!(out, "{t}");

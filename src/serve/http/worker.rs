@@ -192,8 +192,15 @@ fn run_job(
     let mut gone = false;
     let mut on_event = |event: ChatEvent<'_>| {
         let piece = match event {
+            ChatEvent::Token(_) => {
+                // Checked on every token, so a client that went away stops generation at once.
+                gone |= job.events.is_closed() || stopping.load(Ordering::SeqCst);
+                return !gone;
+            }
             ChatEvent::Reasoning(t) => Piece::Reasoning(t.to_string()),
-            ChatEvent::Answer(t) | ChatEvent::Commentary(t) => Piece::Content(t.to_string()),
+            ChatEvent::Answer(t) | ChatEvent::Commentary(t) | ChatEvent::Unparsed(t) => {
+                Piece::Content(t.to_string())
+            }
             ChatEvent::ToolCall { recipient, text } => {
                 Piece::ToolCall { recipient: recipient.to_string(), text: text.to_string() }
             }
