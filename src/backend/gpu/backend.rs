@@ -287,6 +287,12 @@ impl GpuBackend {
         &self.gpu.open.report
     }
 
+    /// The expert cache's shape: slots, pool buffers, pools bound per dispatch, and
+    /// whether every expert is resident.
+    pub fn residency(&self) -> (usize, usize, u32, bool) {
+        (self.vram.slots, self.vram.pools.len(), self.vram.pools_per_dispatch, self.vram.is_full())
+    }
+
     /// Counters so far.
     pub fn stats(&self) -> GpuStats {
         let mut s = self.stats.clone();
