@@ -150,6 +150,7 @@ impl ModelArgs {
             vram_bytes,
             max_binding_bytes: self.gpu_max_binding_mb.map(|m| m << 20),
             predict: self.gpu_predict.then_some(true),
+            fail_at_readback: None,
         })
     }
 

@@ -112,6 +112,10 @@ pub struct GpuBackend {
     pred: Option<Prediction>,
     agree: GBuf,
     in_decode: bool,
+    /// Submissions when the current forward block began.
+    block_start: u64,
+    fail_at_readback: Option<u64>,
+    dense_bytes: u64,
     stats: GpuStats,
 }
 
@@ -135,7 +139,7 @@ impl GpuBackend {
         if k == 0 || k > MAX_TOP_K || k > cfg.num_experts {
             return Err(Error::Backend(format!("experts per token {k} is outside 1..={MAX_TOP_K}")));
         }
-        if cfg.head_dim > MAX_HEAD_DIM || cfg.head_dim % 2 != 0 {
+        if cfg.head_dim > MAX_HEAD_DIM || !cfg.head_dim.is_multiple_of(2) {
             return Err(Error::Backend(format!(
                 "head_dim {} is not an even width up to {MAX_HEAD_DIM}",
                 cfg.head_dim
@@ -235,6 +239,9 @@ impl GpuBackend {
             pred: None,
             agree,
             in_decode: false,
+            block_start: 0,
+            fail_at_readback: opts.fail_at_readback,
+            dense_bytes,
             stats: GpuStats::default(),
         };
         b.prepare_kernels()?;
@@ -297,6 +304,9 @@ impl GpuBackend {
     pub fn stats(&self) -> GpuStats {
         let mut s = self.stats.clone();
         s.device = self.gpu.counters();
+        if self.in_decode {
+            s.decode_submissions += s.device.submissions - self.block_start;
+        }
         s.vram = self.vram.stats;
         s
     }
@@ -331,11 +341,12 @@ impl GpuBackend {
     }
 
     fn read_back(&mut self, ranges: &[(&GBuf, u64, u64)]) -> Result<Vec<u8>> {
-        let before = self.gpu.counters().submissions;
+        if self.fail_at_readback.is_some_and(|n| self.gpu.counters().readbacks + 1 >= n) {
+            return Err(Error::Backend("device lost (injected for testing)".into()));
+        }
         let bytes = self.gpu.read_back(ranges)?;
         if self.in_decode {
             self.stats.decode_readbacks += 1;
-            self.stats.decode_submissions += self.gpu.counters().submissions - before;
         }
         Ok(bytes)
     }
@@ -553,6 +564,12 @@ impl GpuBackend {
                 String::new()
             }
         ));
+        lines.push(format!(
+            "  dense weights in VRAM: {:.1} MiB; output head in {} row block(s) (storage binding limit {:.0} MiB)",
+            self.dense_bytes as f64 / (1u64 << 20) as f64,
+            self.head.blocks.len(),
+            self.gpu.max_binding as f64 / (1u64 << 20) as f64
+        ));
         let v = s.vram;
         lines.push(format!(
             "  vram experts: {} ({} of {} slots of {:.2} MiB in {} pool(s)); {} hits, {} misses, {} uploads ({} prefetched, {} of them used), {} evictions, {:.1} MiB uploaded",
@@ -661,6 +678,12 @@ impl Backend for GpuBackend {
             }
             self.dense.embed.row_to_f32(id as usize, row);
         }
+        // A new forward block begins: close the previous one's submission count.
+        let now = self.gpu.counters().submissions;
+        if self.in_decode {
+            self.stats.decode_submissions += now - self.block_start;
+        }
+        self.block_start = now;
         self.gpu.stage(bytemuck::cast_slice(&rows), out.buf(), 0)?;
         self.in_decode = ids.len() == 1;
         self.stats.positions += ids.len() as u64;
@@ -709,7 +732,7 @@ impl Backend for GpuBackend {
         if start_pos + x.rows() > self.capacity {
             return Err(Error::ContextFull { needed: start_pos + x.rows(), capacity: self.capacity });
         }
-        if x.width() % d != 0 {
+        if !x.width().is_multiple_of(d) {
             return Err(Error::Backend(format!(
                 "rope: width {} is not a multiple of head_dim {d}",
                 x.width()

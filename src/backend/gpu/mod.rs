@@ -40,6 +40,8 @@ pub struct GpuOptions {
     pub max_binding_bytes: Option<u64>,
     /// Run the resident-router prediction; `None`: only when not every expert is resident.
     pub predict: Option<bool>,
+    /// Testing: fail as a lost device would at this readback (exercises the CPU fallback).
+    pub fail_at_readback: Option<u64>,
 }
 
 /// Opens the adapter `opts` would use and describes it (no model needed): for tests and

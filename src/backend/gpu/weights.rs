@@ -54,11 +54,8 @@ pub fn upload_matrix(gpu: &mut Gpu, name: &str, m: &Matrix) -> Result<GpuMatrix>
     };
     // Rows per block: every buffer (padded to whole words) within the binding limit.
     let limit = gpu.max_binding as usize;
-    let per_block = (limit.saturating_sub(4) / data_row.max(1)).min(if scale_row > 0 {
-        limit.saturating_sub(4) / scale_row
-    } else {
-        usize::MAX
-    });
+    let room = limit.saturating_sub(4);
+    let per_block = (room / data_row.max(1)).min(room.checked_div(scale_row).unwrap_or(usize::MAX));
     if per_block == 0 {
         return Err(Error::Backend(format!(
             "{name}: one row ({data_row} bytes) exceeds the storage binding limit of {limit} bytes"
