@@ -151,6 +151,31 @@ fn identical_numbers_for_every_vram_cache_size_and_prediction_setting() {
 }
 
 #[test]
+fn steady_state_decoding_creates_no_buffers() {
+    let Some(base) = gpu_options("steady state") else { return };
+    let r = Reference::load(&fixture("tiny-f32"));
+    let dir = convert_fixture("tiny-f32", INT4);
+    let model = open(dir.path());
+    for vram in [None, Some(1)] {
+        let mut g = gpu_forward(&model, &GpuOptions { vram_bytes: vram, ..base.clone() });
+        let (_, tokens) = greedy(&mut g, &r.prompt, 3);
+        let before = g.backend().stats().device.buffers;
+        let mut pos = r.prompt.len() + 2;
+        let mut t = tokens[2];
+        for _ in 0..8 {
+            let l = g.run(&[t], pos, LogitRows::Last, &mut NoObserver).unwrap();
+            t = argmax(&l) as u32;
+            pos += 1;
+        }
+        assert_eq!(
+            g.backend().stats().device.buffers,
+            before,
+            "vram {vram:?}: buffers created while decoding"
+        );
+    }
+}
+
+#[test]
 fn a_device_failure_continues_on_the_cpu_in_auto_mode_and_is_an_error_in_gpu_mode() {
     let Some(base) = gpu_options("fallback") else { return };
     let r = Reference::load(&fixture("tiny-f32"));

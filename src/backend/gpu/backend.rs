@@ -16,7 +16,7 @@ use crate::model::weights::DenseWeights;
 
 use super::GpuOptions;
 use super::buffers::{BufferPool, GpuAct, GpuRoutes, Pooled, decode_routes, floats, words};
-use super::context::{Bind, DeviceCounters, GBuf, Gpu};
+use super::context::{Bind, DeviceCounters, GBuf, Gpu, STORAGE_ALIGN};
 use super::device::{self, AdapterReport};
 use super::shaders::{Op, Variant};
 use super::vram::{SlotFormat, VramExperts, VramStats};
@@ -274,6 +274,8 @@ impl GpuBackend {
             Op::MoeCombine,
             Op::ExpertGateUp,
             Op::ExpertDown,
+            Op::KvStore,
+            Op::Copy,
         ];
         for l in &self.layers {
             for m in [&l.q.m, &l.k.m, &l.v.m, &l.o.m, &l.router.m] {
@@ -380,13 +382,34 @@ impl GpuBackend {
         while t0 < x.rows() {
             let n = per.min(x.rows() - t0);
             let xs = GpuAct::new(n, m.cols, self.scratch(n as u64 * cols_bytes)?);
-            self.gpu.copy(x.buf(), t0 as u64 * cols_bytes, xs.buf(), 0, n as u64 * cols_bytes);
+            self.copy_words(x.buf(), t0 * m.cols, xs.buf(), 0, n * m.cols)?;
             let ys = self.scratch(n as u64 * row_bytes)?;
             self.matvec_into(m, bias, &xs, ys.buf(), n as u64 * row_bytes)?;
-            self.gpu.copy(ys.buf(), 0, out.buf(), t0 as u64 * row_bytes, n as u64 * row_bytes);
+            self.copy_words(ys.buf(), 0, out.buf(), t0 * m.rows, n * m.rows)?;
             t0 += n;
         }
         Ok(())
+    }
+
+    /// `dst[dst_at..][..n] = src[src_at..][..n]` in words, as a kernel (ordered after
+    /// the compute that wrote `src` on every backend). Each side is bound as a window
+    /// around its range, so buffers larger than one binding can be addressed.
+    fn copy_words(&mut self, src: &GBuf, src_at: usize, dst: &GBuf, dst_at: usize, n: usize) -> Result<()> {
+        let window = |at: usize| {
+            let byte = at as u64 * 4;
+            let base = byte - byte % STORAGE_ALIGN;
+            (base, ((byte - base) / 4) as u32, (byte - base) + n as u64 * 4)
+        };
+        let (sb, so, ss) = window(src_at);
+        let (db, d_o, ds) = window(dst_at);
+        if ss > self.gpu.max_binding || ds > self.gpu.max_binding {
+            return Err(Error::Backend(format!("a copy of {n} words exceeds the storage binding limit")));
+        }
+        let (nx, ny) = self.gpu.grid(n.div_ceil(64) as u64)?;
+        let params = [n as u32, so, d_o, nx];
+        let binds = [Bind::range(src, sb, ss), Bind::range(dst, db, ds)];
+        let v = self.variant(Op::Copy);
+        self.gpu.dispatch(Op::Copy, v, &params, &binds, (nx, ny, 1))
     }
 
     fn matvec_into(
@@ -774,9 +797,12 @@ impl Backend for GpuBackend {
             return Err(Error::ContextFull { needed: start_pos + rows, capacity: self.capacity });
         }
         let (kc, vc) = self.kv[layer].clone();
-        let row_bytes = (cfg.kv_dim() * 4) as u64;
-        self.gpu.copy(k.buf(), 0, &kc, start_pos as u64 * row_bytes, k.bytes());
-        self.gpu.copy(v.buf(), 0, &vc, start_pos as u64 * row_bytes, v.bytes());
+        let n = rows * cfg.kv_dim();
+        let (nx, ny) = self.gpu.grid(n.div_ceil(64) as u64)?;
+        let params = [n as u32, (start_pos * cfg.kv_dim()) as u32, nx, 0];
+        let var = self.variant(Op::KvStore);
+        let binds = [k.bind(), v.bind(), Bind::whole(&kc), Bind::whole(&vc)];
+        self.gpu.dispatch(Op::KvStore, var, &params, &binds, (nx, ny, 1))?;
         let (nx, ny) = self.gpu.grid((rows * cfg.num_heads) as u64)?;
         let params = [
             rows as u32,
@@ -908,9 +934,8 @@ impl Backend for GpuBackend {
         if dst.width() != src.width() || first_row + dst.rows() > src.rows() {
             return Err(Error::Backend("copy_rows: rows out of range".into()));
         }
-        let w = (src.width() * 4) as u64;
-        self.gpu.copy(src.buf(), first_row as u64 * w, dst.buf(), 0, dst.bytes());
-        Ok(())
+        let w = src.width();
+        self.copy_words(src.buf(), first_row * w, dst.buf(), 0, dst.rows() * w)
     }
 
     fn read(&mut self, x: &GpuAct) -> Result<Vec<f32>> {

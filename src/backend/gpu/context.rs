@@ -19,6 +19,8 @@ use super::shaders::{Access, Op, Variant, source};
 
 /// Bytes reserved per dispatch in the parameter ring (the usual uniform offset alignment).
 const PARAM_SLOT: u64 = 256;
+/// Alignment used for storage binding offsets (at least every adapter's minimum).
+pub const STORAGE_ALIGN: u64 = 256;
 /// How long a readback may wait for the device before it counts as hung.
 const POLL_TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -46,6 +48,8 @@ pub struct DeviceCounters {
     pub readback_bytes: u64,
     /// Bytes written from the host (weights, experts, staged rows).
     pub upload_bytes: u64,
+    /// Buffers created (constant in the steady state: activations are pooled).
+    pub buffers: u64,
 }
 
 struct Kernel {
@@ -72,6 +76,11 @@ impl<'a> Bind<'a> {
     /// The whole buffer.
     pub fn whole(buf: &'a GBuf) -> Self {
         Bind { buf, offset: 0, size: buf.size }
+    }
+
+    /// `size` bytes from `offset` (a multiple of [`STORAGE_ALIGN`]).
+    pub fn range(buf: &'a GBuf, offset: u64, size: u64) -> Self {
+        Bind { buf, offset, size: size.max(4).min(buf.size - offset) }
     }
 
     /// The first `bytes` bytes of the buffer (at least one word).
@@ -218,6 +227,7 @@ impl Gpu {
             })
         })?;
         self.next_id += 1;
+        self.counters.buffers += 1;
         Ok(GBuf { buf, id: self.next_id, size })
     }
 
@@ -247,6 +257,7 @@ impl Gpu {
         }
         buf.unmap();
         self.counters.upload_bytes += size;
+        self.counters.buffers += 1;
         self.next_id += 1;
         Ok(GBuf { buf, id: self.next_id, size })
     }

@@ -51,11 +51,15 @@ pub enum Op {
     ExpertGateUp,
     /// Down projection and bias of the selected experts.
     ExpertDown,
+    /// Stores keys and values in the KV cache.
+    KvStore,
+    /// Copies words between buffers.
+    Copy,
 }
 
 impl Op {
     /// Every op.
-    pub const ALL: [Op; 13] = [
+    pub const ALL: [Op; 15] = [
         Op::MatvecF32,
         Op::MatvecBf16,
         Op::MatvecInt8,
@@ -69,6 +73,8 @@ impl Op {
         Op::MoeCombine,
         Op::ExpertGateUp,
         Op::ExpertDown,
+        Op::KvStore,
+        Op::Copy,
     ];
 
     /// File name under `shaders/`.
@@ -87,6 +93,8 @@ impl Op {
             Op::MoeCombine => "moe_combine.wgsl",
             Op::ExpertGateUp => "expert_gate_up.wgsl",
             Op::ExpertDown => "expert_down.wgsl",
+            Op::KvStore => "kv_store.wgsl",
+            Op::Copy => "copy.wgsl",
         }
     }
 
@@ -105,6 +113,8 @@ impl Op {
             Op::MoeCombine => include_str!("../../../shaders/moe_combine.wgsl"),
             Op::ExpertGateUp => include_str!("../../../shaders/expert_gate_up.wgsl"),
             Op::ExpertDown => include_str!("../../../shaders/expert_down.wgsl"),
+            Op::KvStore => include_str!("../../../shaders/kv_store.wgsl"),
+            Op::Copy => include_str!("../../../shaders/copy.wgsl"),
         }
     }
 
@@ -134,6 +144,8 @@ impl Op {
             Op::Add => vec![R, W],
             Op::MoeCombine => vec![R, R, W],
             Op::ExpertGateUp | Op::ExpertDown => vec![R, R, R, W],
+            Op::KvStore => vec![R, R, W, W],
+            Op::Copy => vec![R, W],
         };
         if self.is_expert() {
             v.extend(std::iter::repeat_n(R, pools as usize));
