@@ -160,12 +160,10 @@ fn steady_state_decoding_creates_no_buffers() {
         let mut g = gpu_forward(&model, &GpuOptions { vram_bytes: vram, ..base.clone() });
         let (_, tokens) = greedy(&mut g, &r.prompt, 3);
         let before = g.backend().stats().device.buffers;
-        let mut pos = r.prompt.len() + 2;
         let mut t = tokens[2];
-        for _ in 0..8 {
+        for pos in r.prompt.len() + 2..r.prompt.len() + 10 {
             let l = g.run(&[t], pos, LogitRows::Last, &mut NoObserver).unwrap();
             t = argmax(&l) as u32;
-            pos += 1;
         }
         assert_eq!(
             g.backend().stats().device.buffers,
