@@ -134,5 +134,7 @@ pub trait Backend {
 
     /// Lines about the device for `--stats` (submissions, readbacks, VRAM cache); empty
     /// when the backend has nothing to add.
-    fn report(&self) -> Vec<String>;
+    fn report(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
