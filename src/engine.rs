@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use crate::backend::Backend;
 use crate::backend::cpu::CpuBackend;
+use crate::backend::gpu::{GpuBackend, GpuOptions};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::experts::{CachedExperts, ExpertSource, ExpertStats, ExpertStore, ResidentExperts};
@@ -40,6 +41,10 @@ pub trait Runner: Send {
     fn times(&self) -> PhaseTimes;
     /// Counters of the expert source.
     fn expert_stats(&self) -> ExpertStats;
+    /// Extra lines for `--stats` (the device's counters, verification); none by default.
+    fn report(&self) -> Vec<String> {
+        Vec::new()
+    }
 }
 
 impl<B: Backend + Send> Runner for Forward<B> {
@@ -72,9 +77,14 @@ impl<B: Backend + Send> Runner for Forward<B> {
     fn expert_stats(&self) -> ExpertStats {
         self.backend().expert_stats()
     }
+
+    fn report(&self) -> Vec<String> {
+        self.backend().report()
+    }
 }
 
 /// A loaded model: configuration, dense weights and where experts come from.
+#[derive(Clone)]
 pub struct LoadedModel {
     /// The configuration.
     pub config: Arc<ModelConfig>,
@@ -281,8 +291,7 @@ pub fn load_hf(dir: &Path) -> Result<LoadedModel> {
     })
 }
 
-/// Puts a loaded model on the CPU backend.
-pub fn cpu_runner(model: &LoadedModel, opts: &RunOptions) -> Result<Box<dyn Runner>> {
+fn check_run_options(model: &LoadedModel, opts: &RunOptions) -> Result<()> {
     if opts.ctx == 0 {
         return Err(Error::invalid("--ctx must be at least 1"));
     }
@@ -292,6 +301,12 @@ pub fn cpu_runner(model: &LoadedModel, opts: &RunOptions) -> Result<Box<dyn Runn
             opts.ctx, model.config.max_position_embeddings
         )));
     }
+    Ok(())
+}
+
+/// Puts a loaded model on the CPU backend.
+pub fn cpu_runner(model: &LoadedModel, opts: &RunOptions) -> Result<Box<dyn Runner>> {
+    check_run_options(model, opts)?;
     let backend = CpuBackend::new(
         Arc::clone(&model.config),
         Arc::clone(&model.dense),
@@ -299,4 +314,57 @@ pub fn cpu_runner(model: &LoadedModel, opts: &RunOptions) -> Result<Box<dyn Runn
         opts.ctx,
     );
     Ok(Box::new(Forward::new(backend, opts.max_batch)))
+}
+
+/// Puts a loaded model on a GPU (see `backend::gpu`). Fails with `Error::Backend` when no
+/// suitable adapter exists or the device cannot hold the model.
+pub fn gpu_runner(model: &LoadedModel, opts: &RunOptions, gpu: &GpuOptions) -> Result<Box<dyn Runner>> {
+    check_run_options(model, opts)?;
+    let backend = GpuBackend::new(
+        Arc::clone(&model.config),
+        Arc::clone(&model.dense),
+        Arc::clone(&model.experts),
+        opts.ctx,
+        gpu,
+    )?;
+    Ok(Box::new(Forward::new(backend, opts.max_batch)))
+}
+
+/// Where a model runs (`--device`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Device {
+    /// The GPU when a hardware adapter exists and takes the model, else the CPU (one log
+    /// line says why); a device failure later continues on the CPU.
+    #[default]
+    Auto,
+    /// The CPU backend (the oracle).
+    Cpu,
+    /// The GPU (software adapters accepted); any failure is an error.
+    Gpu,
+}
+
+/// Puts a loaded model on `device`. With `verify`, the result runs the CPU oracle in
+/// lockstep and fails at the first position whose top-1 token differs.
+pub fn runner(
+    model: &LoadedModel,
+    opts: &RunOptions,
+    device: Device,
+    gpu: &GpuOptions,
+    verify: bool,
+) -> Result<Box<dyn Runner>> {
+    let primary = match device {
+        Device::Cpu => cpu_runner(model, opts)?,
+        Device::Gpu => gpu_runner(model, opts, &GpuOptions { allow_software: true, ..gpu.clone() })?,
+        Device::Auto => match gpu_runner(model, opts, &GpuOptions { allow_software: false, ..gpu.clone() }) {
+            Ok(r) => Box::new(crate::fallback::FallbackRunner::new(r, model.clone(), opts.clone())),
+            Err(e) => {
+                tracing::info!("running on the CPU: {e}");
+                cpu_runner(model, opts)?
+            }
+        },
+    };
+    if verify {
+        return Ok(Box::new(crate::lockstep::LockstepRunner::new(primary, cpu_runner(model, opts)?)));
+    }
+    Ok(primary)
 }

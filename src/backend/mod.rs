@@ -5,6 +5,7 @@
 //! immediately; a GPU backend records them and synchronizes only in [`Backend::read`].
 
 pub mod cpu;
+pub mod gpu;
 
 use crate::config::ModelConfig;
 use crate::error::Result;
@@ -130,4 +131,10 @@ pub trait Backend {
 
     /// Counters of the expert source behind the backend.
     fn expert_stats(&self) -> ExpertStats;
+
+    /// Lines about the device for `--stats` (submissions, readbacks, VRAM cache); empty
+    /// when the backend has nothing to add.
+    fn report(&self) -> Vec<String> {
+        Vec::new()
+    }
 }

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use picchio::bench::{copy_bandwidth, decode_bytes_per_token, prompt_ids};
-use picchio::engine::{self, RunOptions};
+use picchio::engine;
 use picchio::experts::ExpertStats;
 use picchio::model::forward::PhaseTimes;
 use picchio::model::{LogitRows, NoObserver};
@@ -81,7 +81,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         }
         tracing::info!("preloaded experts in {:.1} s", t0.elapsed().as_secs_f64());
     }
-    let runner = engine::cpu_runner(&model, &RunOptions { ctx, ..Default::default() })?;
+    let runner = args.model.runner(&model, ctx)?;
     let description = runner.describe();
     let mut session = Session::new(runner);
     let prompt = prompt_ids(args.prompt, cfg.vocab_size, args.seed);
@@ -105,12 +105,18 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let floor = token_bytes as f64 / bandwidth;
     let ratio = (decode.wall.as_secs_f64() / n_dec as f64) / floor;
     let rss = peak_rss().unwrap_or(0);
+    let gpu = if description.starts_with("gpu ") {
+        description.split(';').next().unwrap_or("").trim_start_matches("gpu ").to_string()
+    } else {
+        "none (CPU backend)".to_string()
+    };
     let machine = format!(
-        "{}; {threads} threads; kernels {}; RAM {}; GPU: none (CPU backend)",
+        "{}; {threads} threads; kernels {}; RAM {}; GPU: {gpu}",
         cpu_description(),
         kernels::selected().name(),
         total_memory().map_or("unknown".into(), gib)
     );
+    let report = session.runner().report();
 
     if args.json {
         let phase = |p: &Phase, n: usize| {
@@ -137,6 +143,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             "decode_floor_s_per_token": floor,
             "decode_over_floor": ratio,
             "peak_rss_bytes": rss,
+            "device_report": report,
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
@@ -173,5 +180,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         ratio
     );
     println!("prefill {prefill_tps:.2} tok/s, decode {decode_tps:.2} tok/s, peak RSS {}", gib(rss));
+    for line in report {
+        println!("{line}");
+    }
     Ok(())
 }

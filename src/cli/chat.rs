@@ -14,7 +14,7 @@ use picchio::chat::{
     ChatEvent, Conversation, DeveloperContent, HarmonyEncoding, Message, ReasoningEffort, SystemContent,
     TurnOptions, TurnOutcome, VOCAB_SIZE, complete, today_utc,
 };
-use picchio::engine::{self, RunOptions};
+use picchio::engine;
 use picchio::sample::SamplingParams;
 use picchio::session::{Session, StopReason};
 use rustyline::error::ReadlineError;
@@ -193,7 +193,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     let model = args.model.open(args.model.ctx)?;
     require_harmony_vocab(model.config.vocab_size)?;
     let ctx = args.model.ctx.unwrap_or_else(|| engine::default_ctx(&model.config));
-    let runner = engine::cpu_runner(&model, &RunOptions { ctx, ..Default::default() })?;
+    let runner = args.model.runner(&model, ctx)?;
     let mut session = Session::new(runner);
     let harmony = HarmonyEncoding::new();
     let mut settings = args.settings.clone();

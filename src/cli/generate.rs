@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use clap::Args;
-use picchio::engine::{self, RunOptions};
+use picchio::engine;
 use picchio::format::npy;
 use picchio::model::{LogitRows, NoObserver};
 use picchio::sample::Sampler;
@@ -81,7 +81,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     let started = Instant::now();
     let model = args.model.open(args.model.ctx)?;
     let ctx = args.model.ctx.unwrap_or_else(|| engine::default_ctx(&model.config));
-    let runner = engine::cpu_runner(&model, &RunOptions { ctx, ..Default::default() })?;
+    let runner = args.model.runner(&model, ctx)?;
     tracing::info!(
         "loaded {} in {:.2?}: {} layers, {} experts (top-{}), vocab {}; {}",
         model.dir.display(),
@@ -107,6 +107,10 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     }
     if args.model.stats {
         super::print_stats(session.runner(), prompt.len(), session.pos() - prompt.len(), t0.elapsed());
+    } else if args.model.verify {
+        for line in session.runner().report().iter().filter(|l| l.starts_with("verify")) {
+            eprintln!("{line}");
+        }
     }
     Ok(())
 }
@@ -158,7 +162,7 @@ fn chat_turn(args: &GenerateArgs, text: &str) -> anyhow::Result<()> {
     let model = args.model.open(args.model.ctx)?;
     super::chat::require_harmony_vocab(model.config.vocab_size)?;
     let ctx = args.model.ctx.unwrap_or_else(|| engine::default_ctx(&model.config));
-    let mut session = Session::new(engine::cpu_runner(&model, &RunOptions { ctx, ..Default::default() })?);
+    let mut session = Session::new(args.model.runner(&model, ctx)?);
     let mut messages = args.chat.opening();
     messages.push(picchio::chat::Message::user(text));
     let conversation = picchio::chat::Conversation::from_messages(messages);

@@ -4,6 +4,7 @@
 mod bench;
 mod chat;
 mod convert;
+mod devices;
 mod generate;
 mod serve;
 mod synth;
@@ -46,6 +47,8 @@ pub enum Command {
     Serve(serve::ServeArgs),
     /// Chat with the model in the terminal.
     Chat(chat::ChatArgs),
+    /// List GPU adapters: backend, type, memory, the limits and features Picchio uses.
+    Devices(devices::DevicesArgs),
 }
 
 /// Options every command that runs a model takes.
@@ -79,6 +82,30 @@ pub struct ModelArgs {
     /// Worker threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
+    /// Where to run: `auto` (a hardware GPU if one takes the model, else the CPU),
+    /// `cpu`, or `gpu` (software adapters accepted; failures are errors).
+    #[arg(long, value_enum, default_value_t = picchio::engine::Device::Auto)]
+    pub device: picchio::engine::Device,
+    /// Graphics API for the GPU (default: `WGPU_BACKEND`, else the best adapter of any).
+    #[arg(long, value_enum)]
+    pub gpu_backend: Option<picchio::backend::gpu::GpuApi>,
+    /// VRAM for the expert cache, in GiB (default: from the adapter's memory).
+    #[arg(long)]
+    pub vram_gb: Option<f64>,
+    /// Run the CPU oracle in lockstep and stop at the first position whose top-1 token
+    /// differs (reports both tokens, margins and the largest logit difference).
+    #[arg(long)]
+    pub verify: bool,
+    /// Run the resident-router prediction (and report its accuracy) even when every
+    /// expert is resident in VRAM.
+    #[arg(long)]
+    pub gpu_predict: bool,
+    /// Use only portable shaders (no SUBGROUP or SHADER_F16 even where present).
+    #[arg(long, hide = true)]
+    pub gpu_portable: bool,
+    /// Lower the storage binding limit to this many MiB (exercises split tensors).
+    #[arg(long, hide = true)]
+    pub gpu_max_binding_mb: Option<u64>,
 }
 
 impl ModelArgs {
@@ -106,6 +133,41 @@ impl ModelArgs {
             ctx: ctx.unwrap_or(4096),
         };
         picchio::engine::open(&dir, &opts).with_context(|| format!("loading model {}", dir.display()))
+    }
+
+    /// The GPU options these flags ask for.
+    pub fn gpu_options(&self) -> anyhow::Result<picchio::backend::gpu::GpuOptions> {
+        use picchio::backend::gpu::{FeatureUse, GpuOptions};
+        let vram_bytes = match self.vram_gb {
+            Some(g) if !(g.is_finite() && g > 0.0) => {
+                anyhow::bail!("--vram-gb must be a positive number, got {g}")
+            }
+            Some(g) => Some((g * (1u64 << 30) as f64) as u64),
+            None => None,
+        };
+        Ok(GpuOptions {
+            api: self.gpu_backend,
+            allow_software: false,
+            features: if self.gpu_portable {
+                FeatureUse { shader_f16: false, subgroup: false }
+            } else {
+                FeatureUse::default()
+            },
+            vram_bytes,
+            max_binding_bytes: self.gpu_max_binding_mb.map(|m| m << 20),
+            predict: self.gpu_predict.then_some(true),
+            fail_at_readback: None,
+        })
+    }
+
+    /// Puts `model` on the device these flags choose, with a context of `ctx` positions.
+    pub fn runner(
+        &self,
+        model: &picchio::engine::LoadedModel,
+        ctx: usize,
+    ) -> anyhow::Result<Box<dyn picchio::engine::Runner>> {
+        let opts = picchio::engine::RunOptions { ctx, ..Default::default() };
+        Ok(picchio::engine::runner(model, &opts, self.device, &self.gpu_options()?, self.verify)?)
     }
 
     fn quiet_progress(&self) -> bool {
@@ -150,6 +212,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(args) => bench::run(args),
         Command::Serve(args) => serve::run(args),
         Command::Chat(args) => chat::run(args),
+        Command::Devices(args) => devices::run(args),
     }
 }
 
@@ -182,4 +245,7 @@ pub fn print_stats(
         picchio::system::gib(e.bytes_read),
         e.evictions
     );
+    for line in runner.report() {
+        eprintln!("  {line}");
+    }
 }

@@ -6,7 +6,7 @@ use std::net::{SocketAddr, TcpListener};
 
 use anyhow::Context;
 use clap::Args;
-use picchio::engine::{self, RunOptions};
+use picchio::engine;
 use picchio::session::Session;
 
 use super::ModelArgs;
@@ -42,7 +42,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     };
     let model = args.model.open(args.model.ctx)?;
     let ctx = args.model.ctx.unwrap_or_else(|| engine::default_ctx(&model.config));
-    let runner = engine::cpu_runner(&model, &RunOptions { ctx, ..Default::default() })?;
+    let runner = args.model.runner(&model, ctx)?;
     let Some(listener) = listener else {
         tracing::info!("serving {} on stdio; {}", model.dir.display(), runner.describe());
         let mut session = Session::new(runner);

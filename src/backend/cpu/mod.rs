@@ -259,4 +259,8 @@ impl Backend for CpuBackend {
     fn expert_stats(&self) -> ExpertStats {
         self.experts.stats()
     }
+
+    fn report(&self) -> Vec<String> {
+        Vec::new()
+    }
 }

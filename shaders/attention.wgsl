@@ -1,0 +1,110 @@
+// attention.wgsl: attention with sinks, GQA and the sliding window over the KV cache in
+// VRAM, for a batch of query rows (decode: one row; prefill: many, each causal at its own
+// position start_pos + r). One workgroup per (row, query head). Keys are visited in tiles
+// of 64 with an online softmax whose running max starts at the head's sink logit and whose
+// running denominator starts at exp(sink - max) = 1: the same weights as
+// model::math::softmax_with_sink (sink column included in the max and the sum, then
+// dropped). Query head h reads KV head h / (heads / kv_heads). A sliding layer (window > 0)
+// sees positions pos - window + 1 ..= pos.
+
+struct Params {
+    rows: u32,
+    start_pos: u32,
+    heads: u32,
+    head_dim: u32,
+    window: u32,
+    q_stride: u32,
+    kv_dim: u32,
+    group: u32,
+    scale: f32,
+    nx: u32,
+    _pad0: u32,
+    _pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> q: array<f32>;
+@group(0) @binding(2) var<storage, read> keys: array<f32>;
+@group(0) @binding(3) var<storage, read> values: array<f32>;
+@group(0) @binding(4) var<storage, read> sinks: array<f32>;
+@group(0) @binding(5) var<storage, read_write> out: array<f32>;
+
+// Up to 4 * WG = 256 head dimensions.
+const MAX_DIM_STEPS: u32 = 4u;
+
+var<workgroup> qs: array<f32, 256>;
+var<workgroup> tile: array<f32, 64>;
+
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+    let idx = flat_wid(ids, p.nx);
+    let r = idx / p.heads;
+    if r >= p.rows {
+        return;
+    }
+    let h = idx % p.heads;
+    let d = p.head_dim;
+    let pos = p.start_pos + r;
+    var first = 0u;
+    if p.window > 0u && pos + 1u > p.window {
+        first = pos + 1u - p.window;
+    }
+    let kv_off = (h / p.group) * d;
+    let q_off = r * p.q_stride + h * d;
+    for (var i = ids.lid; i < d; i += WG) {
+        qs[i] = q[q_off + i];
+    }
+    workgroupBarrier();
+
+    var m = sinks[h];
+    var l = 1.0;
+    var acc: array<f32, 4>;
+    for (var t0 = first; t0 <= pos; t0 += WG) {
+        let n = min(WG, pos + 1u - t0);
+        let j = t0 + ids.lid;
+        let live = ids.lid < n;
+        var s = 0.0;
+        if live {
+            let k_off = j * p.kv_dim + kv_off;
+            for (var i = 0u; i < d; i++) {
+                s += qs[i] * keys[k_off + i];
+            }
+            s *= p.scale;
+            tile[ids.lid] = s;
+        }
+        workgroupBarrier();
+        var tmax = m;
+        for (var i = 0u; i < n; i++) {
+            tmax = max(tmax, tile[i]);
+        }
+        workgroupBarrier();
+        if live {
+            tile[ids.lid] = exp(s - tmax);
+        }
+        workgroupBarrier();
+        let corr = exp(m - tmax);
+        var psum = 0.0;
+        for (var i = 0u; i < n; i++) {
+            psum += tile[i];
+        }
+        l = l * corr + psum;
+        for (var c = 0u; c < MAX_DIM_STEPS; c++) {
+            let dim = ids.lid + c * WG;
+            if dim < d {
+                var a = acc[c] * corr;
+                for (var i = 0u; i < n; i++) {
+                    a += tile[i] * values[(t0 + i) * p.kv_dim + kv_off + dim];
+                }
+                acc[c] = a;
+            }
+        }
+        m = tmax;
+        workgroupBarrier();
+    }
+    for (var c = 0u; c < MAX_DIM_STEPS; c++) {
+        let dim = ids.lid + c * WG;
+        if dim < d {
+            out[q_off + dim] = acc[c] / l;
+        }
+    }
+}

@@ -1,0 +1,80 @@
+// common.wgsl: the prelude of every Picchio compute shader (prepended by the loader).
+//
+// It enables the optional features a variant was built with, defines the invocation IDs
+// every entry point takes, and the workgroup sum the reducing kernels share: subgroup
+// operations where the adapter has SUBGROUP, a shared-memory tree otherwise. Every kernel
+// runs workgroups of WG = 64 invocations.
+//
+// Variant lines: the loader keeps or drops the lines between `//#if NAME`, `//#else` and
+// `//#endif` (NAME: F16, SUBGROUP, INT4), so this file alone is not valid WGSL. F16 only
+// enables f16 types for the kernels that load f16 data directly (matvec_int4.wgsl).
+//#if F16
+enable f16;
+//#endif
+
+const WG: u32 = 64u;
+
+// Invocation IDs. In SUBGROUP variants also the subgroup lane, index and count.
+struct Ids {
+    @builtin(local_invocation_index) lid: u32,
+    @builtin(workgroup_id) wid: vec3<u32>,
+//#if SUBGROUP
+    @builtin(subgroup_invocation_id) sg_lane: u32,
+    @builtin(subgroup_id) sg_id: u32,
+    @builtin(num_subgroups) sg_count: u32,
+//#endif
+}
+
+var<workgroup> red: array<vec4<f32>, 64>;
+
+// The sum of `v` over the workgroup, returned to every invocation. Call it from uniform
+// control flow only. The order of additions is fixed for a variant, so results repeat.
+fn wg_sum(v: vec4<f32>, ids: Ids) -> vec4<f32> {
+//#if SUBGROUP
+    let s = subgroupAdd(v);
+    if ids.sg_lane == 0u {
+        red[ids.sg_id] = s;
+    }
+    workgroupBarrier();
+    var t = vec4<f32>(0.0);
+    for (var i = 0u; i < ids.sg_count; i++) {
+        t += red[i];
+    }
+    workgroupBarrier();
+    return t;
+//#else
+    red[ids.lid] = v;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s >>= 1u) {
+        if ids.lid < s {
+            red[ids.lid] += red[ids.lid + s];
+        }
+        workgroupBarrier();
+    }
+    let t = red[0];
+    workgroupBarrier();
+    return t;
+//#endif
+}
+
+// Index of a workgroup in a 2-D grid of `nx` columns (large grids are folded into y).
+fn flat_wid(ids: Ids, nx: u32) -> u32 {
+    return ids.wid.y * nx + ids.wid.x;
+}
+
+// An f16 bit pattern (low or high half of `word`) widened to f32, exactly, with integer
+// operations only (no f16 types, no unpack2x16float), so it runs on every backend.
+fn half_of(word: u32, high: bool) -> f32 {
+    let bits = select(word & 0xffffu, word >> 16u, high);
+    let sign = select(1.0, -1.0, (bits & 0x8000u) != 0u);
+    let e = (bits >> 10u) & 0x1fu;
+    let m = bits & 0x3ffu;
+    if e == 0u {
+        // Zero or subnormal: m * 2^-24 (exact).
+        return sign * f32(m) * 5.9604645e-8;
+    }
+    if e == 31u {
+        return bitcast<f32>(((bits & 0x8000u) << 16u) | 0x7f800000u | (m << 13u));
+    }
+    return bitcast<f32>(((bits & 0x8000u) << 16u) | ((e + 112u) << 23u) | (m << 13u));
+}

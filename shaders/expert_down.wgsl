@@ -1,0 +1,84 @@
+// expert_down.wgsl: the second half of every selected expert of a layer, in one dispatch
+// for all (row, slot) pairs: contrib[pair][h] = W_down[h] . act[pair] + b_down[h]
+// (unweighted; moe_combine.wgsl applies the routing weights in routing order). Slot
+// lookup, pools and variants as in expert_gate_up.wgsl. One workgroup per (h, pair).
+
+struct Params {
+    layer: u32,
+    k: u32,
+    experts: u32,
+    hidden: u32,
+    inter: u32,
+    pool_first: u32,
+    slots_per_pool: u32,
+    stride: u32,
+    w_off: u32,
+    s_off: u32,
+    b_off: u32,
+    row_words: u32,
+    groups: u32,
+    nx: u32,
+    pair_first: u32,
+    _pad0: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> act: array<f32>;
+@group(0) @binding(2) var<storage, read> routes: array<u32>;
+@group(0) @binding(3) var<storage, read> slots: array<u32>;
+@group(0) @binding(4) var<storage, read_write> contrib: array<f32>;
+
+const NO_SLOT: u32 = 0xffffffffu;
+
+var<workgroup> wg_slot: u32;
+
+fn av(base: u32, c: u32) -> f32 {
+    return select(0.0, act[base + c], c < p.inter);
+}
+
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+    let h = flat_wid(ids, p.nx);
+    let pair = p.pair_first + ids.wid.z;
+    let r = pair / p.k;
+    if ids.lid == 0u {
+        let e = routes[r * 2u * p.k + pair % p.k];
+        wg_slot = slots[p.layer * p.experts + e];
+    }
+    let slot = workgroupUniformLoad(&wg_slot);
+    if h >= p.hidden || slot == NO_SLOT {
+        return;
+    }
+    let pool = slot / p.slots_per_pool;
+    if pool < p.pool_first || pool >= p.pool_first + POOLS {
+        return;
+    }
+    let lp = pool - p.pool_first;
+    let base = (slot % p.slots_per_pool) * p.stride;
+    let ab = pair * p.inter;
+    let row = base + p.w_off + h * p.row_words;
+    var acc = 0.0;
+//#if INT4
+    let sc = h * p.groups;
+    for (var wi = ids.lid; wi < p.row_words; wi += WG) {
+        let g = wi >> 3u;
+        let c0 = g * 64u + (wi & 7u) * 4u;
+        let word = pool_load(lp, row + wi);
+        var s = 0.0;
+        for (var b = 0u; b < 4u; b++) {
+            s += (f32((word >> (8u * b)) & 15u) - 8.0) * av(ab, c0 + b)
+                + (f32((word >> (8u * b + 4u)) & 15u) - 8.0) * av(ab, c0 + 32u + b);
+        }
+        let d = sc + g;
+        acc += half_of(pool_load(lp, base + p.s_off + (d >> 1u)), (d & 1u) == 1u) * s;
+    }
+//#else
+    for (var c = ids.lid; c < p.inter; c += WG) {
+        acc += bitcast<f32>(pool_load(lp, row + c)) * act[ab + c];
+    }
+//#endif
+    let total = wg_sum(vec4<f32>(acc, 0.0, 0.0, 0.0), ids).x;
+    if ids.lid == 0u {
+        contrib[pair * p.hidden + h] = total + bitcast<f32>(pool_load(lp, base + p.b_off + h));
+    }
+}

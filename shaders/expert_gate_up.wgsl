@@ -1,0 +1,108 @@
+// expert_gate_up.wgsl: the first half of every selected expert of a layer, in one dispatch
+// for all (row, slot) pairs: gate/up rows of the fused projection, plus bias, through the
+// clipped interleaved SwiGLU (gate = row 2i, up = row 2i + 1; gate <= limit, |up| <=
+// limit, act = (up + 1) * gate * sigmoid(alpha * gate)), written to act[pair][i].
+//
+// The pair's expert comes from the routes on the GPU and its VRAM slot from the slot
+// table (layer * experts + expert), so no CPU round trip is needed when every expert is
+// resident. Slots live in up to POOLS storage buffers ("pools", declared by the loader
+// with `pool_load`); a dispatch serves the pools pool_first .. pool_first + POOLS and skips
+// pairs whose expert is elsewhere or not resident. INT4 variant: records in the INT4-gs64
+// layout of src/quant/int4.rs; otherwise F32 rows. One workgroup per (i, pair).
+
+struct Params {
+    layer: u32,
+    k: u32,
+    experts: u32,
+    hidden: u32,
+    inter: u32,
+    pool_first: u32,
+    slots_per_pool: u32,
+    stride: u32,
+    w_off: u32,
+    s_off: u32,
+    b_off: u32,
+    row_words: u32,
+    groups: u32,
+    nx: u32,
+    pair_first: u32,
+    limit: f32,
+    alpha: f32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read> routes: array<u32>;
+@group(0) @binding(3) var<storage, read> slots: array<u32>;
+@group(0) @binding(4) var<storage, read_write> act: array<f32>;
+
+const NO_SLOT: u32 = 0xffffffffu;
+
+var<workgroup> wg_slot: u32;
+
+fn xv(base: u32, c: u32) -> f32 {
+    return select(0.0, x[base + c], c < p.hidden);
+}
+
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+    let i = flat_wid(ids, p.nx);
+    let pair = p.pair_first + ids.wid.z;
+    let r = pair / p.k;
+    if ids.lid == 0u {
+        let e = routes[r * 2u * p.k + pair % p.k];
+        wg_slot = slots[p.layer * p.experts + e];
+    }
+    let slot = workgroupUniformLoad(&wg_slot);
+    if i >= p.inter || slot == NO_SLOT {
+        return;
+    }
+    let pool = slot / p.slots_per_pool;
+    if pool < p.pool_first || pool >= p.pool_first + POOLS {
+        return;
+    }
+    let lp = pool - p.pool_first;
+    let base = (slot % p.slots_per_pool) * p.stride;
+    let xb = r * p.hidden;
+    let g_row = base + p.w_off + (2u * i) * p.row_words;
+    let u_row = g_row + p.row_words;
+    var acc = vec4<f32>(0.0);
+//#if INT4
+    let g_sc = (2u * i) * p.groups;
+    let u_sc = g_sc + p.groups;
+    for (var wi = ids.lid; wi < p.row_words; wi += WG) {
+        let g = wi >> 3u;
+        let c0 = g * 64u + (wi & 7u) * 4u;
+        let wg = pool_load(lp, g_row + wi);
+        let wu = pool_load(lp, u_row + wi);
+        var sg = 0.0;
+        var su = 0.0;
+        for (var b = 0u; b < 4u; b++) {
+            let xl = xv(xb, c0 + b);
+            let xh = xv(xb, c0 + 32u + b);
+            sg += (f32((wg >> (8u * b)) & 15u) - 8.0) * xl + (f32((wg >> (8u * b + 4u)) & 15u) - 8.0) * xh;
+            su += (f32((wu >> (8u * b)) & 15u) - 8.0) * xl + (f32((wu >> (8u * b + 4u)) & 15u) - 8.0) * xh;
+        }
+        let dg = g_sc + g;
+        let du = u_sc + g;
+        acc.x += half_of(pool_load(lp, base + p.s_off + (dg >> 1u)), (dg & 1u) == 1u) * sg;
+        acc.y += half_of(pool_load(lp, base + p.s_off + (du >> 1u)), (du & 1u) == 1u) * su;
+    }
+//#else
+    for (var c = ids.lid; c < p.hidden; c += WG) {
+        let xc = x[xb + c];
+        acc.x += bitcast<f32>(pool_load(lp, g_row + c)) * xc;
+        acc.y += bitcast<f32>(pool_load(lp, u_row + c)) * xc;
+    }
+//#endif
+    let total = wg_sum(acc, ids);
+    if ids.lid == 0u {
+        let gate = min(total.x + bitcast<f32>(pool_load(lp, base + p.b_off + 2u * i)), p.limit);
+        let up = clamp(total.y + bitcast<f32>(pool_load(lp, base + p.b_off + 2u * i + 1u)), -p.limit, p.limit);
+        let glu = gate * (1.0 / (1.0 + exp(-(gate * p.alpha))));
+        act[pair * p.inter + i] = (up + 1.0) * glu;
+    }
+}

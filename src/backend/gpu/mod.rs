@@ -1,0 +1,51 @@
+//! The GPU backend on wgpu: the whole forward pass as WGSL compute kernels, with the
+//! dense weights, every layer's router, the KV cache and an expert cache in VRAM.
+//!
+//! | module | job |
+//! |---|---|
+//! | [`device`] | adapters: choice, listing (`picchio devices`), opening, fault collection |
+//! | [`shaders`] | the WGSL sources in `shaders/`, their variants, the preprocessor |
+//! | [`context`] | buffers, kernels, recording, the parameter ring, readbacks |
+//! | [`buffers`] | pooled activations and routing buffers |
+//! | [`weights`] | dense matrices in their container format, split by rows |
+//! | [`vram`] | the VRAM expert cache: slot pools, slot table, LRU |
+//! | [`backend`] | [`GpuBackend`], the [`crate::backend::Backend`] ops as dispatches |
+//!
+//! See `docs/gpu.md` for the design and its limits.
+
+pub mod backend;
+pub mod buffers;
+pub mod context;
+pub mod device;
+pub mod shaders;
+pub mod vram;
+pub mod weights;
+
+pub use backend::{GpuBackend, GpuStats};
+pub use device::{AdapterReport, FeatureUse, GpuApi, list_adapters};
+
+/// How to open and use the GPU.
+#[derive(Clone, Debug, Default)]
+pub struct GpuOptions {
+    /// The graphics API (`--gpu-backend`); `None`: `WGPU_BACKEND`, else any.
+    pub api: Option<GpuApi>,
+    /// Accept software adapters (CPU type, e.g. lavapipe). `--device gpu` does; `auto`
+    /// does not, since the CPU backend is faster than a software GPU.
+    pub allow_software: bool,
+    /// Optional features to use where present.
+    pub features: FeatureUse,
+    /// VRAM for the expert cache in bytes (`--vram-gb`); `None`: a default from the adapter.
+    pub vram_bytes: Option<u64>,
+    /// Lowers the storage binding limit (to exercise split matrices and pools in tests).
+    pub max_binding_bytes: Option<u64>,
+    /// Run the resident-router prediction; `None`: only when not every expert is resident.
+    pub predict: Option<bool>,
+    /// Testing: fail as a lost device would at this readback (exercises the CPU fallback).
+    pub fail_at_readback: Option<u64>,
+}
+
+/// Opens the adapter `opts` would use and describes it (no model needed): for tests and
+/// for `--device auto` to decide early.
+pub fn probe(opts: &GpuOptions) -> crate::error::Result<AdapterReport> {
+    device::open(opts.api, opts.allow_software, opts.features).map(|d| d.report)
+}

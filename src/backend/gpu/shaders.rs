@@ -1,0 +1,305 @@
+//! The WGSL kernels (`shaders/`, one op per file), their variants, and the small line
+//! preprocessor that builds a variant's source.
+//!
+//! Every source is `common.wgsl` (enables, invocation IDs, the workgroup sum) followed by
+//! the op's file. Variants differ only where an optional adapter feature is used (SUBGROUP
+//! for reductions, SHADER_F16 for loading f16 scales), in the expert weight format (INT4 or
+//! F32), and in how many expert pools the expert kernels bind. `all_variants` lists every
+//! variant, so a test can translate each one for every target API.
+
+use std::fmt::Write;
+
+use crate::error::{Error, Result};
+
+const COMMON: &str = include_str!("../../../shaders/common.wgsl");
+
+/// Access of a storage binding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// `var<storage, read>`.
+    Read,
+    /// `var<storage, read_write>`.
+    ReadWrite,
+}
+
+/// A compute kernel (one WGSL file).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// `y = W x + b`, F32 weights.
+    MatvecF32,
+    /// `y = W x + b`, BF16 weights.
+    MatvecBf16,
+    /// `y = W x + b`, INT8-per-row weights.
+    MatvecInt8,
+    /// `y = W x + b`, INT4-gs64 weights.
+    MatvecInt4,
+    /// RMSNorm.
+    RmsNorm,
+    /// Rotary embedding.
+    Rope,
+    /// Attention with sinks over the KV cache.
+    Attention,
+    /// Top-k and softmax of router logits.
+    RouterTopk,
+    /// Scores a routing prediction against the actual routing.
+    RouteAgree,
+    /// Residual add.
+    Add,
+    /// Weighted sum of expert outputs.
+    MoeCombine,
+    /// Fused gate/up projection, bias and SwiGLU of the selected experts.
+    ExpertGateUp,
+    /// Down projection and bias of the selected experts.
+    ExpertDown,
+    /// Stores keys and values in the KV cache.
+    KvStore,
+    /// Copies words between buffers.
+    Copy,
+}
+
+impl Op {
+    /// Every op.
+    pub const ALL: [Op; 15] = [
+        Op::MatvecF32,
+        Op::MatvecBf16,
+        Op::MatvecInt8,
+        Op::MatvecInt4,
+        Op::RmsNorm,
+        Op::Rope,
+        Op::Attention,
+        Op::RouterTopk,
+        Op::RouteAgree,
+        Op::Add,
+        Op::MoeCombine,
+        Op::ExpertGateUp,
+        Op::ExpertDown,
+        Op::KvStore,
+        Op::Copy,
+    ];
+
+    /// File name under `shaders/`.
+    pub fn file(self) -> &'static str {
+        match self {
+            Op::MatvecF32 => "matvec_f32.wgsl",
+            Op::MatvecBf16 => "matvec_bf16.wgsl",
+            Op::MatvecInt8 => "matvec_int8.wgsl",
+            Op::MatvecInt4 => "matvec_int4.wgsl",
+            Op::RmsNorm => "rmsnorm.wgsl",
+            Op::Rope => "rope.wgsl",
+            Op::Attention => "attention.wgsl",
+            Op::RouterTopk => "router_topk.wgsl",
+            Op::RouteAgree => "route_agree.wgsl",
+            Op::Add => "add.wgsl",
+            Op::MoeCombine => "moe_combine.wgsl",
+            Op::ExpertGateUp => "expert_gate_up.wgsl",
+            Op::ExpertDown => "expert_down.wgsl",
+            Op::KvStore => "kv_store.wgsl",
+            Op::Copy => "copy.wgsl",
+        }
+    }
+
+    fn text(self) -> &'static str {
+        match self {
+            Op::MatvecF32 => include_str!("../../../shaders/matvec_f32.wgsl"),
+            Op::MatvecBf16 => include_str!("../../../shaders/matvec_bf16.wgsl"),
+            Op::MatvecInt8 => include_str!("../../../shaders/matvec_int8.wgsl"),
+            Op::MatvecInt4 => include_str!("../../../shaders/matvec_int4.wgsl"),
+            Op::RmsNorm => include_str!("../../../shaders/rmsnorm.wgsl"),
+            Op::Rope => include_str!("../../../shaders/rope.wgsl"),
+            Op::Attention => include_str!("../../../shaders/attention.wgsl"),
+            Op::RouterTopk => include_str!("../../../shaders/router_topk.wgsl"),
+            Op::RouteAgree => include_str!("../../../shaders/route_agree.wgsl"),
+            Op::Add => include_str!("../../../shaders/add.wgsl"),
+            Op::MoeCombine => include_str!("../../../shaders/moe_combine.wgsl"),
+            Op::ExpertGateUp => include_str!("../../../shaders/expert_gate_up.wgsl"),
+            Op::ExpertDown => include_str!("../../../shaders/expert_down.wgsl"),
+            Op::KvStore => include_str!("../../../shaders/kv_store.wgsl"),
+            Op::Copy => include_str!("../../../shaders/copy.wgsl"),
+        }
+    }
+
+    /// True for the expert kernels (INT4/F32 and pool-count variants).
+    pub fn is_expert(self) -> bool {
+        matches!(self, Op::ExpertGateUp | Op::ExpertDown)
+    }
+
+    /// True if the op has SHADER_F16 variants (f16 scales loaded as f16). The expert kernels
+    /// read their records as u32 words (naga cannot bitcast a u32 to two f16), so they
+    /// decode f16 scales with integer operations in every variant.
+    pub fn uses_f16(self) -> bool {
+        self == Op::MatvecInt4
+    }
+
+    /// The storage bindings after the uniform parameters at binding 0, in order.
+    pub fn bindings(self, pools: u32) -> Vec<Access> {
+        use Access::{Read as R, ReadWrite as W};
+        let mut v = match self {
+            Op::MatvecF32 | Op::MatvecBf16 => vec![R, W, R, R],
+            Op::MatvecInt8 | Op::MatvecInt4 => vec![R, W, R, R, R],
+            Op::RmsNorm => vec![R, W, R],
+            Op::Rope => vec![W, R, R],
+            Op::Attention => vec![R, R, R, R, W],
+            Op::RouterTopk => vec![R, W],
+            Op::RouteAgree => vec![R, R, W],
+            Op::Add => vec![R, W],
+            Op::MoeCombine => vec![R, R, W],
+            Op::ExpertGateUp | Op::ExpertDown => vec![R, R, R, W],
+            Op::KvStore => vec![R, R, W, W],
+            Op::Copy => vec![R, W],
+        };
+        if self.is_expert() {
+            v.extend(std::iter::repeat_n(R, pools as usize));
+        }
+        v
+    }
+}
+
+/// Pool counts the expert kernels are built for.
+pub const POOL_VARIANTS: [u32; 4] = [1, 2, 4, 8];
+
+/// One build of an op.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct Variant {
+    /// SHADER_F16: f16 scales loaded as f16 (else unpacked from u32).
+    pub f16: bool,
+    /// SUBGROUP: reductions with subgroupAdd (else a shared-memory tree).
+    pub subgroup: bool,
+    /// Expert kernels: INT4-gs64 records (else F32).
+    pub int4: bool,
+    /// Expert kernels: pool buffers bound (one of [`POOL_VARIANTS`]); 0 for other ops.
+    pub pools: u32,
+}
+
+impl Variant {
+    /// Short label, e.g. `sg+f16+int4+p2`.
+    pub fn label(&self) -> String {
+        let mut parts = Vec::new();
+        if self.subgroup {
+            parts.push("sg".to_string());
+        }
+        if self.f16 {
+            parts.push("f16".to_string());
+        }
+        if self.int4 {
+            parts.push("int4".to_string());
+        }
+        if self.pools > 0 {
+            parts.push(format!("p{}", self.pools));
+        }
+        if parts.is_empty() { "portable".into() } else { parts.join("+") }
+    }
+}
+
+/// Keeps or drops lines between `//#if NAME` (or `//#if !NAME`), `//#else` and `//#endif`.
+pub fn preprocess(text: &str, flags: &[&str]) -> Result<String> {
+    let mut out = String::with_capacity(text.len());
+    // For each open block: (this branch is kept, the enclosing block is kept).
+    let mut stack: Vec<(bool, bool)> = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let t = line.trim();
+        let active = stack.last().is_none_or(|&(on, outer)| on && outer);
+        if let Some(cond) = t.strip_prefix("//#if ") {
+            let cond = cond.trim();
+            let on = match cond.strip_prefix('!') {
+                Some(name) => !flags.contains(&name.trim()),
+                None => flags.contains(&cond),
+            };
+            stack.push((on, active));
+        } else if t == "//#else" {
+            let top = stack
+                .last_mut()
+                .ok_or_else(|| Error::Backend(format!("line {}: //#else without //#if", n + 1)))?;
+            top.0 = !top.0;
+        } else if t == "//#endif" {
+            stack.pop().ok_or_else(|| Error::Backend(format!("line {}: //#endif without //#if", n + 1)))?;
+        } else if active {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    if !stack.is_empty() {
+        return Err(Error::Backend("unterminated //#if".into()));
+    }
+    Ok(out)
+}
+
+/// The pool bindings (from binding 5) and `pool_load(pool, word)` of the expert kernels.
+fn pool_decls(pools: u32) -> String {
+    let mut s = String::new();
+    for i in 0..pools {
+        let _ = writeln!(s, "@group(0) @binding({}) var<storage, read> pool{i}: array<u32>;", 5 + i);
+    }
+    let _ = writeln!(s, "const POOLS: u32 = {pools}u;");
+    s.push_str("fn pool_load(pool: u32, i: u32) -> u32 {\n    switch pool {\n");
+    for i in 1..pools {
+        let _ = writeln!(s, "        case {i}u: {{ return pool{i}[i]; }}");
+    }
+    s.push_str("        default: { return pool0[i]; }\n    }\n}\n");
+    s
+}
+
+/// The full WGSL source of `op` built as `variant`.
+pub fn source(op: Op, variant: Variant) -> Result<String> {
+    let mut flags = Vec::new();
+    if variant.f16 {
+        flags.push("F16");
+    }
+    if variant.subgroup {
+        flags.push("SUBGROUP");
+    }
+    if variant.int4 {
+        flags.push("INT4");
+    }
+    let mut src = preprocess(COMMON, &flags)?;
+    if op.is_expert() {
+        if !POOL_VARIANTS.contains(&variant.pools) {
+            return Err(Error::Backend(format!("no expert kernel for {} pools", variant.pools)));
+        }
+        src.push_str(&pool_decls(variant.pools));
+    }
+    src.push_str(&preprocess(op.text(), &flags).map_err(|e| Error::Backend(format!("{}: {e}", op.file())))?);
+    Ok(src)
+}
+
+/// Every variant of every op: what a device may build.
+pub fn all_variants() -> Vec<(Op, Variant)> {
+    let mut out = Vec::new();
+    for op in Op::ALL {
+        for subgroup in [false, true] {
+            for int4 in if op.is_expert() { vec![false, true] } else { vec![false] } {
+                for f16 in if op.uses_f16() { vec![false, true] } else { vec![false] } {
+                    let pools: &[u32] = if op.is_expert() { &POOL_VARIANTS } else { &[0] };
+                    for &pools in pools {
+                        out.push((op, Variant { f16, subgroup, int4, pools }));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn preprocessor_keeps_the_selected_branches() {
+        let text = "a\n//#if X\nb\n//#if !Y\nc\n//#else\nd\n//#endif\n//#else\ne\n//#endif\nf\n";
+        assert_eq!(preprocess(text, &["X"]).unwrap(), "a\nb\nc\nf\n");
+        assert_eq!(preprocess(text, &["X", "Y"]).unwrap(), "a\nb\nd\nf\n");
+        assert_eq!(preprocess(text, &["Y"]).unwrap(), "a\ne\nf\n");
+        assert!(preprocess("//#if X\n", &[]).is_err());
+        assert!(preprocess("//#endif\n", &[]).is_err());
+    }
+
+    #[test]
+    fn every_variant_builds_a_source() {
+        for (op, v) in all_variants() {
+            let src = source(op, v).unwrap();
+            assert!(!src.lines().any(|l| l.trim_start().starts_with("//#")), "{} {}", op.file(), v.label());
+            assert_eq!(src.contains("enable f16;"), v.f16, "{} {}", op.file(), v.label());
+            assert_eq!(src.contains("subgroupAdd"), v.subgroup, "{} {}", op.file(), v.label());
+        }
+    }
+}

@@ -1,0 +1,197 @@
+//! GPU test helpers: adapter discovery that skips loudly (or fails under
+//! `PICCHIO_REQUIRE_GPU=1`), the check that the pinned backend really ran, and random
+//! models of awkward shapes for kernel tests.
+
+use std::sync::Arc;
+
+use picchio::ModelConfig;
+use picchio::backend::gpu::{AdapterReport, FeatureUse, GpuOptions, probe};
+use picchio::engine::LoadedModel;
+use picchio::experts::ResidentExperts;
+use picchio::model::weights::{AttentionWeights, DenseWeights, ExpertWeights, LayerWeights, Linear};
+use picchio::quant::{Matrix, MatrixData, WeightBuf, int4, int8};
+
+/// True when the environment demands a GPU (CI sets `PICCHIO_REQUIRE_GPU=1`).
+pub fn gpu_required() -> bool {
+    std::env::var("PICCHIO_REQUIRE_GPU").is_ok_and(|v| v == "1")
+}
+
+/// Options for a GPU test (software adapters allowed), or `None` after printing a loud
+/// `SKIPPED` line when no adapter exists. Panics instead when a GPU is required.
+pub fn gpu_options(test: &str) -> Option<GpuOptions> {
+    let opts = GpuOptions { allow_software: true, ..Default::default() };
+    match probe(&opts) {
+        Ok(report) => {
+            check_pinned_backend(&report);
+            Some(opts)
+        }
+        Err(e) => {
+            assert!(!gpu_required(), "PICCHIO_REQUIRE_GPU=1 but no GPU adapter: {e} ({test})");
+            eprintln!("SKIPPED: no GPU adapter ({e}) [{test}]");
+            None
+        }
+    }
+}
+
+/// With `WGPU_BACKEND=vulkan` (as CI pins it) the adapter must be a Vulkan one: a silent
+/// fall-back to GL or to the CPU backend fails the test.
+pub fn check_pinned_backend(report: &AdapterReport) {
+    if std::env::var("WGPU_BACKEND").is_ok_and(|v| v.eq_ignore_ascii_case("vulkan")) {
+        assert_eq!(
+            report.backend,
+            wgpu::Backend::Vulkan,
+            "WGPU_BACKEND=vulkan but ran on {}",
+            report.summary()
+        );
+    }
+}
+
+/// The shader builds to test on this adapter: the best one, and the portable one when the
+/// best uses optional features.
+pub fn variants(base: &GpuOptions) -> Vec<(&'static str, GpuOptions)> {
+    let mut v = vec![("best", base.clone())];
+    let report = probe(base).expect("adapter vanished");
+    if report.subgroup || report.shader_f16 {
+        v.push((
+            "portable",
+            GpuOptions { features: FeatureUse { shader_f16: false, subgroup: false }, ..base.clone() },
+        ));
+    }
+    v
+}
+
+/// Deterministic pseudo-random numbers in [-1, 1).
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(seed ^ 0x9e37_79b9_7f4a_7c15)
+    }
+
+    pub fn next(&mut self) -> f32 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        ((self.0 >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+
+    pub fn vec(&mut self, n: usize, scale: f32) -> Vec<f32> {
+        (0..n).map(|_| self.next() * scale).collect()
+    }
+}
+
+/// Storage format of a random matrix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fmt {
+    F32,
+    Bf16,
+    Int8,
+    Int4,
+}
+
+/// A random `rows x cols` matrix in `fmt`, scaled so products stay near unit size.
+pub fn matrix(rng: &mut Rng, rows: usize, cols: usize, fmt: Fmt) -> Matrix {
+    let v = rng.vec(rows * cols, 1.5 / (cols as f32).sqrt());
+    let data = match fmt {
+        Fmt::F32 => MatrixData::F32(WeightBuf::owned(v)),
+        Fmt::Bf16 => {
+            MatrixData::Bf16(WeightBuf::owned(v.iter().map(|&x| half::bf16::from_f32(x).to_bits()).collect()))
+        }
+        Fmt::Int8 => {
+            let mut codes = vec![0i8; rows * cols];
+            let mut scales = vec![0f32; rows];
+            for r in 0..rows {
+                scales[r] =
+                    int8::quantize_row(&v[r * cols..(r + 1) * cols], &mut codes[r * cols..(r + 1) * cols]);
+            }
+            MatrixData::Int8Rows { codes: WeightBuf::owned(codes), scales: WeightBuf::owned(scales) }
+        }
+        Fmt::Int4 => {
+            let (rb, g) = (int4::row_bytes(cols), int4::groups(cols));
+            let mut codes = vec![0u8; rows * rb];
+            let mut scales = vec![0u16; rows * g];
+            for r in 0..rows {
+                int4::quantize_row(
+                    &v[r * cols..(r + 1) * cols],
+                    &mut codes[r * rb..(r + 1) * rb],
+                    &mut scales[r * g..(r + 1) * g],
+                );
+            }
+            MatrixData::Int4G64 { codes: WeightBuf::owned(codes), scales: WeightBuf::owned(scales) }
+        }
+    };
+    Matrix::new("random", rows, cols, data).unwrap()
+}
+
+/// A random GPT-OSS-shaped model with sizes that are not multiples of the workgroup
+/// size: hidden 100, intermediate 72, 6 query / 2 KV heads of 16, 6 experts top-4,
+/// layers sliding (window 5) / full / sliding, vocab 3001. Dense matrices in `dense`,
+/// experts in `experts` (F32 or Int4).
+pub fn random_model(seed: u64, dense: Fmt, experts: Fmt) -> LoadedModel {
+    let json = r#"{
+        "model_type": "gpt_oss", "hidden_size": 100, "intermediate_size": 72,
+        "num_hidden_layers": 3, "num_attention_heads": 6, "num_key_value_heads": 2, "head_dim": 16,
+        "num_local_experts": 6, "num_experts_per_tok": 4, "vocab_size": 3001,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+        "sliding_window": 5, "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
+        "rope_theta": 150000.0, "swiglu_limit": 7.0,
+        "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                         "original_max_position_embeddings": 4096, "truncate": false}
+    }"#;
+    let cfg = ModelConfig::from_json_str(json, std::path::Path::new("random.json")).unwrap();
+    let mut rng = Rng::new(seed);
+    let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+    let lin = |rng: &mut Rng, rows: usize, cols: usize| Linear {
+        weight: matrix(rng, rows, cols, dense),
+        bias: Some(rng.vec(rows, 0.1)),
+    };
+    let layers = (0..cfg.num_layers)
+        .map(|_| LayerWeights {
+            attn_norm: rng.vec(h, 0.5).iter().map(|v| 1.0 + v).collect(),
+            attn: AttentionWeights {
+                q: lin(&mut rng, cfg.q_dim(), h),
+                k: lin(&mut rng, cfg.kv_dim(), h),
+                v: lin(&mut rng, cfg.kv_dim(), h),
+                o: lin(&mut rng, h, cfg.q_dim()),
+                sinks: rng.vec(cfg.num_heads, 2.0),
+            },
+            mlp_norm: rng.vec(h, 0.5).iter().map(|v| 1.0 + v).collect(),
+            router: Linear {
+                weight: matrix(&mut rng, cfg.num_experts, h, dense),
+                bias: Some(rng.vec(cfg.num_experts, 0.5)),
+            },
+        })
+        .collect();
+    let dense_w = DenseWeights {
+        embed: matrix(&mut rng, cfg.vocab_size, h, dense),
+        layers,
+        final_norm: rng.vec(h, 0.5).iter().map(|v| 1.0 + v).collect(),
+        lm_head: matrix(&mut rng, cfg.vocab_size, h, dense),
+    };
+    let experts_w = (0..cfg.num_layers)
+        .map(|_| {
+            (0..cfg.num_experts)
+                .map(|_| ExpertWeights {
+                    gate_up: matrix(&mut rng, 2 * i, h, experts),
+                    gate_up_bias: rng.vec(2 * i, 0.5),
+                    down: matrix(&mut rng, h, i, experts),
+                    down_bias: rng.vec(h, 0.5),
+                })
+                .collect()
+        })
+        .collect();
+    dense_w.check(&cfg).unwrap();
+    LoadedModel {
+        config: Arc::new(cfg),
+        dense: Arc::new(dense_w),
+        experts: Arc::new(ResidentExperts::new(experts_w)),
+        dir: std::path::PathBuf::from("random"),
+    }
+}
+
+/// Largest |a - b| relative to the largest |b| (at least 1).
+pub fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    let scale = b.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max) / scale
+}

@@ -1,0 +1,223 @@
+//! The GPU through the `picchio` binary: `devices`, `generate --device gpu` (with
+//! `--stats` and `--verify`) on the pinned adapter, the output head split across storage
+//! bindings on the real 201088-token vocabulary, `bench --device gpu`, `--device auto`'s
+//! CPU fallback line, and a clear error when the requested API has no adapter.
+
+mod common;
+
+use std::process::{Command, Output};
+
+use common::fixture;
+use common::gpu::gpu_options;
+
+fn picchio(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_picchio")).args(args).output().expect("run picchio")
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn ids(out: &Output) -> Vec<u32> {
+    text(&out.stdout).split_whitespace().map(|w| w.parse().unwrap()).collect()
+}
+
+/// With `WGPU_BACKEND=vulkan`, the GPU lines of `--stats` must name a Vulkan adapter.
+fn assert_ran_on_pinned_gpu(stderr: &str) {
+    let line = stderr
+        .lines()
+        .find(|l| l.trim_start().starts_with("gpu: "))
+        .unwrap_or_else(|| panic!("no gpu line:\n{stderr}"));
+    if std::env::var("WGPU_BACKEND").is_ok_and(|v| v.eq_ignore_ascii_case("vulkan")) {
+        assert!(line.contains("(Vulkan,"), "not on Vulkan: {line}");
+    }
+}
+
+#[test]
+fn devices_lists_the_adapter_with_limits_and_features() {
+    let Some(_) = gpu_options("devices") else { return };
+    let out = picchio(&["devices"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let s = text(&out.stdout);
+    for want in [
+        "backend ",
+        "type ",
+        "max_storage_buffer_binding_size",
+        "max_compute_workgroup_size_x",
+        "SHADER_F16",
+        "SUBGROUP",
+    ] {
+        assert!(s.contains(want), "missing {want}:\n{s}");
+    }
+    if std::env::var("WGPU_BACKEND").is_ok_and(|v| v.eq_ignore_ascii_case("vulkan")) {
+        assert!(s.contains("backend Vulkan"), "{s}");
+    }
+}
+
+#[test]
+fn generate_on_the_gpu_matches_the_cpu_with_stats_and_verify() {
+    let Some(_) = gpu_options("generate") else { return };
+    let cache = tempfile::tempdir().unwrap();
+    let prompt = fixture("tiny-f32").join("prompt.ids");
+    let base = [
+        "generate",
+        "--ids-file",
+        prompt.to_str().unwrap(),
+        "-n",
+        "32",
+        "--cache-dir",
+        cache.path().to_str().unwrap(),
+    ];
+    let cpu = picchio(&[&base[..], &["--device", "cpu"]].concat());
+    assert!(cpu.status.success(), "{}", text(&cpu.stderr));
+    let gpu = picchio(&[&base[..], &["--device", "gpu", "--stats", "--verify"]].concat());
+    let err = text(&gpu.stderr);
+    assert!(gpu.status.success(), "{err}");
+    assert_eq!(ids(&gpu), ids(&cpu));
+    assert_ran_on_pinned_gpu(&err);
+    assert!(err.contains("1.00 readbacks and 1.00 submissions per step"), "{err}");
+    assert!(err.contains("verify: top-1 identical to the CPU oracle at all 72 positions"), "{err}");
+    // Partial residency: the routing is read back per layer and predicted.
+    let small = picchio(&[&base[..], &["--device", "gpu", "--stats", "--vram-gb", "0.000001"]].concat());
+    let err = text(&small.stderr);
+    assert!(small.status.success(), "{err}");
+    assert_eq!(ids(&small), ids(&cpu));
+    assert!(err.contains("routing prediction (router L+1"), "{err}");
+}
+
+#[test]
+fn the_real_vocabulary_head_is_split_across_bindings() {
+    let Some(_) = gpu_options("head split") else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("synth");
+    let m = model.to_str().unwrap();
+    let out = picchio(&[
+        "synth",
+        m,
+        "--shape",
+        "tiny",
+        "--hidden",
+        "192",
+        "--layers",
+        "2",
+        "--experts",
+        "4",
+        "--top-k",
+        "2",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let cache = tmp.path().join("cache");
+    // F32 head: 201088 x 192 x 4 bytes = 147 MiB, over lavapipe's 128 MiB binding limit.
+    let args = [
+        "generate",
+        "-m",
+        m,
+        "--ids",
+        "0 17 199998 200005 42",
+        "-n",
+        "3",
+        "--device",
+        "gpu",
+        "--dense",
+        "f32",
+        "--verify",
+        "--stats",
+        "--cache-dir",
+        cache.to_str().unwrap(),
+    ];
+    let out = picchio(&args);
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert_eq!(ids(&out).len(), 3);
+    assert_ran_on_pinned_gpu(&err);
+    let blocks = err
+        .lines()
+        .find_map(|l| l.split("output head in ").nth(1))
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse::<usize>().ok())
+        .unwrap_or_else(|| panic!("no head line:\n{err}"));
+    assert!(blocks >= 2 || !err.contains("binding limit 128 MiB"), "head in {blocks} block(s):\n{err}");
+    assert!(err.contains("verify: top-1 identical"), "{err}");
+    // The INT8 head (default formats), split by a lowered binding limit.
+    let args = [
+        "generate",
+        "-m",
+        m,
+        "--ids",
+        "5 6 7",
+        "-n",
+        "3",
+        "--device",
+        "gpu",
+        "--verify",
+        "--stats",
+        "--gpu-max-binding-mb",
+        "8",
+        "--cache-dir",
+        cache.to_str().unwrap(),
+    ];
+    let out = picchio(&args);
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("output head in 5 row block(s)"), "{err}");
+}
+
+#[test]
+fn bench_runs_on_the_gpu() {
+    let Some(_) = gpu_options("bench") else { return };
+    let cache = tempfile::tempdir().unwrap();
+    let out = picchio(&[
+        "bench",
+        "--device",
+        "gpu",
+        "--prompt",
+        "8",
+        "--gen",
+        "4",
+        "--cache-dir",
+        cache.path().to_str().unwrap(),
+    ]);
+    let s = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(s.contains("backend  gpu ") && s.contains("decode"), "{s}");
+    assert!(!s.contains("GPU: none"), "{s}");
+}
+
+#[test]
+fn auto_says_why_it_runs_on_the_cpu_and_gpu_mode_fails_clearly() {
+    let Some(opts) = gpu_options("auto") else { return };
+    let report = picchio::backend::gpu::probe(&opts).unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let c = cache.path().to_str().unwrap();
+    if report.is_software() {
+        // Only a software adapter: auto stays on the CPU and says so in one line.
+        let out = picchio(&["generate", "--ids", "1 2 3", "-n", "2", "--cache-dir", c]);
+        let err = text(&out.stderr);
+        assert!(out.status.success(), "{err}");
+        assert_eq!(err.matches("running on the CPU").count(), 1, "{err}");
+        assert!(err.contains("software"), "{err}");
+    }
+    // An API with no adapter here (Metal off Apple, DX12 off Windows): gpu mode is a clear
+    // error, auto mode falls back.
+    let api = if cfg!(target_vendor = "apple") { "dx12" } else { "metal" };
+    let out = picchio(&[
+        "generate",
+        "--ids",
+        "1 2 3",
+        "-n",
+        "2",
+        "--device",
+        "gpu",
+        "--gpu-backend",
+        api,
+        "--cache-dir",
+        c,
+    ]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("no GPU adapter"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+    let out = picchio(&["generate", "--ids", "1 2 3", "-n", "2", "--gpu-backend", api, "--cache-dir", c]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("running on the CPU"));
+}

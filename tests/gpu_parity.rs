@@ -1,0 +1,270 @@
+//! The whole forward pass on the GPU against the CPU oracle on the tiny fixtures: top-1 at
+//! every prompt position and all 32 greedy tokens identical (the max logit difference is
+//! printed), for the F32 and the INT4 container; identical numbers for every VRAM cache
+//! size and with or without the routing prediction; one submission and one readback per
+//! decoded token when every expert is resident; the CPU fallback after a device failure;
+//! and `--verify`'s report when top-1 differs.
+
+mod common;
+
+use common::gpu::{check_pinned_backend, gpu_options};
+use common::{Reference, argmax, convert_fixture, fixture, max_abs_diff};
+use picchio::backend::gpu::{GpuBackend, GpuOptions, GpuStats};
+use picchio::engine::{self, LoadedModel, OpenOptions, RunOptions, Runner};
+use picchio::error::Error;
+use picchio::experts::ExpertStats;
+use picchio::fallback::FallbackRunner;
+use picchio::format::container::{DenseFormat, ExpertFormat, Formats};
+use picchio::lockstep::LockstepRunner;
+use picchio::model::forward::PhaseTimes;
+use picchio::model::{Forward, LogitRows, NoObserver, Observer};
+use picchio::sample::Sampler;
+use picchio::session::Session;
+
+const EXACT: Formats = Formats { experts: ExpertFormat::F32, dense: DenseFormat::F32 };
+const INT4: Formats = Formats { experts: ExpertFormat::Int4, dense: DenseFormat::Auto };
+const CTX: usize = 128;
+
+fn open(dir: &std::path::Path) -> LoadedModel {
+    engine::load_container(dir, &OpenOptions { ctx: CTX, ..Default::default() }).unwrap()
+}
+
+fn gpu_forward(model: &LoadedModel, opts: &GpuOptions) -> Forward<GpuBackend> {
+    let ctx = CTX.min(model.config.max_position_embeddings);
+    let b =
+        GpuBackend::new(model.config.clone(), model.dense.clone(), model.experts.clone(), ctx, opts).unwrap();
+    check_pinned_backend(b.adapter());
+    Forward::new(b, 256)
+}
+
+/// Prompt logits (every position) and a greedy continuation of `n` tokens, as a Session
+/// would run them (prefill, then one position per token).
+fn greedy(runner: &mut dyn Runner, prompt: &[u32], n: usize) -> (Vec<f32>, Vec<u32>) {
+    let vocab = runner.config().vocab_size;
+    let logits = runner.forward(prompt, 0, LogitRows::All, &mut NoObserver).unwrap();
+    let mut tokens = vec![argmax(&logits[logits.len() - vocab..]) as u32];
+    let mut pos = prompt.len();
+    while tokens.len() < n {
+        let l = runner.forward(&tokens[tokens.len() - 1..], pos, LogitRows::Last, &mut NoObserver).unwrap();
+        pos += 1;
+        tokens.push(argmax(&l) as u32);
+    }
+    (logits, tokens)
+}
+
+fn cpu_greedy(model: &LoadedModel, prompt: &[u32], n: usize) -> (Vec<f32>, Vec<u32>) {
+    let ctx = CTX.min(model.config.max_position_embeddings);
+    let mut cpu = engine::cpu_runner(model, &RunOptions { ctx, max_batch: 256 }).unwrap();
+    greedy(cpu.as_mut(), prompt, n)
+}
+
+#[test]
+fn gpu_top1_and_greedy_tokens_equal_the_cpu_on_the_fixtures() {
+    let Some(opts) = gpu_options("fixture parity") else { return };
+    let cases = [
+        ("tiny-f32", EXACT, "F32"),
+        ("tiny-f32", INT4, "INT4"),
+        ("tiny-mxfp4", INT4, "INT4"),
+        ("alt-f32", EXACT, "F32"),
+        ("alt-mxfp4", INT4, "INT4"),
+    ];
+    for (name, formats, label) in cases {
+        let r = Reference::load(&fixture(name));
+        let dir = convert_fixture(name, formats);
+        let model = open(dir.path());
+        let vocab = model.config.vocab_size;
+        let (cpu_logits, cpu_tokens) = cpu_greedy(&model, &r.prompt, r.greedy.len());
+        let mut g = gpu_forward(&model, &opts);
+        let (gpu_logits, gpu_tokens) = greedy(&mut g, &r.prompt, r.greedy.len());
+        for pos in 0..r.prompt.len() {
+            let (a, b) =
+                (&gpu_logits[pos * vocab..(pos + 1) * vocab], &cpu_logits[pos * vocab..(pos + 1) * vocab]);
+            assert_eq!(argmax(a), argmax(b), "{name} {label}: top-1 at prompt position {pos}");
+        }
+        assert_eq!(gpu_tokens, cpu_tokens, "{name} {label}: greedy tokens");
+        let d = max_abs_diff(&gpu_logits, &cpu_logits);
+        eprintln!(
+            "{name} {label} container on {}: top-1 equal at all {} prompt positions, {} greedy tokens identical; max |logit difference| GPU vs CPU {d:.3e}",
+            g.backend().adapter().summary(),
+            r.prompt.len(),
+            gpu_tokens.len()
+        );
+        assert!(d < 1e-3, "{name} {label}: max logit difference {d}");
+    }
+}
+
+#[test]
+fn identical_numbers_for_every_vram_cache_size_and_prediction_setting() {
+    let Some(base) = gpu_options("vram sizes") else { return };
+    let r = Reference::load(&fixture("tiny-mxfp4"));
+    let dir = convert_fixture("tiny-mxfp4", INT4);
+    let model = open(dir.path());
+    let cfg = model.config.clone();
+    let expert = model.experts.expert_bytes();
+    let all = expert * (cfg.num_layers * cfg.num_experts) as u64 * 2;
+    let configs = [
+        ("all resident", Some(all), None),
+        ("all resident, prediction on", Some(all), Some(true)),
+        ("half", Some(all / 4), None),
+        ("minimum", Some(1), None),
+        ("minimum, prediction off", Some(1), Some(false)),
+    ];
+    let mut first: Option<(Vec<f32>, Vec<u32>)> = None;
+    for (what, vram, predict) in configs {
+        let opts = GpuOptions { vram_bytes: vram, predict, ..base.clone() };
+        let mut g = gpu_forward(&model, &opts);
+        let out = greedy(&mut g, &r.prompt, 32);
+        let s: GpuStats = g.backend().stats();
+        let (slots, pools, _, full) = g.backend().residency();
+        eprintln!(
+            "{what}: {slots} slots in {pools} pool(s); {} readbacks, {} submissions over {} decode steps; vram {:?}; prediction {:?}",
+            s.decode_readbacks,
+            s.decode_submissions,
+            s.decode_steps,
+            s.vram,
+            s.prediction_accuracy()
+        );
+        if full {
+            // One submission and one readback per decoded token.
+            assert_eq!(s.decode_readbacks, s.decode_steps, "{what}");
+            assert_eq!(s.decode_submissions, s.decode_steps, "{what}");
+            assert_eq!(s.route_readbacks, 0, "{what}");
+        } else {
+            assert!(s.route_readbacks > 0 && s.vram.misses > 0, "{what}: {s:?}");
+            if what == "minimum" {
+                assert_eq!(slots, cfg.experts_per_token);
+                assert!(s.vram.evictions > 0);
+            }
+        }
+        if predict != Some(false) && (!full || predict == Some(true)) {
+            let acc = s.prediction_accuracy().unwrap_or_else(|| panic!("{what}: no prediction accuracy"));
+            assert!((0.0..=1.0).contains(&acc));
+        }
+        match &first {
+            None => first = Some(out),
+            Some(f) => {
+                assert!(f.0 == out.0, "{what}: logits differ from the all-resident run");
+                assert_eq!(f.1, out.1, "{what}: tokens differ");
+            }
+        }
+    }
+}
+
+#[test]
+fn steady_state_decoding_creates_no_buffers() {
+    let Some(base) = gpu_options("steady state") else { return };
+    let r = Reference::load(&fixture("tiny-f32"));
+    let dir = convert_fixture("tiny-f32", INT4);
+    let model = open(dir.path());
+    for vram in [None, Some(1)] {
+        let mut g = gpu_forward(&model, &GpuOptions { vram_bytes: vram, ..base.clone() });
+        let (_, tokens) = greedy(&mut g, &r.prompt, 3);
+        let before = g.backend().stats().device.buffers;
+        let mut t = tokens[2];
+        for pos in r.prompt.len() + 2..r.prompt.len() + 10 {
+            let l = g.run(&[t], pos, LogitRows::Last, &mut NoObserver).unwrap();
+            t = argmax(&l) as u32;
+        }
+        assert_eq!(
+            g.backend().stats().device.buffers,
+            before,
+            "vram {vram:?}: buffers created while decoding"
+        );
+    }
+}
+
+#[test]
+fn a_device_failure_continues_on_the_cpu_in_auto_mode_and_is_an_error_in_gpu_mode() {
+    let Some(base) = gpu_options("fallback") else { return };
+    let r = Reference::load(&fixture("tiny-f32"));
+    let dir = convert_fixture("tiny-f32", INT4);
+    let model = open(dir.path());
+    let (_, want) = cpu_greedy(&model, &r.prompt, 16);
+    let run = RunOptions { ctx: CTX, max_batch: 256 };
+    let opts = GpuOptions { fail_at_readback: Some(6), ..base };
+    // gpu mode: a clear error, no panic.
+    let mut g = engine::gpu_runner(&model, &run, &opts).unwrap();
+    let mut pos = 0;
+    let mut err = None;
+    for chunk in r.prompt.chunks(5) {
+        match g.forward(chunk, pos, LogitRows::Last, &mut NoObserver) {
+            Ok(_) => pos += chunk.len(),
+            Err(e) => {
+                err = Some(e);
+                break;
+            }
+        }
+    }
+    assert!(matches!(err, Some(Error::Backend(ref m)) if m.contains("device lost")), "{err:?}");
+    // auto mode: the same failure mid-generation continues on the CPU with the same tokens.
+    let gpu = engine::gpu_runner(&model, &run, &opts).unwrap();
+    let mut s = Session::new(Box::new(FallbackRunner::new(gpu, model.clone(), run)));
+    for chunk in r.prompt.chunks(5) {
+        s.feed(chunk, LogitRows::Last, &mut NoObserver).unwrap();
+    }
+    let out = s.generate(&[], 16, &mut Sampler::Greedy, &[], &mut |_| true).unwrap();
+    assert_eq!(out.tokens, want);
+    assert!(s.runner().report().iter().any(|l| l.contains("fell back to the CPU")));
+}
+
+/// A runner that swaps the top two logits at one position: what `--verify` must catch.
+struct Corrupt {
+    inner: Box<dyn Runner>,
+    at: usize,
+}
+
+impl Runner for Corrupt {
+    fn config(&self) -> &picchio::ModelConfig {
+        self.inner.config()
+    }
+    fn capacity(&self) -> usize {
+        self.inner.capacity()
+    }
+    fn describe(&self) -> String {
+        "corrupted".into()
+    }
+    fn forward(
+        &mut self,
+        ids: &[u32],
+        start: usize,
+        rows: LogitRows,
+        o: &mut dyn Observer,
+    ) -> picchio::Result<Vec<f32>> {
+        let mut l = self.inner.forward(ids, start, rows, o)?;
+        let vocab = self.config().vocab_size;
+        if rows == LogitRows::All && (start..start + ids.len()).contains(&self.at) {
+            let row = &mut l[(self.at - start) * vocab..(self.at - start + 1) * vocab];
+            let top = argmax(row);
+            row[top] = f32::NEG_INFINITY;
+        }
+        Ok(l)
+    }
+    fn times(&self) -> PhaseTimes {
+        self.inner.times()
+    }
+    fn expert_stats(&self) -> ExpertStats {
+        self.inner.expert_stats()
+    }
+}
+
+#[test]
+fn verify_passes_on_the_gpu_and_names_the_first_differing_position() {
+    let Some(opts) = gpu_options("verify") else { return };
+    let r = Reference::load(&fixture("tiny-f32"));
+    let dir = convert_fixture("tiny-f32", INT4);
+    let model = open(dir.path());
+    let run = RunOptions { ctx: CTX, max_batch: 256 };
+    let gpu = engine::gpu_runner(&model, &run, &opts).unwrap();
+    let mut v = LockstepRunner::new(gpu, engine::cpu_runner(&model, &run).unwrap());
+    let (_, tokens) = greedy(&mut v, &r.prompt, 32);
+    assert_eq!(tokens.len(), 32);
+    assert_eq!(v.positions(), (r.prompt.len() + 31) as u64);
+    eprintln!("--verify on the GPU: max |logit difference| {:.3e}", v.max_logit_diff());
+    assert!(v.report().iter().any(|l| l.starts_with("verify: top-1 identical")));
+
+    let bad = Corrupt { inner: engine::cpu_runner(&model, &run).unwrap(), at: 7 };
+    let mut v = LockstepRunner::new(Box::new(bad), engine::cpu_runner(&model, &run).unwrap());
+    let e = v.forward(&r.prompt, 0, LogitRows::Last, &mut NoObserver).unwrap_err().to_string();
+    assert!(e.contains("top-1 differs at position 7"), "{e}");
+    assert!(e.contains("margin") && e.contains("max |logit difference|"), "{e}");
+}
