@@ -202,7 +202,7 @@ fn a_device_failure_continues_on_the_cpu_in_auto_mode_and_is_an_error_in_gpu_mod
     for chunk in r.prompt.chunks(5) {
         s.feed(chunk, LogitRows::Last, &mut NoObserver).unwrap();
     }
-    let out = s.generate(&[], 16, &mut Sampler::Greedy, &[], &mut |_| true).unwrap();
+    let out = s.generate(&[], 16, &mut Sampler::greedy(), &[], &mut |_| true).unwrap();
     assert_eq!(out.tokens, want);
     assert!(s.runner().report().iter().any(|l| l.contains("fell back to the CPU")));
 }
