@@ -678,6 +678,11 @@ fn concurrent_requests_are_queued_and_all_answered() {
         assert_eq!(*status, 200, "{v}");
         assert!(v["usage"]["completion_tokens"].as_u64().unwrap() >= 1);
     }
+    // The worker clears its busy flag just after sending the last answer: wait for it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while server.stats().busy && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
     let stats = server.stats();
     assert_eq!((stats.completed, stats.queued, stats.busy), (3, 0, false));
 }
