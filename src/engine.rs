@@ -9,7 +9,7 @@ use crate::backend::cpu::CpuBackend;
 use crate::backend::gpu::{GpuBackend, GpuOptions};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
-use crate::experts::{CachedExperts, ExpertSource, ExpertStats, ExpertStore, ResidentExperts};
+use crate::experts::{CacheOptions, CachedExperts, ExpertSource, ExpertStats, ExpertStore, ResidentExperts};
 use crate::format::container::convert::{STATE_FILE, is_hf_checkpoint};
 use crate::format::container::{
     Container, ConvertOptions, Formats, Manifest, convert, is_container, source_identity,
@@ -153,13 +153,17 @@ impl LoadedModel {
 pub struct RunOptions {
     /// Key/value cache capacity in positions (`--ctx`).
     pub ctx: usize,
-    /// Most positions processed in one forward batch.
+    /// Most positions processed in one forward batch (the prefill block).
     pub max_batch: usize,
+    /// Predict each next layer's experts and prefetch them (CPU backend).
+    pub prefetch: bool,
+    /// Compute each expert as soon as it arrives from disk, instead of waiting for all.
+    pub completion_driven: bool,
 }
 
 impl Default for RunOptions {
     fn default() -> Self {
-        RunOptions { ctx: 4096, max_batch: 256 }
+        RunOptions { ctx: 4096, max_batch: 256, prefetch: true, completion_driven: true }
     }
 }
 
@@ -170,7 +174,7 @@ pub fn default_ctx(cfg: &ModelConfig) -> usize {
 }
 
 /// Options for opening a model directory.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct OpenOptions {
     /// RAM for the expert cache in bytes; `None` sizes it from the machine.
     pub ram_bytes: Option<u64>,
@@ -182,6 +186,28 @@ pub struct OpenOptions {
     pub progress: bool,
     /// Context capacity the model will run with (to reserve KV memory).
     pub ctx: usize,
+    /// Reader threads for experts (the disk queue depth).
+    pub io_threads: usize,
+    /// Direct I/O for expert reads (bypassing the page cache); `None`: on when the RAM
+    /// cache cannot hold every expert.
+    pub direct_io: Option<bool>,
+    /// Learn the hot set: persist usage counts and preload the most used experts.
+    pub hot_set: bool,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            ram_bytes: None,
+            formats: Formats::default(),
+            cache_dir: None,
+            progress: false,
+            ctx: 4096,
+            io_threads: 4,
+            direct_io: None,
+            hot_set: true,
+        }
+    }
 }
 
 /// Opens a model directory: a container directly, or a Hugging Face checkpoint through
@@ -249,18 +275,27 @@ pub fn load_container(dir: &Path, opts: &OpenOptions) -> Result<LoadedModel> {
     let c = Container::open(dir)?;
     let config = Arc::new(c.config.clone());
     let dense = c.load_dense()?;
-    let store = ExpertStore::open(dir, c.experts(), Arc::clone(&config))?;
+    let expert_bytes = crate::format::container::manifest::align_up(
+        c.experts().payload_bytes,
+        crate::format::container::manifest::RECORD_ALIGN,
+    );
     let ram = match opts.ram_bytes {
         Some(b) => b,
-        None => default_ram_budget(&config, c.dense_bytes(), store.expert_bytes(), opts.ctx),
+        None => default_ram_budget(&config, c.dense_bytes(), expert_bytes, opts.ctx),
     };
-    Ok(LoadedModel {
-        config,
-        dense: Arc::new(dense),
-        experts: Arc::new(CachedExperts::new(store, ram)),
-        dir: dir.to_path_buf(),
-    })
+    let all_fit = ram >= expert_bytes * c.experts().records.len() as u64;
+    let direct = opts.direct_io.unwrap_or(!all_fit);
+    let store = ExpertStore::open_with(dir, c.experts(), Arc::clone(&config), direct)?;
+    let usage_file = opts.hot_set.then(|| dir.join(USAGE_FILE));
+    let cache = CachedExperts::with_options(
+        store,
+        CacheOptions { capacity_bytes: ram, io_threads: opts.io_threads.max(1), usage_file },
+    );
+    Ok(LoadedModel { config, dense: Arc::new(dense), experts: Arc::new(cache), dir: dir.to_path_buf() })
 }
+
+/// File beside a container where expert usage counts persist between sessions.
+pub const USAGE_FILE: &str = "expert-usage.json";
 
 /// Memory left for the expert cache: physical RAM minus the dense weights, the KV cache and
 /// a reserve for the OS and everything else (4 GiB, or a quarter of RAM on small machines);
@@ -312,7 +347,8 @@ pub fn cpu_runner(model: &LoadedModel, opts: &RunOptions) -> Result<Box<dyn Runn
         Arc::clone(&model.dense),
         Arc::clone(&model.experts),
         opts.ctx,
-    );
+    )
+    .with_expert_pipeline(opts.prefetch, opts.completion_driven);
     Ok(Box::new(Forward::new(backend, opts.max_batch)))
 }
 

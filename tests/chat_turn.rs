@@ -12,7 +12,9 @@ use picchio::session::Session;
 
 fn session(dir: &std::path::Path) -> Session {
     let model = engine::open(dir, &OpenOptions { ctx: 512, ..Default::default() }).unwrap();
-    Session::new(engine::cpu_runner(&model, &RunOptions { ctx: 512, max_batch: 64 }).unwrap())
+    Session::new(
+        engine::cpu_runner(&model, &RunOptions { ctx: 512, max_batch: 64, ..Default::default() }).unwrap(),
+    )
 }
 
 fn system() -> Message {

@@ -22,7 +22,9 @@ fn open(dir: &Path, ram_bytes: Option<u64>) -> LoadedModel {
 
 fn session(model: &LoadedModel) -> Session {
     let ctx = 128.min(model.config.max_position_embeddings);
-    Session::new(engine::cpu_runner(model, &RunOptions { ctx, max_batch: 256 }).unwrap())
+    Session::new(
+        engine::cpu_runner(model, &RunOptions { ctx, max_batch: 256, ..Default::default() }).unwrap(),
+    )
 }
 
 /// Prompt logits and the 32-token greedy continuation.

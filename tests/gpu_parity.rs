@@ -54,7 +54,8 @@ fn greedy(runner: &mut dyn Runner, prompt: &[u32], n: usize) -> (Vec<f32>, Vec<u
 
 fn cpu_greedy(model: &LoadedModel, prompt: &[u32], n: usize) -> (Vec<f32>, Vec<u32>) {
     let ctx = CTX.min(model.config.max_position_embeddings);
-    let mut cpu = engine::cpu_runner(model, &RunOptions { ctx, max_batch: 256 }).unwrap();
+    let mut cpu =
+        engine::cpu_runner(model, &RunOptions { ctx, max_batch: 256, ..Default::default() }).unwrap();
     greedy(cpu.as_mut(), prompt, n)
 }
 
@@ -180,7 +181,7 @@ fn a_device_failure_continues_on_the_cpu_in_auto_mode_and_is_an_error_in_gpu_mod
     let dir = convert_fixture("tiny-f32", INT4);
     let model = open(dir.path());
     let (_, want) = cpu_greedy(&model, &r.prompt, 16);
-    let run = RunOptions { ctx: CTX, max_batch: 256 };
+    let run = RunOptions { ctx: CTX, max_batch: 256, ..Default::default() };
     let opts = GpuOptions { fail_at_readback: Some(6), ..base };
     // gpu mode: a clear error, no panic.
     let mut g = engine::gpu_runner(&model, &run, &opts).unwrap();
@@ -253,7 +254,7 @@ fn verify_passes_on_the_gpu_and_names_the_first_differing_position() {
     let r = Reference::load(&fixture("tiny-f32"));
     let dir = convert_fixture("tiny-f32", INT4);
     let model = open(dir.path());
-    let run = RunOptions { ctx: CTX, max_batch: 256 };
+    let run = RunOptions { ctx: CTX, max_batch: 256, ..Default::default() };
     let gpu = engine::gpu_runner(&model, &run, &opts).unwrap();
     let mut v = LockstepRunner::new(gpu, engine::cpu_runner(&model, &run).unwrap());
     let (_, tokens) = greedy(&mut v, &r.prompt, 32);

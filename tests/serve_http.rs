@@ -173,7 +173,9 @@ fn scripted_server(capacity: usize, delay: Duration, options: HttpOptions) -> Se
 
 fn real_session(dir: &Path, ctx: usize) -> Session {
     let model = engine::open(dir, &OpenOptions { ctx, ..Default::default() }).unwrap();
-    Session::new(engine::cpu_runner(&model, &RunOptions { ctx, max_batch: 64 }).unwrap())
+    Session::new(
+        engine::cpu_runner(&model, &RunOptions { ctx, max_batch: 64, ..Default::default() }).unwrap(),
+    )
 }
 
 fn real_server(dir: &Path, ctx: usize) -> ServerHandle {

@@ -12,7 +12,9 @@ use picchio::session::Session;
 
 fn session(dir: &std::path::Path, ctx: usize) -> Session {
     let model = engine::open(dir, &OpenOptions { ctx, ..Default::default() }).unwrap();
-    Session::new(engine::cpu_runner(&model, &RunOptions { ctx, max_batch: 64 }).unwrap())
+    Session::new(
+        engine::cpu_runner(&model, &RunOptions { ctx, max_batch: 64, ..Default::default() }).unwrap(),
+    )
 }
 
 /// Runs the protocol over `script` and returns the reply lines.

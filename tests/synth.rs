@@ -30,7 +30,9 @@ fn check_healthy(spec: &SynthSpec) {
     let cache = tempfile::tempdir().unwrap();
     let opts = OpenOptions { ctx: 64, cache_dir: Some(cache.path().to_path_buf()), ..Default::default() };
     let model = engine::open(src.path(), &opts).unwrap();
-    let mut s = Session::new(engine::cpu_runner(&model, &RunOptions { ctx: 64, max_batch: 64 }).unwrap());
+    let mut s = Session::new(
+        engine::cpu_runner(&model, &RunOptions { ctx: 64, max_batch: 64, ..Default::default() }).unwrap(),
+    );
     let ids = picchio::bench::prompt_ids(12, spec.vocab, 5);
     let mut routes = Routes::default();
     let logits = s.feed(&ids, LogitRows::All, &mut routes).unwrap();

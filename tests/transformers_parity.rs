@@ -37,7 +37,7 @@ impl Observer for Recorder {
 fn session(name: &str, max_batch: usize) -> Session {
     let model = engine::load_hf(&fixture(name)).unwrap();
     let ctx = 128.min(model.config.max_position_embeddings);
-    Session::new(engine::cpu_runner(&model, &RunOptions { ctx, max_batch }).unwrap())
+    Session::new(engine::cpu_runner(&model, &RunOptions { ctx, max_batch, ..Default::default() }).unwrap())
 }
 
 fn check_prompt(name: &str) {

@@ -129,6 +129,12 @@ pub trait Backend {
     /// Reads a routing decision back to the host (for observers and verification).
     fn read_routes(&mut self, routes: &Self::Routes) -> Result<RouteTable>;
 
+    /// Called after each layer with the residual stream leaving it: a backend may predict
+    /// the next layer's experts from it and start loading them. Must not change results.
+    fn prefetch_next(&mut self, _layer: usize, _x: &Self::Act) -> Result<()> {
+        Ok(())
+    }
+
     /// Counters of the expert source behind the backend.
     fn expert_stats(&self) -> ExpertStats;
 

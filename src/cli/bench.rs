@@ -50,13 +50,7 @@ fn delta_times(a: PhaseTimes, b: PhaseTimes) -> PhaseTimes {
 }
 
 fn delta_stats(a: ExpertStats, b: ExpertStats) -> ExpertStats {
-    ExpertStats {
-        hits: b.hits - a.hits,
-        misses: b.misses - a.misses,
-        bytes_read: b.bytes_read - a.bytes_read,
-        disk_wait: b.disk_wait - a.disk_wait,
-        evictions: b.evictions - a.evictions,
-    }
+    b.since(&a)
 }
 
 /// Runs `picchio bench`.

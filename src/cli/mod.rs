@@ -51,6 +51,15 @@ pub enum Command {
     Devices(devices::DevicesArgs),
 }
 
+/// An on/off switch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Toggle {
+    /// Enabled.
+    On,
+    /// Disabled.
+    Off,
+}
+
 /// Options every command that runs a model takes.
 #[derive(Args, Debug, Clone)]
 pub struct ModelArgs {
@@ -100,6 +109,26 @@ pub struct ModelArgs {
     /// expert is resident in VRAM.
     #[arg(long)]
     pub gpu_predict: bool,
+    /// Threads reading experts from disk (the disk queue depth).
+    #[arg(long, default_value_t = 4)]
+    pub io_threads: usize,
+    /// Read experts bypassing the page cache [default: on when the RAM cache cannot hold
+    /// every expert].
+    #[arg(long, value_enum)]
+    pub direct_io: Option<Toggle>,
+    /// Do not predict and prefetch the next layer's experts (CPU backend).
+    #[arg(long)]
+    pub no_prefetch: bool,
+    /// Wait for all of a layer's experts before computing (instead of computing each as it
+    /// arrives).
+    #[arg(long)]
+    pub no_async: bool,
+    /// Do not learn or preload the hot set of experts.
+    #[arg(long)]
+    pub no_hot_set: bool,
+    /// Positions processed together in a prefill block.
+    #[arg(long, default_value_t = 256)]
+    pub prefill_block: usize,
     /// Use only portable shaders (no SUBGROUP or SHADER_F16 even where present).
     #[arg(long, hide = true)]
     pub gpu_portable: bool,
@@ -131,7 +160,11 @@ impl ModelArgs {
             cache_dir: self.cache_dir.clone(),
             progress: !self.quiet_progress(),
             ctx: ctx.unwrap_or(4096),
+            io_threads: self.io_threads,
+            direct_io: self.direct_io.map(|t| t == Toggle::On),
+            hot_set: !self.no_hot_set,
         };
+        anyhow::ensure!(self.io_threads > 0, "--io-threads must be at least 1");
         picchio::engine::open(&dir, &opts).with_context(|| format!("loading model {}", dir.display()))
     }
 
@@ -166,7 +199,13 @@ impl ModelArgs {
         model: &picchio::engine::LoadedModel,
         ctx: usize,
     ) -> anyhow::Result<Box<dyn picchio::engine::Runner>> {
-        let opts = picchio::engine::RunOptions { ctx, ..Default::default() };
+        anyhow::ensure!(self.prefill_block > 0, "--prefill-block must be at least 1");
+        let opts = picchio::engine::RunOptions {
+            ctx,
+            max_batch: self.prefill_block,
+            prefetch: !self.no_prefetch,
+            completion_driven: !self.no_async,
+        };
         Ok(picchio::engine::runner(model, &opts, self.device, &self.gpu_options()?, self.verify)?)
     }
 

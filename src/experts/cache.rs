@@ -1,18 +1,54 @@
-//! The RAM expert cache: a least-recently-used cache bounded in bytes, in front of the
-//! disk store. It decides only which experts are in memory, never what they compute.
+//! The RAM expert cache: a least-recently-used cache bounded in bytes, in front of the disk
+//! store, fed by a pool of reader threads. It decides only which experts are in memory and
+//! when they arrive, never what they compute.
+//!
+//! - Misses are submitted to the readers at once (queue depth = `io_threads`), and callers
+//!   can consume experts in completion order ([`ExpertSource::for_each_loaded`]).
+//! - Experts a caller is using are pinned; nothing pinned is evicted.
+//! - [`ExpertSource::prefetch`] loads predicted experts in the background into free or
+//!   evictable slots, never past the budget and never evicting what is pinned or hot; the
+//!   accuracy of predictions and the useful and wasted reads are counted.
+//! - The learned hot set: usage counts persist beside the container; at start the most used
+//!   experts (up to half the budget) are loaded first and protected from eviction.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::mpsc::{Sender, channel};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
 use std::time::Instant;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::experts::store::ExpertStore;
 use crate::experts::{ExpertSource, ExpertStats};
 use crate::model::weights::ExpertWeights;
 
+/// Settings of the RAM cache.
+#[derive(Clone, Debug)]
+pub struct CacheOptions {
+    /// Memory for cached experts.
+    pub capacity_bytes: u64,
+    /// Reader threads (the disk queue depth).
+    pub io_threads: usize,
+    /// Where usage counts persist between sessions (`None`: not learned).
+    pub usage_file: Option<PathBuf>,
+}
+
+enum Slot {
+    Loading,
+    Ready(Arc<ExpertWeights>),
+    Failed(String),
+}
+
 struct Entry {
-    weights: Arc<ExpertWeights>,
+    slot: Slot,
     last_use: u64,
+    /// Callers currently using it.
+    pins: u32,
+    /// Part of the learned hot set: never evicted.
+    protected: bool,
+    /// Loaded by a prefetch and not yet asked for.
+    speculative: bool,
 }
 
 #[derive(Default)]
@@ -20,34 +56,198 @@ struct State {
     entries: HashMap<(usize, usize), Entry>,
     clock: u64,
     stats: ExpertStats,
+    /// Usage count of every expert, this session plus the persisted history.
+    usage: Vec<u64>,
+    /// The last prediction for each layer, scored when the layer's real routing arrives.
+    predicted: HashMap<usize, Vec<usize>>,
+}
+
+struct Shared {
+    store: ExpertStore,
+    state: Mutex<State>,
+    /// Signalled whenever a read completes.
+    arrived: Condvar,
+    /// Experts the budget holds.
+    capacity: usize,
+    num_experts: usize,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every update under the lock is a single map operation or counter; a panic cannot
+        // leave it half-done, so a poisoned lock is still consistent.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
 }
 
 /// Experts read from disk on demand and kept in a byte-bounded LRU cache.
 pub struct CachedExperts {
-    store: ExpertStore,
-    capacity_bytes: u64,
-    expert_bytes: u64,
-    state: Mutex<State>,
+    shared: Arc<Shared>,
+    jobs: Mutex<Option<Sender<(usize, usize)>>>,
+    workers: Vec<JoinHandle<()>>,
+    usage_file: Option<PathBuf>,
+    io_threads: usize,
 }
 
 impl CachedExperts {
-    /// A cache of at most `capacity_bytes` over `store`. It never holds more experts than
-    /// the store has; experts in use by the current call may exceed the bound briefly.
+    /// A cache of at most `capacity_bytes` over `store` with one reader thread and no
+    /// learned hot set.
     pub fn new(store: ExpertStore, capacity_bytes: u64) -> Self {
+        Self::with_options(store, CacheOptions { capacity_bytes, io_threads: 1, usage_file: None })
+    }
+
+    /// A cache with the given options. It never holds more experts than the store has;
+    /// experts pinned by the current call may exceed the bound briefly.
+    pub fn with_options(store: ExpertStore, opts: CacheOptions) -> Self {
         let expert_bytes = store.expert_bytes().max(1);
-        let capacity_bytes = capacity_bytes.min(expert_bytes * store.len() as u64);
-        CachedExperts { store, capacity_bytes, expert_bytes, state: Mutex::new(State::default()) }
+        let total = store.len();
+        let capacity = ((opts.capacity_bytes / expert_bytes) as usize).min(total);
+        let num_experts = store.num_experts();
+        let usage =
+            opts.usage_file.as_deref().and_then(|p| read_usage(p, total)).unwrap_or_else(|| vec![0; total]);
+        let shared = Arc::new(Shared {
+            store,
+            state: Mutex::new(State { usage, ..Default::default() }),
+            arrived: Condvar::new(),
+            capacity,
+            num_experts,
+        });
+        let (tx, rx) = channel::<(usize, usize)>();
+        let rx = Arc::new(Mutex::new(rx));
+        let workers = (0..opts.io_threads.max(1))
+            .map(|i| {
+                let shared = Arc::clone(&shared);
+                let rx = Arc::clone(&rx);
+                std::thread::Builder::new()
+                    .name(format!("picchio-io-{i}"))
+                    .spawn(move || reader_loop(&shared, &rx))
+                    .expect("spawning an I/O thread")
+            })
+            .collect();
+        let cache = CachedExperts {
+            shared,
+            jobs: Mutex::new(Some(tx)),
+            workers,
+            usage_file: opts.usage_file,
+            io_threads: opts.io_threads.max(1),
+        };
+        cache.load_hot_set();
+        cache
     }
 
     /// Experts the cache can hold.
     pub fn capacity_experts(&self) -> u64 {
-        self.capacity_bytes / self.expert_bytes
+        self.shared.capacity as u64
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic while holding the lock cannot leave the map inconsistent (every update
-        // is a single insert/remove), so a poisoned lock is still usable.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    /// Whether reads bypass the page cache.
+    pub fn is_direct(&self) -> bool {
+        self.shared.store.is_direct()
+    }
+
+    fn submit(&self, layer: usize, expert: usize) {
+        let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(tx) = jobs.as_ref() {
+            // The readers outlive every sender use; a send can only fail after shutdown.
+            let _ = tx.send((layer, expert));
+        }
+    }
+
+    /// Loads the most used experts of earlier sessions (at most half the budget) and
+    /// protects them from eviction.
+    fn load_hot_set(&self) {
+        let mut st = self.shared.lock();
+        let mut ranked: Vec<(u64, usize)> =
+            st.usage.iter().enumerate().filter(|(_, c)| **c > 0).map(|(i, &c)| (c, i)).collect();
+        ranked.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        let hot: Vec<usize> = ranked.into_iter().take(self.shared.capacity / 2).map(|(_, i)| i).collect();
+        let e = self.shared.num_experts;
+        for &i in &hot {
+            st.entries.insert(
+                (i / e, i % e),
+                Entry { slot: Slot::Loading, last_use: 0, pins: 0, protected: true, speculative: false },
+            );
+        }
+        st.stats.hot_set = hot.len() as u64;
+        drop(st);
+        for i in hot {
+            self.submit(i / e, i % e);
+        }
+    }
+
+    /// Writes the usage counts (history plus this session) for the next session.
+    pub fn save_usage(&self) -> Result<()> {
+        let Some(path) = &self.usage_file else { return Ok(()) };
+        let usage = self.shared.lock().usage.clone();
+        let text = serde_json::to_string(
+            &serde_json::json!({ "format": "picchio-expert-usage/1", "counts": usage }),
+        )
+        .expect("usage serializes");
+        std::fs::write(path, text).map_err(|e| Error::io(path, e))
+    }
+
+    /// Drops least recently used, unpinned, unprotected, loaded entries until the cache is
+    /// within budget (or nothing more can go).
+    fn evict_to_fit(&self, st: &mut State, room_for: usize) {
+        while st.entries.len() + room_for > self.shared.capacity {
+            let victim = st
+                .entries
+                .iter()
+                .filter(|(_, e)| e.pins == 0 && !e.protected && matches!(e.slot, Slot::Ready(_)))
+                .min_by_key(|(k, e)| (e.last_use, **k))
+                .map(|(k, _)| *k);
+            let Some(k) = victim else { break };
+            if st.entries.remove(&k).is_some_and(|e| e.speculative) {
+                st.stats.prefetch_wasted += 1;
+            }
+            st.stats.evictions += 1;
+        }
+    }
+
+    fn unpin(&self, layer: usize, ids: &[usize]) {
+        let mut st = self.shared.lock();
+        for &e in ids {
+            if let Some(entry) = st.entries.get_mut(&(layer, e)) {
+                entry.pins = entry.pins.saturating_sub(1);
+            }
+        }
+        self.evict_to_fit(&mut st, 0);
+    }
+}
+
+/// A reader thread: takes (layer, expert) jobs, reads them, publishes the result.
+fn reader_loop(shared: &Shared, rx: &Mutex<std::sync::mpsc::Receiver<(usize, usize)>>) {
+    loop {
+        let job = {
+            let rx = rx.lock().unwrap_or_else(|p| p.into_inner());
+            rx.recv()
+        };
+        let Ok((layer, expert)) = job else { return };
+        let result = shared.store.read(layer, expert);
+        let mut st = shared.lock();
+        st.stats.reads += 1;
+        st.stats.bytes_read += shared.store.read_bytes();
+        match (result, st.entries.get_mut(&(layer, expert))) {
+            (Ok(w), Some(entry)) => entry.slot = Slot::Ready(Arc::new(w)),
+            (Err(e), Some(entry)) => entry.slot = Slot::Failed(e.to_string()),
+            // Nobody waits for it any more (cannot happen: loading entries are not evicted).
+            (_, None) => {}
+        }
+        drop(st);
+        shared.arrived.notify_all();
+    }
+}
+
+impl Drop for CachedExperts {
+    fn drop(&mut self) {
+        if let Err(e) = self.save_usage() {
+            tracing::debug!("expert usage not saved: {e}");
+        }
+        // Closing the job channel ends the readers.
+        self.jobs.lock().unwrap_or_else(|p| p.into_inner()).take();
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
     }
 }
 
@@ -57,76 +257,205 @@ impl ExpertSource for CachedExperts {
     }
 
     fn experts(&self, layer: usize, ids: &[usize]) -> Result<Vec<Arc<ExpertWeights>>> {
-        let mut found: Vec<Option<Arc<ExpertWeights>>> = vec![None; ids.len()];
+        let mut out: Vec<Option<Arc<ExpertWeights>>> = vec![None; ids.len()];
+        self.for_each_loaded(layer, ids, &mut |i, w| {
+            out[i] = Some(w);
+            Ok(())
+        })?;
+        Ok(out.into_iter().map(|w| w.expect("every index is delivered")).collect())
+    }
+
+    fn for_each_loaded(
+        &self,
+        layer: usize,
+        ids: &[usize],
+        f: &mut dyn FnMut(usize, Arc<ExpertWeights>) -> Result<()>,
+    ) -> Result<()> {
+        if layer >= self.shared.store.num_layers() || ids.iter().any(|&e| e >= self.shared.num_experts) {
+            return Err(Error::invalid(format!("no such experts in layer {layer}: {ids:?}")));
+        }
+        let mut to_read = Vec::new();
         {
-            let mut st = self.lock();
+            let mut st = self.shared.lock();
             st.clock += 1;
             let now = st.clock;
-            let mut hits = 0;
-            for (slot, &e) in found.iter_mut().zip(ids) {
-                if let Some(entry) = st.entries.get_mut(&(layer, e)) {
-                    entry.last_use = now;
-                    *slot = Some(Arc::clone(&entry.weights));
-                    hits += 1;
+            if let Some(predicted) = st.predicted.remove(&layer) {
+                st.stats.predicted += ids.len() as u64;
+                st.stats.predicted_right += ids.iter().filter(|e| predicted.contains(e)).count() as u64;
+            }
+            let e_count = self.shared.num_experts;
+            for &e in ids {
+                st.usage[layer * e_count + e] += 1;
+                let (hit, was_speculative) = match st.entries.get_mut(&(layer, e)) {
+                    Some(entry) => {
+                        entry.pins += 1;
+                        entry.last_use = now;
+                        (true, std::mem::take(&mut entry.speculative))
+                    }
+                    None => (false, false),
+                };
+                if was_speculative {
+                    st.stats.prefetch_useful += 1;
+                }
+                if hit {
+                    st.stats.hits += 1;
+                } else {
+                    st.stats.misses += 1;
+                    st.entries.insert(
+                        (layer, e),
+                        Entry {
+                            slot: Slot::Loading,
+                            last_use: now,
+                            pins: 1,
+                            protected: false,
+                            speculative: false,
+                        },
+                    );
+                    to_read.push(e);
                 }
             }
-            st.stats.hits += hits;
+            self.evict_to_fit(&mut st, 0);
         }
-        let missing: Vec<usize> = (0..ids.len()).filter(|&i| found[i].is_none()).collect();
-        if missing.is_empty() {
-            return Ok(found.into_iter().flatten().collect());
+        for &e in &to_read {
+            self.submit(layer, e);
         }
-        let t0 = Instant::now();
-        let mut loaded = Vec::with_capacity(missing.len());
-        for &i in &missing {
-            loaded.push((i, Arc::new(self.store.read(layer, ids[i])?)));
-        }
-        let wait = t0.elapsed();
+        let result = self.deliver(layer, ids, f);
+        self.unpin(layer, ids);
+        result
+    }
 
-        let mut st = self.lock();
-        st.stats.misses += missing.len() as u64;
-        st.stats.bytes_read += missing.len() as u64 * self.store.read_bytes();
-        st.stats.disk_wait += wait;
-        let now = st.clock;
-        for (i, w) in loaded {
-            st.entries.insert((layer, ids[i]), Entry { weights: Arc::clone(&w), last_use: now });
-            found[i] = Some(w);
-        }
-        // Evict least recently used entries, never the ones this call needs.
-        let needed: HashSet<(usize, usize)> = ids.iter().map(|&e| (layer, e)).collect();
-        let limit = (self.capacity_bytes / self.expert_bytes) as usize;
-        while st.entries.len() > limit {
-            let victim = st
-                .entries
-                .iter()
-                .filter(|(k, _)| !needed.contains(k))
-                .min_by_key(|(k, e)| (e.last_use, **k))
-                .map(|(k, _)| *k);
-            match victim {
-                Some(k) => {
-                    st.entries.remove(&k);
-                    st.stats.evictions += 1;
-                }
-                None => break,
-            }
-        }
-        Ok(found.into_iter().flatten().collect())
+    fn prefetch(&self, layer: usize, ids: &[usize]) {
+        self.start_loads(layer, ids, true);
+    }
+
+    fn load_ahead(&self, layer: usize, ids: &[usize]) {
+        self.start_loads(layer, ids, false);
+    }
+
+    fn batch_limit(&self) -> usize {
+        (self.shared.capacity / 2).max(1)
     }
 
     fn expert_bytes(&self) -> u64 {
-        self.expert_bytes
+        self.shared.store.expert_bytes()
     }
 
     fn describe(&self) -> String {
         format!(
-            "experts from disk through a {} RAM cache ({} of {} experts)",
-            crate::system::gib(self.capacity_bytes),
-            self.capacity_experts(),
-            self.store.len()
+            "experts from disk ({} reader thread{}, {}) through a {} RAM cache ({} of {} experts)",
+            self.io_threads,
+            if self.io_threads == 1 { "" } else { "s" },
+            if self.is_direct() { "direct I/O" } else { "buffered" },
+            crate::system::gib(self.shared.capacity as u64 * self.shared.store.expert_bytes()),
+            self.shared.capacity,
+            self.shared.store.len()
         )
     }
 
     fn stats(&self) -> ExpertStats {
-        self.lock().stats
+        self.shared.lock().stats
     }
+}
+
+impl CachedExperts {
+    /// Hands each of `ids` to `f` as soon as it is in memory (already cached ones first),
+    /// waiting for reads in between; the wait is counted as disk time.
+    fn deliver(
+        &self,
+        layer: usize,
+        ids: &[usize],
+        f: &mut dyn FnMut(usize, Arc<ExpertWeights>) -> Result<()>,
+    ) -> Result<()> {
+        let mut pending: Vec<usize> = (0..ids.len()).collect();
+        while !pending.is_empty() {
+            let ready = {
+                let mut st = self.shared.lock();
+                loop {
+                    let mut ready = Vec::new();
+                    for &i in &pending {
+                        match st.entries.get(&(layer, ids[i])).map(|e| &e.slot) {
+                            Some(Slot::Ready(w)) => ready.push((i, Arc::clone(w))),
+                            Some(Slot::Loading) => {}
+                            Some(Slot::Failed(msg)) => {
+                                let msg = msg.clone();
+                                st.entries.retain(|_, e| !matches!(e.slot, Slot::Failed(_)));
+                                return Err(Error::Backend(format!("reading experts: {msg}")));
+                            }
+                            None => {
+                                return Err(Error::Backend(format!(
+                                    "layer {layer} expert {} vanished",
+                                    ids[i]
+                                )));
+                            }
+                        }
+                    }
+                    if !ready.is_empty() {
+                        break ready;
+                    }
+                    let t0 = Instant::now();
+                    st = self.shared.arrived.wait(st).unwrap_or_else(|p| p.into_inner());
+                    st.stats.disk_wait += t0.elapsed();
+                }
+            };
+            pending.retain(|i| !ready.iter().any(|(r, _)| r == i));
+            for (i, w) in ready {
+                f(i, w)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl CachedExperts {
+    /// Starts background reads of `ids` of `layer` into free or evictable room; a
+    /// `prediction` is remembered and scored against the layer's real routing.
+    fn start_loads(&self, layer: usize, ids: &[usize], prediction: bool) {
+        if layer >= self.shared.store.num_layers() {
+            return;
+        }
+        let mut submit = Vec::new();
+        {
+            let mut st = self.shared.lock();
+            if prediction {
+                st.predicted.insert(layer, ids.to_vec());
+            }
+            for &e in ids {
+                if e >= self.shared.num_experts || st.entries.contains_key(&(layer, e)) {
+                    continue;
+                }
+                // Only into free room or room freed from unpinned, cold entries.
+                self.evict_to_fit(&mut st, 1);
+                if st.entries.len() >= self.shared.capacity {
+                    st.stats.prefetch_skipped += 1;
+                    continue;
+                }
+                let now = st.clock;
+                st.entries.insert(
+                    (layer, e),
+                    Entry {
+                        slot: Slot::Loading,
+                        last_use: now,
+                        pins: 0,
+                        protected: false,
+                        speculative: prediction,
+                    },
+                );
+                if prediction {
+                    st.stats.prefetch_reads += 1;
+                }
+                submit.push(e);
+            }
+        }
+        for e in submit {
+            self.submit(layer, e);
+        }
+    }
+}
+
+/// Usage counts persisted by an earlier session, if the file matches this store.
+fn read_usage(path: &std::path::Path, len: usize) -> Option<Vec<u64>> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    let counts: Vec<u64> = v.get("counts")?.as_array()?.iter().map(|c| c.as_u64().unwrap_or(0)).collect();
+    (counts.len() == len).then_some(counts)
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use crate::error::Result;
 use crate::model::weights::ExpertWeights;
 
-pub use cache::CachedExperts;
+pub use cache::{CacheOptions, CachedExperts};
 pub use resident::ResidentExperts;
 pub use store::ExpertStore;
 
@@ -29,9 +29,49 @@ pub struct ExpertStats {
     pub disk_wait: Duration,
     /// Experts dropped from the cache to make room.
     pub evictions: u64,
+    /// Records read from disk (demand and prefetch).
+    pub reads: u64,
+    /// Reads started by a prediction.
+    pub prefetch_reads: u64,
+    /// Prefetched experts that were then asked for.
+    pub prefetch_useful: u64,
+    /// Prefetched experts evicted before anyone asked for them.
+    pub prefetch_wasted: u64,
+    /// Predictions dropped for lack of room.
+    pub prefetch_skipped: u64,
+    /// Routed experts of layers that had a prediction.
+    pub predicted: u64,
+    /// Of those, how many the prediction contained.
+    pub predicted_right: u64,
+    /// Experts preloaded and protected as the learned hot set.
+    pub hot_set: u64,
 }
 
 impl ExpertStats {
+    /// Share of routed experts the prediction got right, 0..=1 (`None` without predictions).
+    pub fn prediction_accuracy(&self) -> Option<f64> {
+        (self.predicted > 0).then(|| self.predicted_right as f64 / self.predicted as f64)
+    }
+
+    /// Counters accumulated since `earlier`.
+    pub fn since(&self, earlier: &ExpertStats) -> ExpertStats {
+        ExpertStats {
+            hits: self.hits - earlier.hits,
+            misses: self.misses - earlier.misses,
+            bytes_read: self.bytes_read - earlier.bytes_read,
+            disk_wait: self.disk_wait.saturating_sub(earlier.disk_wait),
+            evictions: self.evictions - earlier.evictions,
+            reads: self.reads - earlier.reads,
+            prefetch_reads: self.prefetch_reads - earlier.prefetch_reads,
+            prefetch_useful: self.prefetch_useful - earlier.prefetch_useful,
+            prefetch_wasted: self.prefetch_wasted - earlier.prefetch_wasted,
+            prefetch_skipped: self.prefetch_skipped - earlier.prefetch_skipped,
+            predicted: self.predicted - earlier.predicted,
+            predicted_right: self.predicted_right - earlier.predicted_right,
+            hot_set: self.hot_set,
+        }
+    }
+
     /// Share of requests served from memory, 0..=1 (1 when there were none).
     pub fn hit_rate(&self) -> f64 {
         let total = self.hits + self.misses;
@@ -60,4 +100,33 @@ pub trait ExpertSource: Send + Sync {
 
     /// Bytes one expert occupies in memory.
     fn expert_bytes(&self) -> u64;
+
+    /// Hands each of `experts` of `layer` to `f` (with its index in `experts`) as soon as it
+    /// is in memory, so callers compute on the first arrivals while the rest are read. The
+    /// order varies; callers that need a canonical result reduce afterwards.
+    fn for_each_loaded(
+        &self,
+        layer: usize,
+        experts: &[usize],
+        f: &mut dyn FnMut(usize, Arc<ExpertWeights>) -> Result<()>,
+    ) -> Result<()> {
+        for (i, &e) in experts.iter().enumerate() {
+            f(i, self.expert(layer, e)?)?;
+        }
+        Ok(())
+    }
+
+    /// A hint that `experts` of `layer` will probably be needed soon: sources that read
+    /// from disk start loading them in the background, within their budget, never evicting
+    /// what is in use. Must not change any result.
+    fn prefetch(&self, _layer: usize, _experts: &[usize]) {}
+
+    /// Like [`ExpertSource::prefetch`] for experts known to be needed next (the next group
+    /// of a prefill block's union): loaded ahead, but not scored as a prediction.
+    fn load_ahead(&self, _layer: usize, _experts: &[usize]) {}
+
+    /// Most experts worth requesting at once (a cache cannot hold more without thrashing).
+    fn batch_limit(&self) -> usize {
+        usize::MAX
+    }
 }

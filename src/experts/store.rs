@@ -1,9 +1,15 @@
 //! The expert store on disk: one flat file of 4 KiB-aligned records, one positioned read
 //! per expert, straight into an aligned buffer that the expert's matrices then view.
+//!
+//! With direct I/O (`O_DIRECT` on Linux, `F_NOCACHE` on macOS, `FILE_FLAG_NO_BUFFERING`
+//! on Windows) reads bypass the page cache, which otherwise holds a second copy of every
+//! expert and competes with the RAM cache for memory. Where the file system refuses it,
+//! the store falls back to buffered reads and says so once.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
@@ -17,16 +23,77 @@ use crate::quant::{Matrix, MatrixData, WeightBuf};
 pub struct ExpertStore {
     path: PathBuf,
     file: File,
+    /// The same file opened for direct I/O, while that works.
+    direct: Option<File>,
+    direct_failed: AtomicBool,
     info: ExpertStoreInfo,
     cfg: Arc<ModelConfig>,
 }
 
 impl ExpertStore {
-    /// Opens `dir/<info.file>`. The layout has already been checked against the config.
+    /// Opens `dir/<info.file>` for buffered reads. The layout has already been checked
+    /// against the config.
     pub fn open(dir: &Path, info: &ExpertStoreInfo, cfg: Arc<ModelConfig>) -> Result<Self> {
+        Self::open_with(dir, info, cfg, false)
+    }
+
+    /// Opens the store, with direct I/O if `direct` and the platform and file system allow
+    /// it (else buffered, with one log line saying why).
+    pub fn open_with(
+        dir: &Path,
+        info: &ExpertStoreInfo,
+        cfg: Arc<ModelConfig>,
+        direct: bool,
+    ) -> Result<Self> {
         let path = dir.join(&info.file);
         let file = File::open(&path).map_err(|e| Error::io(&path, e))?;
-        Ok(ExpertStore { path, file, info: info.clone(), cfg })
+        let direct = if direct {
+            match open_direct(&path) {
+                Ok(f) => Some(f),
+                Err(e) => {
+                    tracing::info!(
+                        "direct I/O unavailable for {} ({e}); reading through the page cache",
+                        path.display()
+                    );
+                    None
+                }
+            }
+        } else {
+            None
+        };
+        Ok(ExpertStore { path, file, direct, direct_failed: AtomicBool::new(false), info: info.clone(), cfg })
+    }
+
+    /// Whether reads currently bypass the page cache.
+    pub fn is_direct(&self) -> bool {
+        self.direct.is_some() && !self.direct_failed.load(Ordering::Relaxed)
+    }
+
+    /// The expert file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Reads `buf.len()` bytes (a multiple of 4 KiB into a 4 KiB-aligned buffer) at `offset`
+    /// (4 KiB-aligned), directly when possible.
+    pub fn read_raw(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        if let Some(f) = &self.direct
+            && !self.direct_failed.load(Ordering::Relaxed)
+        {
+            match read_exact_at(f, buf, offset) {
+                Ok(()) => return Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::InvalidInput => {
+                    if !self.direct_failed.swap(true, Ordering::Relaxed) {
+                        tracing::info!(
+                            "direct I/O refused by the file system for {} ({e}); reading through the page cache",
+                            self.path.display()
+                        );
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        read_exact_at(&self.file, buf, offset)
     }
 
     /// Bytes one read moves (the payload rounded up to 4 KiB).
@@ -37,6 +104,16 @@ impl ExpertStore {
     /// Bytes one expert occupies in memory once read.
     pub fn expert_bytes(&self) -> u64 {
         self.read_bytes()
+    }
+
+    /// Experts per layer.
+    pub fn num_experts(&self) -> usize {
+        self.cfg.num_experts
+    }
+
+    /// Layers.
+    pub fn num_layers(&self) -> usize {
+        self.cfg.num_layers
     }
 
     /// Number of records.
@@ -57,7 +134,7 @@ impl ExpertStore {
         }
         let rec = &self.info.records[layer * e_count + expert];
         let mut buf = AlignedBytes::zeroed(self.read_bytes() as usize);
-        read_exact_at(&self.file, buf.as_mut_slice(), rec.offset).map_err(|e| {
+        self.read_raw(buf.as_mut_slice(), rec.offset).map_err(|e| {
             Error::format(
                 &self.path,
                 format!("reading layer {layer} expert {expert} at offset {}: {e}", rec.offset),
@@ -108,4 +185,37 @@ impl ExpertStore {
         w.check(&self.cfg, &name)?;
         Ok(w)
     }
+}
+
+/// Opens `path` read-only bypassing the page cache.
+#[cfg(target_os = "linux")]
+fn open_direct(path: &Path) -> std::io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path)
+}
+
+/// Opens `path` read-only bypassing the page cache.
+#[cfg(target_os = "macos")]
+fn open_direct(path: &Path) -> std::io::Result<File> {
+    use std::os::unix::io::AsRawFd;
+    let f = File::open(path)?;
+    // SAFETY: fcntl on a valid descriptor with an integer argument.
+    if unsafe { libc::fcntl(f.as_raw_fd(), libc::F_NOCACHE, 1) } == -1 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(f)
+}
+
+/// Opens `path` read-only bypassing the page cache.
+#[cfg(windows)]
+fn open_direct(path: &Path) -> std::io::Result<File> {
+    use std::os::windows::fs::OpenOptionsExt;
+    const FILE_FLAG_NO_BUFFERING: u32 = 0x2000_0000;
+    std::fs::OpenOptions::new().read(true).custom_flags(FILE_FLAG_NO_BUFFERING).open(path)
+}
+
+/// Opens `path` read-only bypassing the page cache.
+#[cfg(not(any(target_os = "linux", target_os = "macos", windows)))]
+fn open_direct(_path: &Path) -> std::io::Result<File> {
+    Err(std::io::Error::new(std::io::ErrorKind::Unsupported, "no direct I/O on this platform"))
 }

@@ -191,6 +191,7 @@ impl<B: Backend> Forward<B> {
             }
             b.experts(layer, &s.normed, &s.routes, &mut s.proj)?;
             b.add(&mut s.x, &s.proj)?;
+            b.prefetch_next(layer, &s.x)?;
             let t2 = Instant::now();
             self.times.attention += t1 - t0;
             self.times.experts += t2 - t1;

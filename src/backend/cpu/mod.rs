@@ -46,6 +46,10 @@ pub struct CpuBackend {
     experts: Arc<dyn ExpertSource>,
     rope: RopeFrequencies,
     kv: KvCache,
+    /// Predict each next layer's experts from the current state and prefetch them.
+    predict: bool,
+    /// Compute experts in arrival order rather than after all have arrived.
+    completion_driven: bool,
 }
 
 impl CpuBackend {
@@ -58,7 +62,16 @@ impl CpuBackend {
     ) -> Self {
         let rope = RopeFrequencies::from_config(&cfg);
         let kv = KvCache::new(cfg.num_layers, capacity, cfg.kv_dim());
-        CpuBackend { cfg, dense, experts, rope, kv }
+        CpuBackend { cfg, dense, experts, rope, kv, predict: false, completion_driven: true }
+    }
+
+    /// Sets how experts are fetched: `predict` prefetches each next layer's predicted
+    /// experts during decode; `completion_driven` computes experts as they arrive. Neither
+    /// changes any result.
+    pub fn with_expert_pipeline(mut self, predict: bool, completion_driven: bool) -> Self {
+        self.predict = predict;
+        self.completion_driven = completion_driven;
+        self
     }
 
     /// The weight matrix and bias of a linear layer.
@@ -228,7 +241,15 @@ impl Backend for CpuBackend {
 
     fn experts(&mut self, layer: usize, x: &CpuAct, routes: &RouteTable, out: &mut CpuAct) -> Result<()> {
         check_shape("experts out", out, x.rows, self.cfg.hidden_size)?;
-        moe::moe_forward(&self.cfg, self.experts.as_ref(), layer, &x.data, routes, &mut out.data)
+        moe::moe_forward(
+            &self.cfg,
+            self.experts.as_ref(),
+            layer,
+            &x.data,
+            routes,
+            self.completion_driven,
+            &mut out.data,
+        )
     }
 
     fn add(&mut self, x: &mut CpuAct, y: &CpuAct) -> Result<()> {
@@ -258,6 +279,28 @@ impl Backend for CpuBackend {
 
     fn expert_stats(&self) -> ExpertStats {
         self.experts.stats()
+    }
+
+    fn prefetch_next(&mut self, layer: usize, x: &CpuAct) -> Result<()> {
+        // Decode only: a prefill block's union is known exactly when it is needed and is
+        // loaded ahead group by group instead.
+        let next = layer + 1;
+        if !self.predict || x.rows != 1 || next >= self.cfg.num_layers {
+            return Ok(());
+        }
+        // The state after layer L, normalized with layer L+1's pre-MoE norm, through
+        // router L+1: only L+1's attention is missing from the real input.
+        let l = &self.dense.layers[next];
+        let mut normed = vec![0.0f32; self.cfg.hidden_size];
+        rms_norm(&x.data, &l.mlp_norm, self.cfg.rms_norm_eps, &mut normed);
+        let mut logits = vec![0.0f32; self.cfg.num_experts];
+        l.router.forward(&normed, &mut logits);
+        let k = self.cfg.experts_per_token;
+        let (mut ids, mut weights) = (vec![0u32; k], vec![0.0f32; k]);
+        route_top_k(&logits, k, &mut ids, &mut weights);
+        let ids: Vec<usize> = ids.into_iter().map(|e| e as usize).collect();
+        self.experts.prefetch(next, &ids);
+        Ok(())
     }
 
     fn report(&self) -> Vec<String> {

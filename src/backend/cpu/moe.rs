@@ -32,27 +32,32 @@ pub fn expert_forward(cfg: &ModelConfig, w: &ExpertWeights, x: &[f32], n: usize,
 }
 
 /// `out[r] = sum_j w[r][j] * expert_{e[r][j]}(x[r])` for a batch of `routes.rows()` rows.
+///
+/// The union of chosen experts is fetched in groups the source can hold (each expert once
+/// per call), the next group loading while the current one computes; with
+/// `completion_driven` each expert is computed as soon as it arrives. Every (row, slot)
+/// contribution is kept apart and the sum is taken in routing order at the end, so neither
+/// the grouping nor the arrival order changes a bit of the result.
 pub fn moe_forward(
     cfg: &ModelConfig,
     source: &dyn ExpertSource,
     layer: usize,
     x: &[f32],
     routes: &RouteTable,
+    completion_driven: bool,
     out: &mut [f32],
 ) -> Result<()> {
     let h = cfg.hidden_size;
     let k = routes.k;
     let rows = routes.rows();
-    // The union of chosen experts, fetched once each, in expert order.
     let mut ids: Vec<usize> = routes.experts.iter().map(|&e| e as usize).collect();
     ids.sort_unstable();
     ids.dedup();
-    let weights = source.experts(layer, &ids)?;
 
     // Unweighted output of every (row, slot) pair: per expert, its rows as one batch.
     let mut contrib = vec![0.0f32; rows * k * h];
-    for (e, w) in ids.iter().zip(&weights) {
-        let pairs: Vec<usize> = (0..rows * k).filter(|&p| routes.experts[p] as usize == *e).collect();
+    let mut apply = |e: usize, w: &ExpertWeights| {
+        let pairs: Vec<usize> = (0..rows * k).filter(|&p| routes.experts[p] as usize == e).collect();
         let mut xs = Vec::with_capacity(pairs.len() * h);
         for &p in &pairs {
             xs.extend_from_slice(&x[(p / k) * h..(p / k + 1) * h]);
@@ -61,6 +66,22 @@ pub fn moe_forward(
         expert_forward(cfg, w, &xs, pairs.len(), &mut ys);
         for (&p, y) in pairs.iter().zip(ys.chunks(h)) {
             contrib[p * h..(p + 1) * h].copy_from_slice(y);
+        }
+    };
+    let groups: Vec<&[usize]> = ids.chunks(source.batch_limit().max(1)).collect();
+    for (g, group) in groups.iter().enumerate() {
+        if let Some(next) = groups.get(g + 1) {
+            source.load_ahead(layer, next);
+        }
+        if completion_driven {
+            source.for_each_loaded(layer, group, &mut |i, w| {
+                apply(group[i], &w);
+                Ok(())
+            })?;
+        } else {
+            for (e, w) in group.iter().zip(source.experts(layer, group)?) {
+                apply(*e, &w);
+            }
         }
     }
 
