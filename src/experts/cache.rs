@@ -258,7 +258,7 @@ impl ExpertSource for CachedExperts {
 
     fn experts(&self, layer: usize, ids: &[usize]) -> Result<Vec<Arc<ExpertWeights>>> {
         let mut out: Vec<Option<Arc<ExpertWeights>>> = vec![None; ids.len()];
-        self.for_each_loaded(layer, ids, &mut |i, w| {
+        self.for_each_loaded(layer, ids, &[], &mut |i, w| {
             out[i] = Some(w);
             Ok(())
         })?;
@@ -269,6 +269,7 @@ impl ExpertSource for CachedExperts {
         &self,
         layer: usize,
         ids: &[usize],
+        ahead: &[usize],
         f: &mut dyn FnMut(usize, Arc<ExpertWeights>) -> Result<()>,
     ) -> Result<()> {
         if layer >= self.shared.store.num_layers() || ids.iter().any(|&e| e >= self.shared.num_experts) {
@@ -318,6 +319,10 @@ impl ExpertSource for CachedExperts {
         }
         for &e in &to_read {
             self.submit(layer, e);
+        }
+        // These are pinned now, so loading the next ones cannot push them out.
+        if !ahead.is_empty() {
+            self.start_loads(layer, ahead, false);
         }
         let result = self.deliver(layer, ids, f);
         self.unpin(layer, ids);

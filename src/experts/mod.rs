@@ -103,13 +103,16 @@ pub trait ExpertSource: Send + Sync {
 
     /// Hands each of `experts` of `layer` to `f` (with its index in `experts`) as soon as it
     /// is in memory, so callers compute on the first arrivals while the rest are read. The
-    /// order varies; callers that need a canonical result reduce afterwards.
+    /// order varies; callers that need a canonical result reduce afterwards. Once these are
+    /// secured, the experts in `ahead` (needed next) start loading in the background.
     fn for_each_loaded(
         &self,
         layer: usize,
         experts: &[usize],
+        ahead: &[usize],
         f: &mut dyn FnMut(usize, Arc<ExpertWeights>) -> Result<()>,
     ) -> Result<()> {
+        let _ = ahead;
         for (i, &e) in experts.iter().enumerate() {
             f(i, self.expert(layer, e)?)?;
         }

@@ -70,16 +70,16 @@ pub fn moe_forward(
     };
     let groups: Vec<&[usize]> = ids.chunks(source.batch_limit().max(1)).collect();
     for (g, group) in groups.iter().enumerate() {
-        if let Some(next) = groups.get(g + 1) {
-            source.load_ahead(layer, next);
-        }
+        let next: &[usize] = groups.get(g + 1).copied().unwrap_or(&[]);
         if completion_driven {
-            source.for_each_loaded(layer, group, &mut |i, w| {
+            source.for_each_loaded(layer, group, next, &mut |i, w| {
                 apply(group[i], &w);
                 Ok(())
             })?;
         } else {
-            for (e, w) in group.iter().zip(source.experts(layer, group)?) {
+            let weights = source.experts(layer, group)?;
+            source.load_ahead(layer, next);
+            for (e, w) in group.iter().zip(weights) {
                 apply(*e, &w);
             }
         }

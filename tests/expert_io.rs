@@ -1,0 +1,192 @@
+//! The expert I/O levers change speed only: outputs are bit-identical across RAM cache
+//! sizes, reader threads, direct I/O, prediction, completion-driven compute and prefill
+//! block sizes; and a prefill block reads each expert of its union at most once.
+
+mod common;
+
+use std::path::Path;
+
+use common::{Reference, convert_fixture, fixture};
+use picchio::engine::{self, OpenOptions, RunOptions};
+use picchio::format::container::{Container, Formats};
+use picchio::model::{LogitRows, NoObserver};
+use picchio::sample::Sampler;
+use picchio::session::Session;
+
+#[derive(Clone, Debug)]
+struct Setup {
+    ram_experts: usize,
+    io_threads: usize,
+    direct: bool,
+    prefetch: bool,
+    completion_driven: bool,
+    block: usize,
+}
+
+fn expert_bytes(dir: &Path) -> u64 {
+    let c = Container::open(dir).unwrap();
+    picchio::format::container::manifest::align_up(
+        c.experts().payload_bytes,
+        picchio::format::container::manifest::RECORD_ALIGN,
+    )
+}
+
+/// Prompt logits and 16 greedy tokens under `s`.
+fn run(dir: &Path, r: &Reference, s: &Setup) -> (Vec<f32>, Vec<u32>) {
+    let opts = OpenOptions {
+        ram_bytes: Some(s.ram_experts as u64 * expert_bytes(dir)),
+        io_threads: s.io_threads,
+        direct_io: Some(s.direct),
+        hot_set: false,
+        ctx: 128,
+        ..Default::default()
+    };
+    let model = engine::load_container(dir, &opts).unwrap();
+    let run_opts = RunOptions {
+        ctx: 128,
+        max_batch: s.block,
+        prefetch: s.prefetch,
+        completion_driven: s.completion_driven,
+    };
+    let mut a = Session::new(engine::cpu_runner(&model, &run_opts).unwrap());
+    let logits = a.feed(&r.prompt, LogitRows::All, &mut NoObserver).unwrap();
+    let mut b = Session::new(engine::cpu_runner(&model, &run_opts).unwrap());
+    let tokens = b.generate(&r.prompt, 16, &mut Sampler::greedy(), &[], &mut |_| true).unwrap().tokens;
+    (logits, tokens)
+}
+
+#[test]
+fn every_lever_gives_bit_identical_output() {
+    for name in ["tiny-mxfp4", "alt-f32"] {
+        let r = Reference::load(&fixture(name));
+        let dir = convert_fixture(name, Formats::default());
+        let cfg = picchio::ModelConfig::from_dir(dir.path()).unwrap();
+        let all = cfg.num_layers * cfg.num_experts;
+        let base = Setup {
+            ram_experts: all,
+            io_threads: 4,
+            direct: false,
+            prefetch: true,
+            completion_driven: true,
+            block: 256,
+        };
+        let reference = run(dir.path(), &r, &base);
+        let variants = [
+            Setup { ram_experts: cfg.num_layers, ..base.clone() },
+            Setup { ram_experts: all / 2, ..base.clone() },
+            Setup { ram_experts: 1, ..base.clone() },
+            Setup { io_threads: 1, ram_experts: cfg.num_layers, ..base.clone() },
+            Setup { io_threads: 8, ram_experts: cfg.num_layers, ..base.clone() },
+            Setup { direct: true, ram_experts: cfg.num_layers, ..base.clone() },
+            Setup { prefetch: false, ram_experts: cfg.num_layers, ..base.clone() },
+            Setup { completion_driven: false, ram_experts: cfg.num_layers, ..base.clone() },
+            Setup { block: 1, ram_experts: cfg.num_layers, ..base.clone() },
+            Setup { block: 7, ram_experts: 3, ..base.clone() },
+            Setup { block: 16, io_threads: 8, direct: true, ram_experts: all / 3, ..base.clone() },
+        ];
+        for v in &variants {
+            let got = run(dir.path(), &r, v);
+            assert!(got.0 == reference.0, "{name}: prompt logits differ under {v:?}");
+            assert_eq!(got.1, reference.1, "{name}: tokens differ under {v:?}");
+        }
+    }
+}
+
+#[test]
+fn a_prefill_block_reads_each_expert_at_most_once() {
+    let name = "tiny-mxfp4";
+    let r = Reference::load(&fixture(name));
+    let dir = convert_fixture(name, Formats::default());
+    let cfg = picchio::ModelConfig::from_dir(dir.path()).unwrap();
+    // A cache of 6 experts (of 32): each layer's union (8 experts) must be read in groups.
+    let opts = OpenOptions {
+        ram_bytes: Some(6 * expert_bytes(dir.path())),
+        io_threads: 4,
+        hot_set: false,
+        ctx: 128,
+        ..Default::default()
+    };
+    let model = engine::load_container(dir.path(), &opts).unwrap();
+    let run_opts = RunOptions { ctx: 128, max_batch: 40, ..Default::default() };
+    let mut s = Session::new(engine::cpu_runner(&model, &run_opts).unwrap());
+    let mut routes = common_routes::Unions::default();
+    s.feed(&r.prompt, LogitRows::Last, &mut routes).unwrap();
+    let stats = model.experts.stats();
+    let union_total: usize = routes.0.iter().map(|u| u.len()).sum();
+    assert_eq!(routes.0.len(), cfg.num_layers);
+    assert!(stats.reads as usize <= union_total, "{} reads for unions totalling {union_total}", stats.reads);
+    assert_eq!(stats.reads as usize, union_total, "a cold cache must read each union member exactly once");
+    eprintln!("prefill block of {}: {} reads for {} union members", r.prompt.len(), stats.reads, union_total);
+
+    // Token by token the same prompt reads far more (the point of the union).
+    let model = engine::load_container(dir.path(), &opts).unwrap();
+    let run_opts = RunOptions { ctx: 128, max_batch: 1, prefetch: false, ..Default::default() };
+    let mut s = Session::new(engine::cpu_runner(&model, &run_opts).unwrap());
+    s.feed(&r.prompt, LogitRows::Last, &mut NoObserver).unwrap();
+    let token_by_token = model.experts.stats().reads;
+    assert!(token_by_token > 2 * stats.reads, "token by token {token_by_token} vs block {}", stats.reads);
+}
+
+#[test]
+fn prediction_is_scored_and_the_hot_set_is_learned() {
+    let name = "tiny-mxfp4";
+    let r = Reference::load(&fixture(name));
+    let dir = convert_fixture(name, Formats::default());
+    let cfg = picchio::ModelConfig::from_dir(dir.path()).unwrap();
+    let opts = OpenOptions {
+        ram_bytes: Some(cfg.num_layers as u64 * 6 * expert_bytes(dir.path())),
+        io_threads: 4,
+        hot_set: true,
+        ctx: 128,
+        ..Default::default()
+    };
+    {
+        let model = engine::load_container(dir.path(), &opts).unwrap();
+        let mut s =
+            Session::new(engine::cpu_runner(&model, &RunOptions { ctx: 128, ..Default::default() }).unwrap());
+        s.generate(&r.prompt, 16, &mut Sampler::greedy(), &[], &mut |_| true).unwrap();
+        let st = model.experts.stats();
+        let acc = st.prediction_accuracy().expect("decode made predictions");
+        eprintln!(
+            "prediction accuracy {:.1}%: {} prefetch reads, {} useful, {} wasted, {} skipped",
+            100.0 * acc,
+            st.prefetch_reads,
+            st.prefetch_useful,
+            st.prefetch_wasted,
+            st.prefetch_skipped
+        );
+        assert!(st.prefetch_reads > 0);
+        assert!(acc > 0.0 && acc <= 1.0);
+        assert!(st.prefetch_useful + st.prefetch_wasted <= st.prefetch_reads);
+    }
+    // The counts were saved; the next session preloads and protects the hottest experts.
+    let usage = dir.path().join(picchio::engine::USAGE_FILE);
+    assert!(usage.exists(), "usage counts were not saved");
+    let model = engine::load_container(dir.path(), &opts).unwrap();
+    let hot = model.experts.stats().hot_set;
+    assert_eq!(hot, (cfg.num_layers * 6 / 2) as u64, "half the cache is given to the hot set");
+    let mut s =
+        Session::new(engine::cpu_runner(&model, &RunOptions { ctx: 128, ..Default::default() }).unwrap());
+    s.feed(&r.prompt, LogitRows::Last, &mut NoObserver).unwrap();
+    assert!(model.experts.stats().hits > 0);
+}
+
+mod common_routes {
+    use std::collections::HashSet;
+
+    use picchio::backend::RouteTable;
+    use picchio::model::Observer;
+
+    /// The union of experts each layer routed to.
+    #[derive(Default)]
+    pub struct Unions(pub Vec<HashSet<u32>>);
+
+    impl Observer for Unions {
+        fn routes(&mut self, layer: usize, _start: usize, r: &RouteTable) {
+            if self.0.len() <= layer {
+                self.0.resize(layer + 1, HashSet::new());
+            }
+            self.0[layer].extend(r.experts.iter().copied());
+        }
+    }
+}
