@@ -60,9 +60,9 @@ pub fn dequantize_row(codes: &[u8], scales: &[u16], out: &mut [f32]) {
     for (g, &s) in scales.iter().enumerate() {
         let d = f16::from_bits(s).to_f32();
         let src = &codes[g * GROUP_BYTES..(g + 1) * GROUP_BYTES];
-        for j in 0..GROUP_BYTES {
-            let lo = (src[j] & 0x0f) as i32 - 8;
-            let hi = (src[j] >> 4) as i32 - 8;
+        for (j, &b) in src.iter().enumerate() {
+            let lo = (b & 0x0f) as i32 - 8;
+            let hi = (b >> 4) as i32 - 8;
             for (idx, q) in [(g * GROUP + j, lo), (g * GROUP + GROUP_BYTES + j, hi)] {
                 if idx < out.len() {
                     out[idx] = q as f32 * d;
@@ -104,8 +104,8 @@ mod tests {
         quantize_row(&x, &mut codes, &mut scales);
         let mut back = vec![0.0f32; x.len()];
         dequantize_row(&codes, &scales, &mut back);
-        for g in 0..groups(x.len()) {
-            let d = f16::from_bits(scales[g]).to_f32().abs();
+        for (g, &s) in scales.iter().enumerate() {
+            let d = f16::from_bits(s).to_f32().abs();
             for i in g * GROUP..((g + 1) * GROUP).min(x.len()) {
                 // Values on the side opposite the largest magnitude saturate at 7 steps.
                 let bound = (0.5 * d).max(x[i].abs() - 7.0 * d);
