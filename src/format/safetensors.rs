@@ -14,8 +14,8 @@ use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensorError, SafeTensors};
 
 use crate::error::{Error, Result};
-use crate::quant::reference::bf16_to_f32;
 use crate::quant::buffer::ByteRegion;
+use crate::quant::reference::bf16_to_f32;
 use crate::quant::{Matrix, MatrixData, WeightBuf};
 
 /// Where one tensor lives.

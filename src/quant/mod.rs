@@ -13,6 +13,8 @@ pub mod reference;
 use rayon::prelude::*;
 
 pub use buffer::WeightBuf;
+pub use kernels::KernelPath;
+use kernels::q8::QuantizedX;
 
 use crate::error::{Error, Result};
 
@@ -72,10 +74,13 @@ impl Matrix {
         let (have, want) = match &data {
             MatrixData::F32(b) => (vec![b.len()], vec![rows * cols]),
             MatrixData::Bf16(b) => (vec![b.len()], vec![rows * cols]),
-            MatrixData::Int8Rows { codes, scales } => (vec![codes.len(), scales.len()], vec![rows * cols, rows]),
-            MatrixData::Int4G64 { codes, scales } => {
-                (vec![codes.len(), scales.len()], vec![rows * int4::row_bytes(cols), rows * int4::groups(cols)])
+            MatrixData::Int8Rows { codes, scales } => {
+                (vec![codes.len(), scales.len()], vec![rows * cols, rows])
             }
+            MatrixData::Int4G64 { codes, scales } => (
+                vec![codes.len(), scales.len()],
+                vec![rows * int4::row_bytes(cols), rows * int4::groups(cols)],
+            ),
         };
         if have != want {
             return Err(Error::tensor(
@@ -114,19 +119,29 @@ impl Matrix {
         }
     }
 
-    /// Dot product of row `r` with `x` (`padded_cols` long).
+    /// Dot product of row `r` with `x` (`padded_cols` long) on `path`; INT4 and INT8 rows use
+    /// the quantized activations `qx` instead of `x` when given.
     #[inline]
-    fn row_dot(&self, r: usize, x: &[f32]) -> f32 {
+    fn row_dot(&self, path: KernelPath, r: usize, x: &[f32], qx: Option<&QuantizedX>) -> f32 {
         let c = self.cols;
         match &self.data {
-            MatrixData::F32(b) => kernels::f32_dot(&b.as_slice()[r * c..(r + 1) * c], x),
-            MatrixData::Bf16(b) => kernels::bf16_dot(&b.as_slice()[r * c..(r + 1) * c], x),
+            MatrixData::F32(b) => kernels::f32_dot_with(path, &b.as_slice()[r * c..(r + 1) * c], x),
+            MatrixData::Bf16(b) => kernels::bf16_dot_with(path, &b.as_slice()[r * c..(r + 1) * c], x),
             MatrixData::Int8Rows { codes, scales } => {
-                kernels::int8_dot(&codes.as_slice()[r * c..(r + 1) * c], scales.as_slice()[r], x)
+                let (row, scale) = (&codes.as_slice()[r * c..(r + 1) * c], scales.as_slice()[r]);
+                match qx {
+                    Some(qx) => kernels::int8_dot_q8_with(path, row, scale, qx),
+                    None => kernels::int8_dot_with(path, row, scale, x),
+                }
             }
             MatrixData::Int4G64 { codes, scales } => {
                 let (rb, g) = (int4::row_bytes(c), int4::groups(c));
-                kernels::int4_dot(&codes.as_slice()[r * rb..(r + 1) * rb], &scales.as_slice()[r * g..(r + 1) * g], x)
+                let (row, row_scales) =
+                    (&codes.as_slice()[r * rb..(r + 1) * rb], &scales.as_slice()[r * g..(r + 1) * g]);
+                match qx {
+                    Some(qx) => kernels::int4_dot_q8_with(path, row, row_scales, qx),
+                    None => kernels::int4_dot_with(path, row, row_scales, x),
+                }
             }
         }
     }
@@ -155,13 +170,24 @@ impl Matrix {
         }
     }
 
-    /// `y = W x`. Rows are split across threads for large matrices; every output is the
-    /// same sequential dot product whatever the thread count, so results do not depend on it.
+    /// `y = W x` on the selected kernel path ([`kernels::selected`]). Rows are split across
+    /// threads for large matrices; every output is the same sequential dot product whatever
+    /// the thread count, so results do not depend on it.
     pub fn matvec(&self, x: &[f32], y: &mut [f32]) {
+        self.matvec_with(kernels::selected(), x, y)
+    }
+
+    /// [`Matrix::matvec`] on a given kernel path (the scalar reference if this CPU cannot run
+    /// it). On a path that [quantizes activations](KernelPath::quantizes_activations), INT4
+    /// and INT8 matrices quantize `x` once here and use the integer kernels.
+    pub fn matvec_with(&self, path: KernelPath, x: &[f32], y: &mut [f32]) {
         assert_eq!(x.len(), self.cols, "matvec input length");
         assert_eq!(y.len(), self.rows, "matvec output length");
+        let integer = matches!(self.data, MatrixData::Int4G64 { .. } | MatrixData::Int8Rows { .. });
+        let qx = (integer && path.quantizes_activations()).then(|| QuantizedX::new(x));
+        let qx = qx.as_ref();
         let padded;
-        let x = if self.padded_cols() == self.cols {
+        let x = if self.padded_cols() == self.cols || qx.is_some() {
             x
         } else {
             let mut p = vec![0.0f32; self.padded_cols()];
@@ -171,13 +197,13 @@ impl Matrix {
         };
         if self.rows * self.cols < PARALLEL_MIN_WORK {
             for (r, out) in y.iter_mut().enumerate() {
-                *out = self.row_dot(r, x);
+                *out = self.row_dot(path, r, x, qx);
             }
         } else {
             let chunk = (PARALLEL_MIN_WORK / self.cols).max(1);
             y.par_chunks_mut(chunk).enumerate().for_each(|(ci, ys)| {
                 for (i, out) in ys.iter_mut().enumerate() {
-                    *out = self.row_dot(ci * chunk + i, x);
+                    *out = self.row_dot(path, ci * chunk + i, x, qx);
                 }
             });
         }
