@@ -180,18 +180,17 @@ fn int4_kernels_match_the_reference() {
 
 #[test]
 fn mismatched_lengths_never_read_out_of_bounds() {
-    // The SIMD kernels take the common length instead of trusting either slice.
+    // The SIMD kernels take the common length instead of trusting either slice (the scalar
+    // references assert equal lengths in debug builds instead).
     let x = vec![1.0f32; 20];
-    for path in KernelPath::available() {
+    for path in simd_paths() {
         assert_eq!(kernels::f32_dot_with(path, &[2.0; 3], &x[..5]), 6.0, "{}", path.name());
         assert_eq!(kernels::bf16_dot_with(path, &[0x3f80; 19], &x), 19.0, "{}", path.name());
         assert_eq!(kernels::int8_dot_with(path, &[1; 40], 0.5, &x), 10.0, "{}", path.name());
-        if path != KernelPath::Scalar {
-            // Two groups of scales, one of codes: one group is used.
-            let zero = 8 | (8 << 4);
-            let v = kernels::int4_dot_with(path, &[zero; 32], &[0x3c00, 0x3c00], &[1.0; 128]);
-            assert_eq!(v, 0.0, "{}", path.name());
-        }
+        // Two groups of scales and input, one of codes: one group is used.
+        let zero = 8 | (8 << 4);
+        let v = kernels::int4_dot_with(path, &[zero; 32], &[0x3c00, 0x3c00], &[1.0; 128]);
+        assert_eq!(v, 0.0, "{}", path.name());
     }
 }
 
@@ -252,21 +251,30 @@ fn vnni_kernels_match_the_quantized_references() {
 }
 
 #[test]
-fn quantized_activations_stay_close_to_the_float_product_on_typical_data() {
-    // The documented typical error: about 0.3 % of |y| for an INT4 matrix-vector product.
+fn activation_error_is_small_next_to_the_int4_weight_error() {
+    // On random rows: the error quantizing the activations adds (integer kernels against
+    // the float INT4 kernels) against the error of the INT4 weights themselves (float INT4
+    // kernels against the unquantized f32 weights). Documented in `q8`: about 0.3 % of |y|,
+    // an order of magnitude under the weights' error.
     let mut rng = Rng::new(5);
-    let (rows, cols) = (64, 2880);
-    let (mut num, mut den) = (0.0f64, 0.0f64);
-    for _ in 0..rows {
-        let (codes, scales, x) = int4_case(&mut rng, cols, false);
-        let qx = QuantizedX::new(&x);
-        let a = q8::int4_dot_reference(&codes, &scales, &qx) as f64;
-        let b = int4::dot_reference(&codes, &scales, &x) as f64;
-        num += (a - b) * (a - b);
-        den += b * b;
+    let cols = 2880;
+    let (mut act, mut weight, mut norm) = (0.0f64, 0.0f64, 0.0f64);
+    for _ in 0..64 {
+        let w = rng.vec(cols, false);
+        let x = rng.vec(cols, false);
+        let (mut codes, mut scales) = (vec![0u8; int4::row_bytes(cols)], vec![0u16; int4::groups(cols)]);
+        int4::quantize_row(&w, &mut codes, &mut scales);
+        let exact: f64 = w.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
+        let float = int4::dot_reference(&codes, &scales, &x) as f64;
+        let q8 = q8::int4_dot_reference(&codes, &scales, &QuantizedX::new(&x)) as f64;
+        act += (q8 - float).powi(2);
+        weight += (float - exact).powi(2);
+        norm += exact * exact;
     }
-    let rel = (num / den).sqrt();
-    assert!(rel < 0.01, "relative RMS error of quantized activations {rel}");
+    let (act, weight) = ((act / norm).sqrt(), (weight / norm).sqrt());
+    eprintln!("relative RMS error: activations {act:.4}, INT4 weights {weight:.4}");
+    assert!(act < 0.006, "activation quantization error {act}");
+    assert!(act < weight / 8.0, "activation error {act} vs weight error {weight}");
 }
 
 // --- Matrix::matvec --------------------------------------------------------------------------
@@ -302,6 +310,15 @@ const FORMATS: [&str; 4] = ["f32", "bf16", "int8", "int4"];
 /// (rows, cols): serial and parallel products, rows a multiple of no chunk size.
 const SHAPES: [(usize, usize); 4] = [(13, 33), (7, 2880), (67, 1000), (45, 2880)];
 
+/// The products `Matrix` offers on `path`: (name, quantizes activations, product).
+type Product = fn(&Matrix, KernelPath, &[f32], &mut [f32]);
+fn products(path: KernelPath) -> [(&'static str, bool, Product); 2] {
+    [
+        ("matvec_with", path.quantizes_activations(), Matrix::matvec_with),
+        ("matvec_q8_with", true, Matrix::matvec_q8_with),
+    ]
+}
+
 #[test]
 fn matvec_matches_a_double_precision_product_on_every_path() {
     simd_paths();
@@ -313,27 +330,29 @@ fn matvec_matches_a_double_precision_product_on_every_path() {
             let x = rng.vec(cols, false);
             let w = m.to_f32();
             for path in KernelPath::available() {
-                let mut y = vec![f32::NAN; rows];
-                m.matvec_with(path, &x, &mut y);
-                let qx = (path.quantizes_activations() && matches!(format, "int4" | "int8"))
-                    .then(|| QuantizedX::new(&x));
-                for (r, &got) in y.iter().enumerate() {
-                    let row = &w[r * cols..(r + 1) * cols];
-                    let exact: f64 = row.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
-                    let sum_abs: f64 = row.iter().zip(&x).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
-                    // Depth of the reference sum, plus one rounding of the dequantized weights.
-                    let depth =
-                        if format == "int4" { int4::GROUP + 3 + int4::groups(cols) } else { cols + 2 };
-                    let tol = match &qx {
-                        Some(qx) => q8_vs_float_tolerance(row, qx, &x, depth),
-                        None => (gamma(depth) + 8.0 * U).min(1e-5) * sum_abs,
-                    };
-                    let err = (got as f64 - exact).abs();
-                    assert!(
-                        err <= tol,
-                        "{format} {rows}x{cols} on {} row {r}: {got} vs {exact}, |diff| {err:e} > {tol:e}",
-                        path.name()
-                    );
+                for (name, quantized, product) in products(path) {
+                    let mut y = vec![f32::NAN; rows];
+                    product(&m, path, &x, &mut y);
+                    let qx = (quantized && matches!(format, "int4" | "int8")).then(|| QuantizedX::new(&x));
+                    for (r, &got) in y.iter().enumerate() {
+                        let row = &w[r * cols..(r + 1) * cols];
+                        let exact: f64 = row.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
+                        let sum_abs: f64 =
+                            row.iter().zip(&x).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
+                        // Depth of the reference sum, plus one rounding of the dequantized weights.
+                        let depth =
+                            if format == "int4" { int4::GROUP + 3 + int4::groups(cols) } else { cols + 2 };
+                        let tol = match &qx {
+                            Some(qx) => q8_vs_float_tolerance(row, qx, &x, depth),
+                            None => (gamma(depth) + 8.0 * U).min(1e-5) * sum_abs,
+                        };
+                        let err = (got as f64 - exact).abs();
+                        assert!(
+                            err <= tol,
+                            "{name} {format} {rows}x{cols} on {} row {r}: {got} vs {exact}, |diff| {err:e} > {tol:e}",
+                            path.name()
+                        );
+                    }
                 }
             }
         }
@@ -349,21 +368,25 @@ fn matvec_is_bit_identical_with_one_and_two_threads() {
         for (rows, cols) in SHAPES {
             let m = matrix(&mut rng, format, rows, cols);
             let x = rng.vec(cols, false);
-            for path in KernelPath::available() {
-                let run = |p: &rayon::ThreadPool| {
-                    let mut y = vec![0.0f32; rows];
-                    p.install(|| m.matvec_with(path, &x, &mut y));
-                    y.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
-                };
-                assert_eq!(run(&one), run(&two), "{format} {rows}x{cols} on {}", path.name());
-            }
-            // The default entry point too.
-            let run = |p: &rayon::ThreadPool| {
+            let run = |p: &rayon::ThreadPool, product: &(dyn Fn(&mut [f32]) + Sync)| {
                 let mut y = vec![0.0f32; rows];
-                p.install(|| m.matvec(&x, &mut y));
+                p.install(|| product(&mut y));
                 y.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
             };
-            assert_eq!(run(&one), run(&two), "{format} {rows}x{cols} on the selected path");
+            for path in KernelPath::available() {
+                for (name, _, product) in products(path) {
+                    let f = |y: &mut [f32]| product(&m, path, &x, y);
+                    assert_eq!(
+                        run(&one, &f),
+                        run(&two, &f),
+                        "{name} {format} {rows}x{cols} on {}",
+                        path.name()
+                    );
+                }
+            }
+            // The default entry point too.
+            let f = |y: &mut [f32]| m.matvec(&x, y);
+            assert_eq!(run(&one, &f), run(&two, &f), "{format} {rows}x{cols} on the selected path");
         }
     }
 }

@@ -181,10 +181,23 @@ impl Matrix {
     /// it). On a path that [quantizes activations](KernelPath::quantizes_activations), INT4
     /// and INT8 matrices quantize `x` once here and use the integer kernels.
     pub fn matvec_with(&self, path: KernelPath, x: &[f32], y: &mut [f32]) {
+        self.matvec_impl(path, path.quantizes_activations(), x, y)
+    }
+
+    /// [`Matrix::matvec_with`], but INT4 and INT8 matrices always quantize the activations
+    /// ([`kernels::q8`]) and use the integer kernels: AVX-512 VNNI on
+    /// [`KernelPath::Avx512Vnni`], the scalar definition on other paths. F32 and BF16 matrices
+    /// are unaffected.
+    pub fn matvec_q8_with(&self, path: KernelPath, x: &[f32], y: &mut [f32]) {
+        self.matvec_impl(path, true, x, y)
+    }
+
+    /// `y = W x` on `path`, with INT4 and INT8 matrices on quantized activations if `quantize`.
+    fn matvec_impl(&self, path: KernelPath, quantize: bool, x: &[f32], y: &mut [f32]) {
         assert_eq!(x.len(), self.cols, "matvec input length");
         assert_eq!(y.len(), self.rows, "matvec output length");
         let integer = matches!(self.data, MatrixData::Int4G64 { .. } | MatrixData::Int8Rows { .. });
-        let qx = (integer && path.quantizes_activations()).then(|| QuantizedX::new(x));
+        let qx = (integer && quantize).then(|| QuantizedX::new(x));
         let qx = qx.as_ref();
         let padded;
         let x = if self.padded_cols() == self.cols || qx.is_some() {

@@ -145,15 +145,23 @@ fn int4_group_neon(c: &[u8; GROUP_BYTES], x: &[f32; GROUP]) -> float32x4_t {
 }
 
 /// One INT4-gs64 row with `x` (whole groups), with NEON: each group's sum in 4 lanes, scaled
-/// by the group's scale into one vector accumulator.
+/// by the group's scale into one of two vector accumulators.
 #[target_feature(enable = "neon")]
 pub fn int4_dot_neon(codes: &[u8], scales: &[u16], x: &[f32]) -> f32 {
     let (cg, _) = codes.as_chunks::<GROUP_BYTES>();
     let (xg, _) = x.as_chunks::<GROUP>();
-    let mut acc = [vdupq_n_f32(0.0); 2];
-    for (g, ((c, xs), &s)) in cg.iter().zip(xg).zip(scales).enumerate() {
-        let d = half::f16::from_bits(s).to_f32();
-        acc[g & 1] = vfmaq_n_f32(acc[g & 1], int4_group_neon(c, xs), d);
+    let n = scales.len().min(cg.len()).min(xg.len());
+    let (cg, xg, scales) = (&cg[..n], &xg[..n], &scales[..n]);
+    let d = |g: usize| half::f16::from_bits(scales[g]).to_f32();
+    let (mut acc0, mut acc1) = (vdupq_n_f32(0.0), vdupq_n_f32(0.0));
+    let mut g = 0;
+    while g + 2 <= n {
+        acc0 = vfmaq_n_f32(acc0, int4_group_neon(&cg[g], &xg[g]), d(g));
+        acc1 = vfmaq_n_f32(acc1, int4_group_neon(&cg[g + 1], &xg[g + 1]), d(g + 1));
+        g += 2;
     }
-    vaddvq_f32(vaddq_f32(acc[0], acc[1]))
+    if g < n {
+        acc0 = vfmaq_n_f32(acc0, int4_group_neon(&cg[g], &xg[g]), d(g));
+    }
+    vaddvq_f32(vaddq_f32(acc0, acc1))
 }

@@ -372,75 +372,97 @@ pub fn int4_dot_avx512(codes: &[u8], scales: &[u16], x: &[f32]) -> f32 {
 // AVX-512 VNNI: integer kernels over quantized activations (see `q8`)
 // ---------------------------------------------------------------------------------------------
 
-/// The INT4 codes of one group as 64 unsigned bytes `q + 8` in element order.
+/// 32 signed bytes.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn int4_codes_u8(c: &[u8; GROUP_BYTES]) -> __m512i {
-    // SAFETY: `c` is 32 readable bytes; unaligned loads are allowed.
-    let v = _mm512_broadcast_i64x4(unsafe { _mm256_loadu_si256(c.as_ptr().cast()) });
-    let both = _mm512_mask_blend_epi64(0xf0, v, _mm512_srli_epi16::<4>(v));
-    _mm512_and_si512(both, _mm512_set1_epi8(0x0f))
+fn load32_i8(a: &[i8; 32]) -> __m256i {
+    // SAFETY: `a` is 32 readable bytes; unaligned loads are allowed.
+    unsafe { _mm256_loadu_si256(a.as_ptr().cast()) }
 }
 
-/// 64 signed bytes.
+/// `acc + (d * s) * (sum q p)` for one INT4 group, in 256-bit registers (on Zen 4 a 512-bit
+/// operation costs two 256-bit ones, and the 256-bit form needs no cross-lane shuffles):
+/// `vpdpbusd` of the unsigned codes `q + 8` (low nibbles, then high nibbles) with the
+/// activation codes `p`, started from `bias = -8 * sum(p)` so each of the 8 i32 lanes holds
+/// an exact partial `sum q p`; then converted to f32 and scaled.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn load64_i8(a: &[i8; GROUP]) -> __m512i {
-    // SAFETY: `a` is 64 readable bytes; unaligned loads are allowed.
-    unsafe { _mm512_loadu_si512(a.as_ptr().cast()) }
+fn int4_q8_group(c: &[u8; GROUP_BYTES], p: &[i8; GROUP], d: u16, s: f32, bias: i32, acc: __m256) -> __m256 {
+    // SAFETY: `c` is 32 readable bytes; unaligned loads are allowed.
+    let v = unsafe { _mm256_loadu_si256(c.as_ptr().cast()) };
+    let mask = _mm256_set1_epi8(0x0f);
+    let (lo, hi) = (_mm256_and_si256(v, mask), _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask));
+    let (ps, _) = p.as_chunks::<32>();
+    let start = _mm256_zextsi128_si256(_mm_cvtsi32_si128(bias));
+    let sum = _mm256_dpbusd_epi32(start, lo, load32_i8(&ps[0]));
+    let sum = _mm256_dpbusd_epi32(sum, hi, load32_i8(&ps[1]));
+    _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_set1_ps(f16_to_f32(d) * s), acc)
 }
 
 /// The integer-kernel dot product of one INT4-gs64 row with quantized activations
-/// ([`super::q8::int4_dot_reference`]), with AVX-512 VNNI: per group, `vpdpbusd` of the unsigned
-/// codes `q + 8` with the activation codes, started from `-8 * sum(p)` so each of its 16 i32
-/// lanes holds an exact partial `sum q p`; then converted to f32 and scaled by `d_g * s_g`.
+/// ([`super::q8::int4_dot_reference`]), with AVX-512 VNNI: see [`int4_q8_group`]; groups
+/// alternate between two vector accumulators, summed horizontally once at the end.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub fn int4_dot_q8_vnni(codes: &[u8], scales: &[u16], x: &QuantizedX) -> f32 {
     let (cg, _) = codes.as_chunks::<GROUP_BYTES>();
     let (pg, _) = x.codes().as_chunks::<GROUP>();
-    let n = scales.len().min(cg.len()).min(pg.len());
-    let groups = cg[..n].iter().zip(&pg[..n]).zip(&scales[..n]).zip(x.scales()).zip(x.int4_bias());
-    let mut acc = [_mm512_setzero_ps(); 2];
-    for (g, ((((c, p), &d), &s), &bias)) in groups.enumerate() {
-        let start = _mm512_zextsi128_si512(_mm_cvtsi32_si128(bias));
-        let sum = _mm512_dpbusd_epi32(start, int4_codes_u8(c), load64_i8(p));
-        let ds = _mm512_set1_ps(f16_to_f32(d) * s);
-        acc[g & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), ds, acc[g & 1]);
+    let (sx, bias) = (x.scales(), x.int4_bias());
+    let n = scales.len().min(cg.len()).min(pg.len()).min(sx.len()).min(bias.len());
+    let (cg, pg, scales, sx, bias) = (&cg[..n], &pg[..n], &scales[..n], &sx[..n], &bias[..n]);
+    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut g = 0;
+    while g + 2 <= n {
+        acc0 = int4_q8_group(&cg[g], &pg[g], scales[g], sx[g], bias[g], acc0);
+        acc1 = int4_q8_group(&cg[g + 1], &pg[g + 1], scales[g + 1], sx[g + 1], bias[g + 1], acc1);
+        g += 2;
     }
-    _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]))
+    if g < n {
+        acc0 = int4_q8_group(&cg[g], &pg[g], scales[g], sx[g], bias[g], acc0);
+    }
+    hsum256(_mm256_add_ps(acc0, acc1))
+}
+
+/// `acc + s * (sum q p)` for one group of 64 INT8 codes `q` with activation codes `p`:
+/// `vpdpbusd` of `|q|` (as unsigned: `|-128|` reads as 128) with `p` carrying the sign of
+/// `q` (`vpsignb`; exact since `|p| <= 127`), in 256-bit halves, then converted and scaled.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+fn int8_q8_group(q: &[i8; GROUP], p: &[i8; GROUP], s: f32, acc: __m256) -> __m256 {
+    let (qs, _) = q.as_chunks::<32>();
+    let (ps, _) = p.as_chunks::<32>();
+    let mut sum = _mm256_setzero_si256();
+    for (q, p) in qs.iter().zip(ps) {
+        let (q, p) = (load32_i8(q), load32_i8(p));
+        sum = _mm256_dpbusd_epi32(sum, _mm256_abs_epi8(q), _mm256_sign_epi8(p, q));
+    }
+    _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_set1_ps(s), acc)
 }
 
 /// The integer-kernel dot product of one INT8 row with quantized activations
-/// ([`super::q8::int8_dot_reference`]), with AVX-512 VNNI: `vpdpbusd` of `|q|` with the activation
-/// codes negated where `q < 0` (exact: `|p| <= 127`), per group converted to f32 and scaled.
+/// ([`super::q8::int8_dot_reference`]), with AVX-512 VNNI: see [`int8_q8_group`]; groups
+/// alternate between two vector accumulators, summed horizontally once at the end. A
+/// partial last group is copied into a zero-padded buffer.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub fn int8_dot_q8_vnni(codes: &[i8], scale: f32, x: &QuantizedX) -> f32 {
     let n = codes.len().min(x.len());
     let (cg, ct) = codes[..n].as_chunks::<GROUP>();
     let (pg, _) = x.codes().as_chunks::<GROUP>();
-    let mut acc = [_mm512_setzero_ps(); 2];
-    for (g, ((c, p), &s)) in cg.iter().zip(pg).zip(x.scales()).enumerate() {
-        let sum = int8_group_vnni(load64_i8(c), load64_i8(p));
-        acc[g & 1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(s), acc[g & 1]);
+    let sx = x.scales();
+    let full = cg.len().min(pg.len()).min(sx.len());
+    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    let mut g = 0;
+    while g + 2 <= full {
+        acc0 = int8_q8_group(&cg[g], &pg[g], sx[g], acc0);
+        acc1 = int8_q8_group(&cg[g + 1], &pg[g + 1], sx[g + 1], acc1);
+        g += 2;
     }
-    if !ct.is_empty()
-        && let (Some(p), Some(&s)) = (pg.get(cg.len()), x.scales().get(cg.len()))
-    {
-        let m = (1u64 << ct.len()) - 1;
-        // SAFETY: the mask enables only the first `ct.len()` (< 64) lanes, which are readable.
-        let c = unsafe { _mm512_maskz_loadu_epi8(m, ct.as_ptr()) };
-        let sum = int8_group_vnni(c, load64_i8(p));
-        acc[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_set1_ps(s), acc[0]);
+    if g < full {
+        acc0 = int8_q8_group(&cg[g], &pg[g], sx[g], acc0);
     }
-    scale * _mm512_reduce_add_ps(_mm512_add_ps(acc[0], acc[1]))
-}
-
-/// 16 exact partial sums of `q * p` over 64 signed byte pairs.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn int8_group_vnni(q: __m512i, p: __m512i) -> __m512i {
-    let negative = _mm512_movepi8_mask(q);
-    let p_signed = _mm512_mask_sub_epi8(p, negative, _mm512_setzero_si512(), p);
-    // `abs` of -128 is 0x80, which is 128 read as unsigned: exact.
-    _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_abs_epi8(q), p_signed)
+    if let (false, Some(p), Some(&s)) = (ct.is_empty(), pg.get(cg.len()), sx.get(cg.len())) {
+        let mut tail = [0i8; GROUP];
+        tail[..ct.len()].copy_from_slice(ct);
+        acc1 = int8_q8_group(&tail, p, s, acc1);
+    }
+    scale * hsum256(_mm256_add_ps(acc0, acc1))
 }
