@@ -174,10 +174,9 @@ pub fn int8_dot(codes: &[i8], scale: f32, x: &[f32]) -> f32 {
 pub fn f32_dot_with(path: KernelPath, w: &[f32], x: &[f32]) -> f32 {
     match usable(path) {
         // SAFETY (all arms): `usable` returned the path only if the CPU has its features.
+        // (No 512-bit f32 kernel: slower on Zen 4, see the `x86` module.)
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx2 => unsafe { x86::f32_dot_avx2(w, x) },
-        #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512 | KernelPath::Avx512Vnni => unsafe { x86::f32_dot_avx512(w, x) },
+        KernelPath::Avx2 | KernelPath::Avx512 | KernelPath::Avx512Vnni => unsafe { x86::f32_dot_avx2(w, x) },
         #[cfg(target_arch = "aarch64")]
         KernelPath::Neon => unsafe { neon::f32_dot_neon(w, x) },
         _ => reference::dot_f32(w, x),
