@@ -251,6 +251,22 @@ fn vnni_kernels_match_the_quantized_references() {
 }
 
 #[test]
+fn vnni_kernels_propagate_non_finite_inputs() {
+    if !KernelPath::Avx512Vnni.is_available() {
+        eprintln!("SKIPPED: avx512-vnni not available on this CPU");
+        return;
+    }
+    for bad in [f32::NAN, f32::INFINITY] {
+        let mut x = vec![0.5f32; 100];
+        x[70] = bad;
+        let q = QuantizedX::new(&x);
+        let int4 = kernels::int4_dot_q8_with(KernelPath::Avx512Vnni, &[0x99; 64], &[0x3c00; 2], &q);
+        let int8 = kernels::int8_dot_q8_with(KernelPath::Avx512Vnni, &[1; 100], 1.0, &q);
+        assert!(!int4.is_finite() && !int8.is_finite(), "{bad}: {int4} {int8}");
+    }
+}
+
+#[test]
 fn activation_error_is_small_next_to_the_int4_weight_error() {
     // On random rows: the error quantizing the activations adds (integer kernels against
     // the float INT4 kernels) against the error of the INT4 weights themselves (float INT4

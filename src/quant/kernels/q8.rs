@@ -9,7 +9,9 @@
 //! # Quantization
 //! Group `g` (inputs `64 g .. 64 g + 64`, zero-padded past the end) gets the scale
 //! `s_g = a_g / 127` with `a_g = max |x_i|`, and codes `p_i = round(x_i * (127 / a_g))` in
-//! `-127..=127` (all zero, with `s_g = 0`, when the group is zero).
+//! `-127..=127` (all zero, with `s_g = 0`, when the group is zero). A group holding a NaN gets
+//! `s_g = NaN`, so the products it enters are NaN, as they would be in f32; an infinite
+//! input gives an infinite scale and zero codes, so NaN as well.
 //!
 //! # Error against the float references
 //! Each input is represented to within half a step: `|x_i - p_i s_g| <= s_g / 2` (up to a few
@@ -54,7 +56,8 @@ impl QuantizedX {
             for (q, &v) in qs.iter_mut().zip(xs) {
                 *q = (v * inv).round().clamp(-127.0, 127.0) as i8;
             }
-            scales[g] = amax / 127.0;
+            // A NaN input makes its group's scale NaN, so it reaches the output as with floats.
+            scales[g] = if xs.iter().any(|v| v.is_nan()) { f32::NAN } else { amax / 127.0 };
             int4_bias[g] = -8 * qs.iter().map(|&q| q as i32).sum::<i32>();
         }
         QuantizedX { codes, scales, int4_bias, len: x.len() }
@@ -157,6 +160,19 @@ mod tests {
         assert_eq!((q.codes()[5], q.codes()[6]), (-127, 64));
         assert_eq!(q.scales()[1], 0.0);
         assert!(q.codes()[64..].iter().all(|&c| c == 0));
+    }
+
+    #[test]
+    fn non_finite_inputs_give_non_finite_products() {
+        let codes = vec![0x99u8; 64];
+        let scales = [0x3c00u16; 2];
+        for bad in [f32::NAN, f32::INFINITY] {
+            let mut x = vec![0.5f32; 128];
+            x[70] = bad;
+            let q = QuantizedX::new(&x);
+            assert!(!int4_dot_reference(&codes, &scales, &q).is_finite());
+            assert!(!int8_dot_reference(&[1i8; 128], 1.0, &q).is_finite());
+        }
     }
 
     #[test]
