@@ -29,9 +29,12 @@ pub enum KernelPath {
     Scalar,
     /// x86-64 AVX2 + FMA + F16C.
     Avx2,
-    /// x86-64 AVX-512 (F, BW, VL).
+    /// x86-64 AVX-512 (F, BW, VL): 512-bit float kernels for every format.
     Avx512,
-    /// x86-64 AVX-512 with VNNI.
+    /// x86-64 AVX-512 with VNNI: integer kernels on quantized activations for INT4 and INT8
+    /// matrix-vector products (see [`KernelPath::quantizes_activations`]), 512-bit float
+    /// kernels for single INT4 and INT8 dots, and the AVX2 kernels for f32 and bf16 (faster
+    /// on Zen 4 when the weights come from memory).
     Avx512Vnni,
     /// aarch64 NEON.
     Neon,
@@ -174,9 +177,11 @@ pub fn int8_dot(codes: &[i8], scale: f32, x: &[f32]) -> f32 {
 pub fn f32_dot_with(path: KernelPath, w: &[f32], x: &[f32]) -> f32 {
     match usable(path) {
         // SAFETY (all arms): `usable` returned the path only if the CPU has its features.
-        // (No 512-bit f32 kernel: slower on Zen 4, see the `x86` module.)
+        // The VNNI path streams f32 faster with 256-bit vectors (see the `x86` module).
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx2 | KernelPath::Avx512 | KernelPath::Avx512Vnni => unsafe { x86::f32_dot_avx2(w, x) },
+        KernelPath::Avx2 | KernelPath::Avx512Vnni => unsafe { x86::f32_dot_avx2(w, x) },
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx512 => unsafe { x86::f32_dot_avx512(w, x) },
         #[cfg(target_arch = "aarch64")]
         KernelPath::Neon => unsafe { neon::f32_dot_neon(w, x) },
         _ => reference::dot_f32(w, x),
@@ -188,10 +193,11 @@ pub fn f32_dot_with(path: KernelPath, w: &[f32], x: &[f32]) -> f32 {
 pub fn bf16_dot_with(path: KernelPath, w: &[u16], x: &[f32]) -> f32 {
     match usable(path) {
         // SAFETY (all arms): `usable` returned the path only if the CPU has its features.
+        // The VNNI path streams bf16 faster with 256-bit vectors (see the `x86` module).
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx2 => unsafe { x86::bf16_dot_avx2(w, x) },
+        KernelPath::Avx2 | KernelPath::Avx512Vnni => unsafe { x86::bf16_dot_avx2(w, x) },
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512 | KernelPath::Avx512Vnni => unsafe { x86::bf16_dot_avx512(w, x) },
+        KernelPath::Avx512 => unsafe { x86::bf16_dot_avx512(w, x) },
         #[cfg(target_arch = "aarch64")]
         KernelPath::Neon => unsafe { neon::bf16_dot_neon(w, x) },
         _ => reference::dot_bf16(w, x),

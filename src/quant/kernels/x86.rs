@@ -6,10 +6,12 @@
 //! chunks via `as_chunks`, masked or scalar tails), so slices of disagreeing lengths give a
 //! product over the shorter one, never an out-of-bounds read.
 //!
-//! There is no AVX-512 f32 kernel: on Zen 4 (double-pumped 512-bit units) a 512-bit f32 row
-//! dot streamed from memory ran at about two thirds of the AVX2 kernel's speed (15 against
-//! 22 GB/s on a 5760x2880 matrix, eight of eight interleaved runs), so every x86 path uses
-//! [`f32_dot_avx2`]. (The other formats load 128 or 256 bits of weights per 512-bit vector.)
+//! The [`KernelPath::Avx512`](super::KernelPath::Avx512) path runs the 512-bit kernels for
+//! every format. The VNNI path, the default on such CPUs, runs the integer kernels for INT4
+//! and INT8 and the 256-bit AVX2 kernels for f32 and bf16: on Zen 4 (double-pumped 512-bit
+//! units) the 512-bit f32 and bf16 row dots were slower when the weights stream from beyond
+//! the caches (f32 5760x2880, one thread: 15 against 22 GB/s in eight of eight interleaved
+//! runs; bf16: 18 against 27 GB/s; `docs/perf.md`), and no faster when they do not.
 //!
 //! The float kernels compute the same sums as the scalar references in
 //! [`crate::quant::reference`], [`crate::quant::int4`] and [`crate::quant::int8`], in a
@@ -274,6 +276,29 @@ fn int4_group_avx512(c: &[u8; GROUP_BYTES], x: &[f32; GROUP]) -> __m512 {
     let s0 = _mm512_fmadd_ps(widen16_i8(q2), load16(&xs[2]), s0);
     let s1 = _mm512_fmadd_ps(widen16_i8(q3), load16(&xs[3]), s1);
     _mm512_add_ps(s0, s1)
+}
+
+/// `sum_i w[i] x[i]` with AVX-512.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+pub fn f32_dot_avx512(w: &[f32], x: &[f32]) -> f32 {
+    let n = w.len().min(x.len());
+    let (wv, wt) = w[..n].as_chunks::<16>();
+    let (xv, xt) = x[..n].as_chunks::<16>();
+    let mut acc = [_mm512_setzero_ps(); 4];
+    let (w4, wr) = wv.as_chunks::<4>();
+    let (x4, xr) = xv.as_chunks::<4>();
+    for (a, b) in w4.iter().zip(x4) {
+        for k in 0..4 {
+            acc[k] = _mm512_fmadd_ps(load16(&a[k]), load16(&b[k]), acc[k]);
+        }
+    }
+    for (k, (a, b)) in wr.iter().zip(xr).enumerate() {
+        acc[k] = _mm512_fmadd_ps(load16(a), load16(b), acc[k]);
+    }
+    if !wt.is_empty() {
+        acc[3] = _mm512_fmadd_ps(load16_tail(wt), load16_tail(xt), acc[3]);
+    }
+    _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])))
 }
 
 /// `sum_i bf16(w[i]) x[i]` with AVX-512.
