@@ -43,9 +43,9 @@ pub enum KernelPath {
 /// Whether `Matrix::matvec` on the [`KernelPath::Avx512Vnni`] path quantizes the activations
 /// and runs the integer kernels for INT4 and INT8 matrices (otherwise it runs the AVX-512
 /// float kernels, like [`KernelPath::Avx512`]). On by default: on Zen 4 the integer kernels
-/// are about 2.3x (INT4) and 1.6x (INT8) faster per matrix-vector product (`docs/perf.md`),
-/// for an activation error about a twentieth of the INT4 weights' own (see [`q8`]; measured by
-/// `tests/kernels.rs`).
+/// are about 2.3x (INT4) and 1.7x to 2.4x (INT8) faster per matrix-vector product than the
+/// AVX-512 float kernels (`docs/perf.md`), for an activation error about a twentieth of the
+/// INT4 weights' own (see [`q8`]; measured by `tests/kernels.rs`).
 /// `PICCHIO_KERNELS=avx512` keeps the float kernels.
 const VNNI_QUANTIZES_ACTIVATIONS: bool = true;
 

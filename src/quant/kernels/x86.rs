@@ -9,9 +9,9 @@
 //! The [`KernelPath::Avx512`](super::KernelPath::Avx512) path runs the 512-bit kernels for
 //! every format. The VNNI path, the default on such CPUs, runs the integer kernels for INT4
 //! and INT8 and the 256-bit AVX2 kernels for f32 and bf16: on Zen 4 (double-pumped 512-bit
-//! units) the 512-bit f32 and bf16 row dots were slower when the weights stream from beyond
-//! the caches (f32 5760x2880, one thread: 15 against 22 GB/s in eight of eight interleaved
-//! runs; bf16: 18 against 27 GB/s; `docs/perf.md`), and no faster when they do not.
+//! units) those stream weights from memory faster (one thread, 5760x2880, beyond the caches:
+//! f32 24 against 22 GB/s, bf16 28 against 23; `docs/perf.md`), which is the decode case,
+//! although the 512-bit f32 kernel wins on a matrix that stays in L3 (32 against 26).
 //!
 //! The float kernels compute the same sums as the scalar references in
 //! [`crate::quant::reference`], [`crate::quant::int4`] and [`crate::quant::int8`], in a
