@@ -1,46 +1,106 @@
-//! Matrix-vector kernels against a memory copy of the same weight bytes, in one run:
-//! the ratio says how close each kernel gets to the memory-bandwidth floor.
+//! Matrix-vector products in every weight format against a memory copy of the same number
+//! of bytes, in one run: the ratio says how close each kernel gets to the memory-bandwidth
+//! floor. (A copy reads and writes its bytes; a product only reads them.)
 //!
-//! `cargo bench --bench kernels`; criterion reports each as bytes/second (throughput is
-//! set to the weight bytes one product reads).
+//! `cargo bench --bench kernels`; criterion reports each as bytes/second (throughput is set
+//! to the weight bytes one product reads). Each product runs on one thread (`1t`) and on the
+//! default rayon pool (`pool`), on the selected kernel path, which `PICCHIO_KERNELS` overrides:
+//! `PICCHIO_KERNELS=scalar cargo bench --bench kernels -- 2880x2880` compares against the
+//! reference. Where the CPU has AVX-512 VNNI but the selected path does not quantize
+//! activations, the integer kernels on quantized activations are measured too (`vnni-q8`).
 
 use std::hint::black_box;
+use std::sync::Arc;
+use std::time::Duration;
 
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
-use picchio::quant::{Matrix, MatrixData, WeightBuf};
+use bytemuck::Pod;
+use criterion::{
+    BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main, measurement::WallTime,
+};
+use picchio::quant::buffer::{AlignedBytes, ByteRegion};
+use picchio::quant::{KernelPath, Matrix, MatrixData, WeightBuf, int4, int8, kernels};
+use rayon::ThreadPool;
 
-/// A 2880 x 2880 matrix: one GPT-OSS expert's down projection.
-const ROWS: usize = 2880;
-const COLS: usize = 2880;
+/// One GPT-OSS expert's down projection, and its fused gate/up projection.
+const SHAPES: [(usize, usize); 2] = [(2880, 2880), (5760, 2880)];
 
-fn inputs() -> (Vec<f32>, Vec<f32>) {
-    let w: Vec<f32> = (0..ROWS * COLS).map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1e-3).collect();
-    let x: Vec<f32> = (0..COLS).map(|i| (i as f32 * 0.37).sin()).collect();
-    (w, x)
+fn weights(rows: usize, cols: usize) -> Vec<f32> {
+    (0..rows * cols).map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1e-3).collect()
+}
+
+fn input(cols: usize) -> Vec<f32> {
+    (0..cols).map(|i| (i as f32 * 0.37).sin()).collect()
+}
+
+/// `v` in a 4 KiB-aligned buffer, as the engine holds weights (memory-mapped pages, or
+/// [`AlignedBytes`] that experts are read into).
+fn aligned<T: Pod>(v: Vec<T>) -> WeightBuf<T> {
+    let bytes: &[u8] = bytemuck::cast_slice(&v);
+    let mut buf = AlignedBytes::zeroed(bytes.len());
+    buf.as_mut_slice().copy_from_slice(bytes);
+    let region: Arc<dyn ByteRegion> = Arc::new(buf);
+    WeightBuf::shared(&region, 0, bytes.len())
+}
+
+/// The same weights in each format.
+fn matrices(rows: usize, cols: usize) -> Vec<Matrix> {
+    let w = weights(rows, cols);
+    let bf16 = w.iter().map(|&v| half::bf16::from_f32(v).to_bits()).collect();
+    let mut i8_codes = vec![0i8; rows * cols];
+    let i8_scales =
+        w.chunks(cols).zip(i8_codes.chunks_mut(cols)).map(|(r, c)| int8::quantize_row(r, c)).collect();
+    let (rb, g) = (int4::row_bytes(cols), int4::groups(cols));
+    let mut i4_codes = vec![0u8; rows * rb];
+    let mut i4_scales = vec![0u16; rows * g];
+    for (r, row) in w.chunks(cols).enumerate() {
+        int4::quantize_row(row, &mut i4_codes[r * rb..(r + 1) * rb], &mut i4_scales[r * g..(r + 1) * g]);
+    }
+    let data = [
+        MatrixData::F32(aligned(w)),
+        MatrixData::Bf16(aligned(bf16)),
+        MatrixData::Int8Rows { codes: aligned(i8_codes), scales: aligned(i8_scales) },
+        MatrixData::Int4G64 { codes: aligned(i4_codes), scales: aligned(i4_scales) },
+    ];
+    data.into_iter().map(|d| Matrix::new("bench", rows, cols, d).unwrap()).collect()
+}
+
+/// Benchmarks `f` on one thread and on the default pool.
+fn bench_threads(
+    g: &mut BenchmarkGroup<'_, WallTime>,
+    name: &str,
+    one: &ThreadPool,
+    mut f: impl FnMut() + Send,
+) {
+    g.bench_function(format!("{name}/1t"), |b| one.install(|| b.iter(&mut f)));
+    g.bench_function(format!("{name}/pool"), |b| b.iter(&mut f));
 }
 
 fn bench(c: &mut Criterion) {
-    let (w, x) = inputs();
-    let mut y = vec![0.0f32; ROWS];
-    let mut g = c.benchmark_group("matvec_2880x2880");
-
-    let f32m = Matrix::from_f32("bench", ROWS, COLS, w.clone()).unwrap();
-    g.throughput(Throughput::Bytes(f32m.byte_len() as u64));
-    g.bench_function("memcpy_f32_bytes", |b| {
-        let mut dst = vec![0.0f32; w.len()];
-        b.iter(|| dst.copy_from_slice(black_box(&w)))
-    });
-    g.bench_function("f32_reference", |b| b.iter(|| f32m.matvec(black_box(&x), &mut y)));
-
-    let bf: Vec<u16> = w.iter().map(|&v| half::bf16::from_f32(v).to_bits()).collect();
-    let bfm = Matrix::new("bench", ROWS, COLS, MatrixData::Bf16(WeightBuf::owned(bf.clone()))).unwrap();
-    g.throughput(Throughput::Bytes(bfm.byte_len() as u64));
-    g.bench_function("memcpy_bf16_bytes", |b| {
-        let mut dst = vec![0u16; bf.len()];
-        b.iter(|| dst.copy_from_slice(black_box(&bf)))
-    });
-    g.bench_function("bf16_reference", |b| b.iter(|| bfm.matvec(black_box(&x), &mut y)));
-    g.finish();
+    let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+    let path = kernels::selected();
+    let extra_q8 = KernelPath::Avx512Vnni.is_available() && !path.quantizes_activations();
+    for (rows, cols) in SHAPES {
+        let x = input(cols);
+        let mut g = c.benchmark_group(format!("matvec_{rows}x{cols}"));
+        g.measurement_time(Duration::from_secs(2)).warm_up_time(Duration::from_secs(1)).sample_size(20);
+        for m in matrices(rows, cols) {
+            let name = m.format_name();
+            g.throughput(Throughput::Bytes(m.byte_len() as u64));
+            let src = vec![1u8; m.byte_len()];
+            let mut dst = vec![0u8; m.byte_len()];
+            g.bench_function(format!("{name}/memcpy"), |b| b.iter(|| dst.copy_from_slice(black_box(&src))));
+            let mut y = vec![0.0f32; rows];
+            bench_threads(&mut g, &format!("{name}/{}", path.name()), &one, || {
+                m.matvec(black_box(&x), &mut y)
+            });
+            if extra_q8 && matches!(m.data, MatrixData::Int4G64 { .. } | MatrixData::Int8Rows { .. }) {
+                bench_threads(&mut g, &format!("{name}/vnni-q8"), &one, || {
+                    m.matvec_q8_with(KernelPath::Avx512Vnni, black_box(&x), &mut y)
+                });
+            }
+        }
+        g.finish();
+    }
 }
 
 criterion_group!(benches, bench);

@@ -24,6 +24,46 @@ pub fn copy_bandwidth(bytes: usize, reps: usize) -> f64 {
     bytes as f64 / best
 }
 
+/// Bytes per second of a parallel read of `bytes` bytes (a streaming sum; best of `reps`):
+/// what a kernel that only reads its weights can reach at most.
+pub fn read_bandwidth(bytes: usize, reps: usize) -> f64 {
+    let src: Vec<u64> = (0..bytes / 8).map(|i| i as u64).collect();
+    let chunk = src.len().div_ceil(rayon::current_num_threads().max(1)).max(512);
+    let mut best = f64::INFINITY;
+    for _ in 0..reps.max(1) {
+        let t0 = Instant::now();
+        let sum: u64 = src.par_chunks(chunk).map(|c| c.iter().fold(0u64, |a, &b| a.wrapping_add(b))).sum();
+        std::hint::black_box(sum);
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    (src.len() * 8) as f64 / best
+}
+
+/// Sequential read bandwidth of `path` in bytes per second, reading up to `bytes` bytes in
+/// 8 MiB requests, bypassing the page cache where the platform allows (so a cached file does
+/// not pass for a fast disk). Returns the bandwidth and whether the reads were direct.
+pub fn disk_read_bandwidth(path: &std::path::Path, bytes: u64) -> crate::error::Result<(f64, bool)> {
+    use crate::error::Error;
+    use crate::quant::buffer::AlignedBytes;
+    let len = std::fs::metadata(path).map_err(|e| Error::io(path, e))?.len();
+    let total = bytes.min(len) / (8 << 20) * (8 << 20);
+    if total == 0 {
+        return Ok((0.0, false));
+    }
+    let (file, direct) = match crate::experts::store::open_direct(path) {
+        Ok(f) => (f, true),
+        Err(_) => (std::fs::File::open(path).map_err(|e| Error::io(path, e))?, false),
+    };
+    let mut buf = AlignedBytes::zeroed(8 << 20);
+    let t0 = Instant::now();
+    let mut off = 0;
+    while off < total {
+        crate::io::read_exact_at(&file, buf.as_mut_slice(), off).map_err(|e| Error::io(path, e))?;
+        off += 8 << 20;
+    }
+    Ok((total as f64 / t0.elapsed().as_secs_f64(), direct))
+}
+
 /// Weight bytes a decoded token reads: every attention and router matrix, the output
 /// head, one embedding row, and `experts_per_token` experts in every layer.
 pub fn decode_bytes_per_token(model: &LoadedModel, expert_bytes: u64) -> u64 {

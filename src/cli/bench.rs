@@ -4,7 +4,9 @@
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use picchio::bench::{copy_bandwidth, decode_bytes_per_token, prompt_ids};
+use picchio::bench::{
+    copy_bandwidth, decode_bytes_per_token, disk_read_bandwidth, prompt_ids, read_bandwidth,
+};
 use picchio::engine;
 use picchio::experts::ExpertStats;
 use picchio::model::forward::PhaseTimes;
@@ -39,18 +41,60 @@ pub struct BenchArgs {
     json: bool,
 }
 
-struct Phase {
-    wall: Duration,
-    times: PhaseTimes,
-    experts: ExpertStats,
-}
-
 fn delta_times(a: PhaseTimes, b: PhaseTimes) -> PhaseTimes {
     PhaseTimes { attention: b.attention - a.attention, experts: b.experts - a.experts, head: b.head - a.head }
 }
 
 fn delta_stats(a: ExpertStats, b: ExpertStats) -> ExpertStats {
     b.since(&a)
+}
+
+struct Phase {
+    tokens: usize,
+    wall: Duration,
+    times: PhaseTimes,
+    experts: ExpertStats,
+}
+
+impl Phase {
+    fn tokens_per_s(&self) -> f64 {
+        self.tokens as f64 / self.wall.as_secs_f64().max(1e-9)
+    }
+
+    /// Wall time not spent waiting on the disk.
+    fn compute(&self) -> f64 {
+        (self.wall.as_secs_f64() - self.experts.disk_wait.as_secs_f64()).max(0.0)
+    }
+
+    /// `max(bytes read / sequential disk bandwidth, compute time)`: what the phase would take
+    /// if every read streamed at the disk's speed behind the computation.
+    fn floor(&self, disk_bw: f64) -> f64 {
+        let io = if disk_bw > 0.0 { self.experts.bytes_read as f64 / disk_bw } else { 0.0 };
+        io.max(self.compute())
+    }
+
+    fn json(&self, disk_bw: f64) -> serde_json::Value {
+        let e = &self.experts;
+        json!({
+            "tokens": self.tokens,
+            "seconds": self.wall.as_secs_f64(),
+            "tokens_per_s": self.tokens_per_s(),
+            "attention_s": self.times.attention.as_secs_f64(),
+            "experts_s": self.times.experts.as_secs_f64(),
+            "head_s": self.times.head.as_secs_f64(),
+            "disk_wait_s": e.disk_wait.as_secs_f64(),
+            "cache_hit_rate": e.hit_rate(),
+            "reads": e.reads,
+            "bytes_read": e.bytes_read,
+            "bytes_read_per_token": e.bytes_read as f64 / self.tokens.max(1) as f64,
+            "prediction_accuracy": e.prediction_accuracy(),
+            "prefetch_reads": e.prefetch_reads,
+            "prefetch_useful": e.prefetch_useful,
+            "prefetch_wasted": e.prefetch_wasted,
+            "floor_s": self.floor(disk_bw),
+            "over_floor": self.wall.as_secs_f64() / self.floor(disk_bw).max(1e-9),
+        })
+    }
 }
 
 /// Runs `picchio bench`.
@@ -63,17 +107,24 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         args.model.ctx.unwrap_or_else(|| engine::default_ctx(&cfg)).max(args.prompt + args.decode_tokens + 1);
     let threads = rayon::current_num_threads();
 
-    let bandwidth = copy_bandwidth(512 << 20, 5);
+    // Floors, measured in this run.
+    let copy_bw = copy_bandwidth(512 << 20, 5);
+    let read_bw = read_bandwidth(512 << 20, 5);
     let expert_bytes = model.experts.expert_bytes();
     let token_bytes = decode_bytes_per_token(&model, expert_bytes);
+    let experts_file = model.dir.join(picchio::format::container::manifest::EXPERTS_FILE);
+    let all_experts = (cfg.num_layers * cfg.num_experts) as u64;
+    let fits = model.experts.batch_limit() as u64 * 2 >= all_experts;
+    let (disk_bw, disk_direct) =
+        if experts_file.exists() { disk_read_bandwidth(&experts_file, 1 << 30)? } else { (0.0, false) };
 
-    if !args.no_preload {
+    if fits && !args.no_preload {
         let t0 = Instant::now();
         let all: Vec<usize> = (0..cfg.num_experts).collect();
         for l in 0..cfg.num_layers {
             model.experts.experts(l, &all)?;
         }
-        tracing::info!("preloaded experts in {:.1} s", t0.elapsed().as_secs_f64());
+        tracing::info!("preloaded every expert in {:.1} s", t0.elapsed().as_secs_f64());
     }
     let runner = args.model.runner(&model, ctx)?;
     let description = runner.describe();
@@ -90,52 +141,54 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let generation = session.generate(&[], args.decode_tokens, &mut Sampler::greedy(), &[], &mut |_| true)?;
     let decode_wall = t1.elapsed();
     let (t_c, e_c) = snap(&session);
-    let prefill = Phase { wall: prefill_wall, times: delta_times(t_a, t_b), experts: delta_stats(e_a, e_b) };
-    let decode = Phase { wall: decode_wall, times: delta_times(t_b, t_c), experts: delta_stats(e_b, e_c) };
-    let n_dec = generation.tokens.len().max(1);
-
-    let prefill_tps = args.prompt as f64 / prefill.wall.as_secs_f64();
-    let decode_tps = generation.tokens.len() as f64 / decode.wall.as_secs_f64().max(1e-9);
-    let floor = token_bytes as f64 / bandwidth;
-    let ratio = (decode.wall.as_secs_f64() / n_dec as f64) / floor;
+    let prefill = Phase {
+        tokens: args.prompt,
+        wall: prefill_wall,
+        times: delta_times(t_a, t_b),
+        experts: delta_stats(e_a, e_b),
+    };
+    let decode = Phase {
+        tokens: generation.tokens.len(),
+        wall: decode_wall,
+        times: delta_times(t_b, t_c),
+        experts: delta_stats(e_b, e_c),
+    };
+    let n_dec = decode.tokens.max(1) as f64;
+    let ms_per_token = 1e3 * decode.wall.as_secs_f64() / n_dec;
+    let copy_floor = token_bytes as f64 / copy_bw;
+    let read_floor = token_bytes as f64 / read_bw;
     let rss = peak_rss().unwrap_or(0);
     let gpu = if description.starts_with("gpu ") {
         description.split(';').next().unwrap_or("").trim_start_matches("gpu ").to_string()
     } else {
         "none (CPU backend)".to_string()
     };
+    let path = kernels::selected();
     let machine = format!(
-        "{}; {threads} threads; kernels {}; RAM {}; GPU: {gpu}",
+        "{}; {threads} threads; kernels {}{}; RAM {}; GPU: {gpu}",
         cpu_description(),
-        kernels::selected().name(),
+        path.name(),
+        if path.quantizes_activations() { " (int8 activations)" } else { "" },
         total_memory().map_or("unknown".into(), gib)
     );
     let report = session.runner().report();
 
     if args.json {
-        let phase = |p: &Phase, n: usize| {
-            json!({
-                "seconds": p.wall.as_secs_f64(),
-                "tokens": n,
-                "tokens_per_s": n as f64 / p.wall.as_secs_f64().max(1e-9),
-                "attention_s": p.times.attention.as_secs_f64(),
-                "experts_s": p.times.experts.as_secs_f64(),
-                "head_s": p.times.head.as_secs_f64(),
-                "disk_wait_s": p.experts.disk_wait.as_secs_f64(),
-                "cache_hit_rate": p.experts.hit_rate(),
-                "bytes_read_per_token": p.experts.bytes_read as f64 / n.max(1) as f64,
-            })
-        };
         let out = json!({
             "model": model.dir.display().to_string(),
             "machine": machine,
             "backend": description,
-            "prefill": phase(&prefill, args.prompt),
-            "decode": phase(&decode, generation.tokens.len()),
-            "copy_bandwidth_bytes_per_s": bandwidth,
+            "prefill": prefill.json(disk_bw),
+            "decode": decode.json(disk_bw),
+            "copy_bandwidth_bytes_per_s": copy_bw,
+            "read_bandwidth_bytes_per_s": read_bw,
+            "disk_read_bandwidth_bytes_per_s": disk_bw,
+            "disk_read_direct": disk_direct,
             "decode_bytes_per_token": token_bytes,
-            "decode_floor_s_per_token": floor,
-            "decode_over_floor": ratio,
+            "decode_copy_floor_s_per_token": copy_floor,
+            "decode_over_copy_floor": ms_per_token / 1e3 / copy_floor,
+            "decode_read_floor_s_per_token": read_floor,
+            "decode_over_read_floor": ms_per_token / 1e3 / read_floor,
             "peak_rss_bytes": rss,
             "device_report": report,
         });
@@ -147,33 +200,66 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     println!("backend  {description}");
     println!();
     println!(
-        "{:<8} {:>7} {:>9} {:>10} {:>10} {:>9} {:>9} {:>9} {:>12}",
-        "phase", "tokens", "tok/s", "attention", "experts", "head", "disk", "hit rate", "read/token"
+        "{:<8} {:>6} {:>8} {:>10} {:>9} {:>8} {:>8} {:>8} {:>7} {:>10} {:>9}",
+        "phase",
+        "tokens",
+        "tok/s",
+        "attention",
+        "experts",
+        "head",
+        "disk",
+        "hit",
+        "reads",
+        "read/tok",
+        "/floor"
     );
-    for (name, p, n) in [("prefill", &prefill, args.prompt), ("decode", &decode, generation.tokens.len())] {
+    for (name, p) in [("prefill", &prefill), ("decode", &decode)] {
         println!(
-            "{:<8} {:>7} {:>9.2} {:>9.3}s {:>9.3}s {:>8.3}s {:>8.3}s {:>8.1}% {:>12}",
+            "{:<8} {:>6} {:>8.2} {:>9.3}s {:>8.3}s {:>7.3}s {:>7.3}s {:>7.1}% {:>7} {:>10} {:>8.2}x",
             name,
-            n,
-            n as f64 / p.wall.as_secs_f64().max(1e-9),
+            p.tokens,
+            p.tokens_per_s(),
             p.times.attention.as_secs_f64(),
             p.times.experts.as_secs_f64(),
             p.times.head.as_secs_f64(),
             p.experts.disk_wait.as_secs_f64(),
             100.0 * p.experts.hit_rate(),
-            gib(p.experts.bytes_read / n.max(1) as u64)
+            p.experts.reads,
+            gib(p.experts.bytes_read / p.tokens.max(1) as u64),
+            p.wall.as_secs_f64() / p.floor(disk_bw).max(1e-9)
         );
     }
     println!();
     println!(
-        "decode floor: {} of weights per token / {:.2} GB/s memory copy = {:.1} ms; measured {:.1} ms/token = {:.2}x the floor",
-        gib(token_bytes),
-        bandwidth / 1e9,
-        floor * 1e3,
-        1e3 * decode.wall.as_secs_f64() / n_dec as f64,
-        ratio
+        "memory: copy {:.2} GB/s, read {:.2} GB/s; disk: sequential read {:.2} GB/s ({})",
+        copy_bw / 1e9,
+        read_bw / 1e9,
+        disk_bw / 1e9,
+        if disk_direct { "direct" } else { "through the page cache" }
     );
-    println!("prefill {prefill_tps:.2} tok/s, decode {decode_tps:.2} tok/s, peak RSS {}", gib(rss));
+    println!(
+        "decode: {} of weights per token, {ms_per_token:.1} ms/token = {:.2}x the copy floor ({:.1} ms), {:.2}x the read floor ({:.1} ms)",
+        gib(token_bytes),
+        ms_per_token / 1e3 / copy_floor,
+        copy_floor * 1e3,
+        ms_per_token / 1e3 / read_floor,
+        read_floor * 1e3,
+    );
+    if let Some(acc) = decode.experts.prediction_accuracy() {
+        println!(
+            "prediction: {:.1}% of routed experts predicted; {} prefetch reads, {} useful, {} wasted",
+            100.0 * acc,
+            decode.experts.prefetch_reads,
+            decode.experts.prefetch_useful,
+            decode.experts.prefetch_wasted
+        );
+    }
+    println!(
+        "prefill {:.2} tok/s, decode {:.2} tok/s, peak RSS {} ('/floor': wall over max(bytes read / disk bandwidth, compute))",
+        prefill.tokens_per_s(),
+        decode.tokens_per_s(),
+        gib(rss)
+    );
     for line in report {
         println!("{line}");
     }

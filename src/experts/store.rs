@@ -189,14 +189,14 @@ impl ExpertStore {
 
 /// Opens `path` read-only bypassing the page cache.
 #[cfg(target_os = "linux")]
-fn open_direct(path: &Path) -> std::io::Result<File> {
+pub fn open_direct(path: &Path) -> std::io::Result<File> {
     use std::os::unix::fs::OpenOptionsExt;
     std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECT).open(path)
 }
 
 /// Opens `path` read-only bypassing the page cache.
 #[cfg(target_os = "macos")]
-fn open_direct(path: &Path) -> std::io::Result<File> {
+pub fn open_direct(path: &Path) -> std::io::Result<File> {
     use std::os::unix::io::AsRawFd;
     let f = File::open(path)?;
     // SAFETY: fcntl on a valid descriptor with an integer argument.
@@ -208,7 +208,7 @@ fn open_direct(path: &Path) -> std::io::Result<File> {
 
 /// Opens `path` read-only bypassing the page cache.
 #[cfg(windows)]
-fn open_direct(path: &Path) -> std::io::Result<File> {
+pub fn open_direct(path: &Path) -> std::io::Result<File> {
     use std::os::windows::fs::OpenOptionsExt;
     const FILE_FLAG_NO_BUFFERING: u32 = 0x2000_0000;
     std::fs::OpenOptions::new().read(true).custom_flags(FILE_FLAG_NO_BUFFERING).open(path)
@@ -216,6 +216,6 @@ fn open_direct(path: &Path) -> std::io::Result<File> {
 
 /// Opens `path` read-only bypassing the page cache.
 #[cfg(not(any(target_os = "linux", target_os = "macos", windows)))]
-fn open_direct(_path: &Path) -> std::io::Result<File> {
+pub fn open_direct(_path: &Path) -> std::io::Result<File> {
     Err(std::io::Error::new(std::io::ErrorKind::Unsupported, "no direct I/O on this platform"))
 }

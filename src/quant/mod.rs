@@ -13,6 +13,8 @@ pub mod reference;
 use rayon::prelude::*;
 
 pub use buffer::WeightBuf;
+pub use kernels::KernelPath;
+use kernels::q8::QuantizedX;
 
 use crate::error::{Error, Result};
 
@@ -117,23 +119,29 @@ impl Matrix {
         }
     }
 
-    /// Dot product of row `r` with `x` (`padded_cols` long).
+    /// Dot product of row `r` with `x` (`padded_cols` long) on `path`; INT4 and INT8 rows use
+    /// the quantized activations `qx` instead of `x` when given.
     #[inline]
-    fn row_dot(&self, r: usize, x: &[f32]) -> f32 {
+    fn row_dot(&self, path: KernelPath, r: usize, x: &[f32], qx: Option<&QuantizedX>) -> f32 {
         let c = self.cols;
         match &self.data {
-            MatrixData::F32(b) => kernels::f32_dot(&b.as_slice()[r * c..(r + 1) * c], x),
-            MatrixData::Bf16(b) => kernels::bf16_dot(&b.as_slice()[r * c..(r + 1) * c], x),
+            MatrixData::F32(b) => kernels::f32_dot_with(path, &b.as_slice()[r * c..(r + 1) * c], x),
+            MatrixData::Bf16(b) => kernels::bf16_dot_with(path, &b.as_slice()[r * c..(r + 1) * c], x),
             MatrixData::Int8Rows { codes, scales } => {
-                kernels::int8_dot(&codes.as_slice()[r * c..(r + 1) * c], scales.as_slice()[r], x)
+                let (row, scale) = (&codes.as_slice()[r * c..(r + 1) * c], scales.as_slice()[r]);
+                match qx {
+                    Some(qx) => kernels::int8_dot_q8_with(path, row, scale, qx),
+                    None => kernels::int8_dot_with(path, row, scale, x),
+                }
             }
             MatrixData::Int4G64 { codes, scales } => {
                 let (rb, g) = (int4::row_bytes(c), int4::groups(c));
-                kernels::int4_dot(
-                    &codes.as_slice()[r * rb..(r + 1) * rb],
-                    &scales.as_slice()[r * g..(r + 1) * g],
-                    x,
-                )
+                let (row, row_scales) =
+                    (&codes.as_slice()[r * rb..(r + 1) * rb], &scales.as_slice()[r * g..(r + 1) * g]);
+                match qx {
+                    Some(qx) => kernels::int4_dot_q8_with(path, row, row_scales, qx),
+                    None => kernels::int4_dot_with(path, row, row_scales, x),
+                }
             }
         }
     }
@@ -162,13 +170,37 @@ impl Matrix {
         }
     }
 
-    /// `y = W x`. Rows are split across threads for large matrices; every output is the
-    /// same sequential dot product whatever the thread count, so results do not depend on it.
+    /// `y = W x` on the selected kernel path ([`kernels::selected`]). Rows are split across
+    /// threads for large matrices; every output is the same sequential dot product whatever
+    /// the thread count, so results do not depend on it.
     pub fn matvec(&self, x: &[f32], y: &mut [f32]) {
+        self.matvec_with(kernels::selected(), x, y)
+    }
+
+    /// [`Matrix::matvec`] on a given kernel path (the scalar reference if this CPU cannot run
+    /// it). On a path that [quantizes activations](KernelPath::quantizes_activations), INT4
+    /// and INT8 matrices quantize `x` once here and use the integer kernels.
+    pub fn matvec_with(&self, path: KernelPath, x: &[f32], y: &mut [f32]) {
+        self.matvec_impl(path, path.quantizes_activations(), x, y)
+    }
+
+    /// [`Matrix::matvec_with`], but INT4 and INT8 matrices always quantize the activations
+    /// ([`kernels::q8`]) and use the integer kernels: AVX-512 VNNI on
+    /// [`KernelPath::Avx512Vnni`], the scalar definition on other paths. F32 and BF16 matrices
+    /// are unaffected.
+    pub fn matvec_q8_with(&self, path: KernelPath, x: &[f32], y: &mut [f32]) {
+        self.matvec_impl(path, true, x, y)
+    }
+
+    /// `y = W x` on `path`, with INT4 and INT8 matrices on quantized activations if `quantize`.
+    fn matvec_impl(&self, path: KernelPath, quantize: bool, x: &[f32], y: &mut [f32]) {
         assert_eq!(x.len(), self.cols, "matvec input length");
         assert_eq!(y.len(), self.rows, "matvec output length");
+        let integer = matches!(self.data, MatrixData::Int4G64 { .. } | MatrixData::Int8Rows { .. });
+        let qx = (integer && quantize).then(|| QuantizedX::new(x));
+        let qx = qx.as_ref();
         let padded;
-        let x = if self.padded_cols() == self.cols {
+        let x = if self.padded_cols() == self.cols || qx.is_some() {
             x
         } else {
             let mut p = vec![0.0f32; self.padded_cols()];
@@ -178,13 +210,13 @@ impl Matrix {
         };
         if self.rows * self.cols < PARALLEL_MIN_WORK {
             for (r, out) in y.iter_mut().enumerate() {
-                *out = self.row_dot(r, x);
+                *out = self.row_dot(path, r, x, qx);
             }
         } else {
             let chunk = (PARALLEL_MIN_WORK / self.cols).max(1);
             y.par_chunks_mut(chunk).enumerate().for_each(|(ci, ys)| {
                 for (i, out) in ys.iter_mut().enumerate() {
-                    *out = self.row_dot(ci * chunk + i, x);
+                    *out = self.row_dot(path, ci * chunk + i, x, qx);
                 }
             });
         }
@@ -200,7 +232,16 @@ impl Matrix {
         if n == 1 {
             return self.matvec(x, y);
         }
-        let pc = self.padded_cols();
+        // The same arithmetic as matvec, input by input: the same kernel path, and on paths
+        // that quantize activations each input is quantized exactly as matvec would.
+        let path = kernels::selected();
+        let integer = matches!(self.data, MatrixData::Int4G64 { .. } | MatrixData::Int8Rows { .. });
+        let quantized: Vec<QuantizedX> = if integer && path.quantizes_activations() {
+            x.chunks(self.cols).map(QuantizedX::new).collect()
+        } else {
+            Vec::new()
+        };
+        let pc = if quantized.is_empty() { self.padded_cols() } else { self.cols };
         let padded;
         let x = if pc == self.cols {
             x
@@ -212,8 +253,8 @@ impl Matrix {
             padded = p;
             &padded
         };
-        // Each task computes a block of weight rows for every input, then the block is
-        // scattered into the row-major output.
+        // Each task computes a block of weight rows for every input (the rows stay in cache
+        // while the inputs pass), then the block is scattered into the row-major output.
         let chunk = (PARALLEL_MIN_WORK / (self.cols * n).max(1)).max(1);
         let blocks: Vec<(usize, Vec<f32>)> = (0..self.rows.div_ceil(chunk))
             .into_par_iter()
@@ -223,7 +264,7 @@ impl Matrix {
                 let mut out = Vec::with_capacity((r1 - r0) * n);
                 for r in r0..r1 {
                     for t in 0..n {
-                        out.push(self.row_dot(r, &x[t * pc..(t + 1) * pc]));
+                        out.push(self.row_dot(path, r, &x[t * pc..(t + 1) * pc], quantized.get(t)));
                     }
                 }
                 (r0, out)

@@ -107,9 +107,12 @@ impl Backend for CpuBackend {
     type Routes = RouteTable;
 
     fn describe(&self) -> String {
+        let path = crate::quant::kernels::selected();
         format!(
-            "cpu ({} threads, f32 reference kernels; {})",
+            "cpu ({} threads, {} kernels{}; {})",
             rayon::current_num_threads(),
+            path.name(),
+            if path.quantizes_activations() { " with int8 activations" } else { "" },
             self.experts.describe()
         )
     }

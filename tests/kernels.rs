@@ -1,0 +1,418 @@
+//! Every SIMD kernel path this CPU has, against the scalar references, on seeded random data.
+//!
+//! # Error bounds
+//! A float kernel computes the same terms `t_i` as the reference and sums them in another
+//! order. With unit roundoff `u = 2^-24`, a sum in which every term passes through at most
+//! `d` roundings (its product, the additions along its path in the summation tree, a final
+//! scaling) is within `gamma(d) * sum |t_i|` of the exact sum, `gamma(d) = d u / (1 - d u)`
+//! (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., §3.1 and §4.2). The
+//! reference is sequential, so its depth `d` is the largest; each kernel's is smaller (a lane
+//! chain of `n / lanes` fused multiply-adds, a few accumulator combinations, a log2(lanes)
+//! horizontal sum). So `|kernel - reference| <= 2 gamma(d) sum |t_i|` (+8 roundings of slack).
+//!
+//! That worst case needs every rounding to go the same way; it passes 1e-5 relative once
+//! `d` exceeds about 80. Rounding errors of round-to-nearest behave like independent
+//! zero-mean variables, giving an error of order `sqrt(d) u sum|t|` even for all-positive
+//! terms (Higham & Mary, SIAM J. Sci. Comput. 41(5), 2019): at the largest size here
+//! (`d` = 2880, about `3e-6` with all-positive terms) that is still 3x under 1e-5. So the
+//! asserted bound is `min(2 gamma(d) + 8u, 1e-5) * sum |t_i|`: rigorous for short rows,
+//! 1e-5 (the engine's kernel tolerance) for long ones.
+
+use picchio::quant::kernels::{self, KernelPath, q8, q8::QuantizedX};
+use picchio::quant::{Matrix, MatrixData, WeightBuf, int4, int8, reference};
+
+const U: f64 = 1.0 / (1u64 << 24) as f64;
+const SIZES: [usize; 15] = [1, 2, 7, 8, 15, 16, 17, 31, 33, 63, 64, 65, 96, 127, 2880];
+
+/// Xorshift64*: small, seeded, good enough to scatter test data.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Self {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform in [0, 1).
+    fn unit(&mut self) -> f32 {
+        (self.next_u64() >> 40) as f32 / (1u64 << 24) as f32
+    }
+
+    /// Uniform in [-1, 1).
+    fn signed(&mut self) -> f32 {
+        2.0 * self.unit() - 1.0
+    }
+
+    /// `10^e` with `e` uniform in `[lo, hi)`, random sign.
+    fn log_uniform(&mut self, lo: f32, hi: f32) -> f32 {
+        let v = 10f32.powf(lo + (hi - lo) * self.unit());
+        if self.next_u64() & 1 == 0 { v } else { -v }
+    }
+
+    fn vec(&mut self, n: usize, positive: bool) -> Vec<f32> {
+        (0..n).map(|_| if positive { self.unit() + 0.01 } else { self.signed() }).collect()
+    }
+}
+
+fn gamma(d: usize) -> f64 {
+    let du = d as f64 * U;
+    du / (1.0 - du)
+}
+
+/// Allowed `|kernel - reference|` for two orderings of a sum of depth at most `depth`.
+fn float_tolerance(depth: usize, sum_abs: f64) -> f64 {
+    (2.0 * gamma(depth) + 8.0 * U).min(1e-5) * sum_abs
+}
+
+/// The SIMD paths this CPU has; every one it lacks is reported loudly.
+fn simd_paths() -> Vec<KernelPath> {
+    let mut paths = Vec::new();
+    for p in KernelPath::ALL.into_iter().filter(|&p| p != KernelPath::Scalar) {
+        if p.is_available() {
+            paths.push(p);
+        } else {
+            eprintln!("SKIPPED: {} not available on this CPU", p.name());
+        }
+    }
+    if paths.is_empty() {
+        eprintln!("SKIPPED: no SIMD kernel path available on this CPU; only the scalar path was tested");
+    }
+    paths
+}
+
+fn check(what: &str, path: KernelPath, n: usize, got: f32, want: f32, tol: f64) {
+    let err = (got as f64 - want as f64).abs();
+    assert!(
+        err <= tol,
+        "{what} on {} n={n}: got {got}, reference {want}, |diff| {err:e} > {tol:e}",
+        path.name()
+    );
+}
+
+#[test]
+fn f32_and_bf16_kernels_match_the_references() {
+    let mut rng = Rng::new(1);
+    for path in simd_paths() {
+        for &n in &SIZES {
+            for trial in 0..6 {
+                let positive = trial % 3 == 2;
+                let scale = rng.log_uniform(-20.0, 20.0).abs();
+                let w: Vec<f32> = rng.vec(n, positive).iter().map(|v| v * scale).collect();
+                let x = rng.vec(n, positive);
+                let sum_abs: f64 = w.iter().zip(&x).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
+                let got = kernels::f32_dot_with(path, &w, &x);
+                check("f32", path, n, got, reference::dot_f32(&w, &x), float_tolerance(n, sum_abs));
+
+                let wb: Vec<u16> = w.iter().map(|&v| half::bf16::from_f32(v).to_bits()).collect();
+                let sum_abs: f64 = wb
+                    .iter()
+                    .zip(&x)
+                    .map(|(&a, b)| (reference::bf16_to_f32(a) as f64 * *b as f64).abs())
+                    .sum();
+                let got = kernels::bf16_dot_with(path, &wb, &x);
+                check("bf16", path, n, got, reference::dot_bf16(&wb, &x), float_tolerance(n, sum_abs));
+            }
+        }
+    }
+}
+
+#[test]
+fn int8_kernels_match_the_reference() {
+    let mut rng = Rng::new(2);
+    for path in simd_paths() {
+        for &n in &SIZES {
+            for trial in 0..6 {
+                // All 256 codes, including -128, which the quantizer never writes.
+                let codes: Vec<i8> = (0..n).map(|_| rng.next_u64() as i8).collect();
+                let x = rng.vec(n, trial % 3 == 2);
+                let scale = rng.log_uniform(-12.0, 2.0).abs();
+                let sum_abs: f64 =
+                    codes.iter().zip(&x).map(|(&c, &v)| (scale as f64 * c as f64 * v as f64).abs()).sum();
+                let got = kernels::int8_dot_with(path, &codes, scale, &x);
+                let want = int8::dot_reference(&codes, scale, &x);
+                check("int8", path, n, got, want, float_tolerance(n + 1, sum_abs));
+            }
+        }
+    }
+}
+
+/// A random INT4-gs64 row of `cols` inputs and an input padded to whole groups.
+fn int4_case(rng: &mut Rng, cols: usize, positive: bool) -> (Vec<u8>, Vec<u16>, Vec<f32>) {
+    let g = int4::groups(cols);
+    let codes: Vec<u8> = (0..g * int4::GROUP_BYTES).map(|_| rng.next_u64() as u8).collect();
+    // Scales down to f16 subnormals (6e-8) and up to 10.
+    let scales: Vec<u16> =
+        (0..g).map(|_| half::f16::from_f32(rng.log_uniform(-7.0, 1.0)).to_bits()).collect();
+    let mut x = rng.vec(g * int4::GROUP, positive);
+    x[cols..].fill(0.0);
+    (codes, scales, x)
+}
+
+/// `sum_g |d_g| sum_{i in g} |q_i x_i|`.
+fn int4_sum_abs(codes: &[u8], scales: &[u16], x: &[f32]) -> f64 {
+    let mut w = vec![0.0f32; x.len()];
+    int4::dequantize_row(codes, scales, &mut w);
+    w.iter().zip(x).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum()
+}
+
+#[test]
+fn int4_kernels_match_the_reference() {
+    let mut rng = Rng::new(3);
+    for path in simd_paths() {
+        for &cols in &SIZES {
+            for trial in 0..6 {
+                let (codes, scales, x) = int4_case(&mut rng, cols, trial % 3 == 2);
+                // Per term: product, 64 in-group additions, the scale, `groups` outer additions.
+                let depth = int4::GROUP + 2 + scales.len();
+                let tol = float_tolerance(depth, int4_sum_abs(&codes, &scales, &x));
+                let got = kernels::int4_dot_with(path, &codes, &scales, &x);
+                check("int4", path, cols, got, int4::dot_reference(&codes, &scales, &x), tol);
+            }
+        }
+    }
+}
+
+#[test]
+fn mismatched_lengths_never_read_out_of_bounds() {
+    // The SIMD kernels take the common length instead of trusting either slice (the scalar
+    // references assert equal lengths in debug builds instead).
+    let x = vec![1.0f32; 20];
+    for path in simd_paths() {
+        assert_eq!(kernels::f32_dot_with(path, &[2.0; 3], &x[..5]), 6.0, "{}", path.name());
+        assert_eq!(kernels::bf16_dot_with(path, &[0x3f80; 19], &x), 19.0, "{}", path.name());
+        assert_eq!(kernels::int8_dot_with(path, &[1; 40], 0.5, &x), 10.0, "{}", path.name());
+        // Two groups of scales and input, one of codes: one group is used.
+        let zero = 8 | (8 << 4);
+        let v = kernels::int4_dot_with(path, &[zero; 32], &[0x3c00, 0x3c00], &[1.0; 128]);
+        assert_eq!(v, 0.0, "{}", path.name());
+    }
+}
+
+// --- Quantized activations (AVX-512 VNNI integer kernels) -----------------------------------
+
+/// The documented bound between the quantized-activation and the float results of one row:
+/// half an activation step per input, times `|weight|`, plus the rounding of both sums.
+fn q8_vs_float_tolerance(w: &[f32], qx: &QuantizedX, x: &[f32], depth: usize) -> f64 {
+    let step: f64 = w
+        .iter()
+        .enumerate()
+        .map(|(i, a)| (*a as f64).abs() * qx.scales()[i / q8::GROUP] as f64 * (0.5 + 1.0 / 16384.0))
+        .sum();
+    let sum_abs_float: f64 = w.iter().zip(x).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
+    let sum_abs_q8: f64 =
+        w.iter().enumerate().map(|(i, a)| (*a as f64 * qx.dequantized(i) as f64).abs()).sum();
+    step + 2.0 * gamma(depth + 8) * (sum_abs_float + sum_abs_q8)
+}
+
+#[test]
+fn vnni_kernels_match_the_quantized_references() {
+    if !KernelPath::Avx512Vnni.is_available() {
+        eprintln!("SKIPPED: avx512-vnni not available on this CPU");
+        return;
+    }
+    let path = KernelPath::Avx512Vnni;
+    let mut rng = Rng::new(4);
+    for &cols in &SIZES {
+        for trial in 0..6 {
+            // INT4: the inner sums are exact integers, so only the outer float sums differ.
+            let (codes, scales, x) = int4_case(&mut rng, cols, trial % 3 == 2);
+            let qx = QuantizedX::new(&x[..cols]);
+            let mut w = vec![0.0f32; x.len()];
+            int4::dequantize_row(&codes, &scales, &mut w);
+            let sum_abs: f64 =
+                w.iter().enumerate().map(|(i, a)| (*a as f64 * qx.dequantized(i) as f64).abs()).sum();
+            let want = q8::int4_dot_reference(&codes, &scales, &qx);
+            let got = kernels::int4_dot_q8_with(path, &codes, &scales, &qx);
+            check("int4 q8", path, cols, got, want, 2.0 * gamma(scales.len() + 16) * sum_abs);
+            let tol = q8_vs_float_tolerance(&w, &qx, &x, int4::GROUP + 2 + scales.len());
+            check("int4 q8 vs float", path, cols, got, int4::dot_reference(&codes, &scales, &x), tol);
+
+            // INT8.
+            let codes: Vec<i8> = (0..cols).map(|_| rng.next_u64() as i8).collect();
+            let scale = rng.log_uniform(-12.0, 2.0).abs();
+            let x = rng.vec(cols, trial % 3 == 2);
+            let qx = QuantizedX::new(&x);
+            let w: Vec<f32> = codes.iter().map(|&c| c as f32 * scale).collect();
+            let sum_abs: f64 =
+                w.iter().enumerate().map(|(i, a)| (*a as f64 * qx.dequantized(i) as f64).abs()).sum();
+            let want = q8::int8_dot_reference(&codes, scale, &qx);
+            let got = kernels::int8_dot_q8_with(path, &codes, scale, &qx);
+            check("int8 q8", path, cols, got, want, 2.0 * gamma(qx.groups() + 16) * sum_abs);
+            let tol = q8_vs_float_tolerance(&w, &qx, &x, cols + 1);
+            check("int8 q8 vs float", path, cols, got, int8::dot_reference(&codes, scale, &x), tol);
+        }
+    }
+}
+
+#[test]
+fn vnni_kernels_propagate_non_finite_inputs() {
+    if !KernelPath::Avx512Vnni.is_available() {
+        eprintln!("SKIPPED: avx512-vnni not available on this CPU");
+        return;
+    }
+    for bad in [f32::NAN, f32::INFINITY] {
+        let mut x = vec![0.5f32; 100];
+        x[70] = bad;
+        let q = QuantizedX::new(&x);
+        let int4 = kernels::int4_dot_q8_with(KernelPath::Avx512Vnni, &[0x99; 64], &[0x3c00; 2], &q);
+        let int8 = kernels::int8_dot_q8_with(KernelPath::Avx512Vnni, &[1; 100], 1.0, &q);
+        assert!(!int4.is_finite() && !int8.is_finite(), "{bad}: {int4} {int8}");
+    }
+}
+
+#[test]
+fn activation_error_is_small_next_to_the_int4_weight_error() {
+    // On random rows: the error quantizing the activations adds (integer kernels against
+    // the float INT4 kernels) against the error of the INT4 weights themselves (float INT4
+    // kernels against the unquantized f32 weights). Documented in `q8`: about 0.3 % of |y|,
+    // an order of magnitude under the weights' error.
+    let mut rng = Rng::new(5);
+    let cols = 2880;
+    let (mut act, mut weight, mut norm) = (0.0f64, 0.0f64, 0.0f64);
+    for _ in 0..64 {
+        let w = rng.vec(cols, false);
+        let x = rng.vec(cols, false);
+        let (mut codes, mut scales) = (vec![0u8; int4::row_bytes(cols)], vec![0u16; int4::groups(cols)]);
+        int4::quantize_row(&w, &mut codes, &mut scales);
+        let exact: f64 = w.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
+        let float = int4::dot_reference(&codes, &scales, &x) as f64;
+        let q8 = q8::int4_dot_reference(&codes, &scales, &QuantizedX::new(&x)) as f64;
+        act += (q8 - float).powi(2);
+        weight += (float - exact).powi(2);
+        norm += exact * exact;
+    }
+    let (act, weight) = ((act / norm).sqrt(), (weight / norm).sqrt());
+    eprintln!("relative RMS error: activations {act:.4}, INT4 weights {weight:.4}");
+    assert!(act < 0.006, "activation quantization error {act}");
+    assert!(act < weight / 8.0, "activation error {act} vs weight error {weight}");
+}
+
+// --- Matrix::matvec --------------------------------------------------------------------------
+
+/// A `rows x cols` matrix in `format` from random weights.
+fn matrix(rng: &mut Rng, format: &str, rows: usize, cols: usize) -> Matrix {
+    let w: Vec<f32> = (0..rows * cols).map(|_| rng.signed() * 0.1).collect();
+    let data = match format {
+        "f32" => MatrixData::F32(WeightBuf::owned(w)),
+        "bf16" => {
+            MatrixData::Bf16(WeightBuf::owned(w.iter().map(|&v| half::bf16::from_f32(v).to_bits()).collect()))
+        }
+        "int8" => {
+            let mut codes = vec![0i8; rows * cols];
+            let scales =
+                w.chunks(cols).zip(codes.chunks_mut(cols)).map(|(r, c)| int8::quantize_row(r, c)).collect();
+            MatrixData::Int8Rows { codes: WeightBuf::owned(codes), scales: WeightBuf::owned(scales) }
+        }
+        _ => {
+            let (rb, g) = (int4::row_bytes(cols), int4::groups(cols));
+            let mut codes = vec![0u8; rows * rb];
+            let mut scales = vec![0u16; rows * g];
+            for (r, row) in w.chunks(cols).enumerate() {
+                int4::quantize_row(row, &mut codes[r * rb..(r + 1) * rb], &mut scales[r * g..(r + 1) * g]);
+            }
+            MatrixData::Int4G64 { codes: WeightBuf::owned(codes), scales: WeightBuf::owned(scales) }
+        }
+    };
+    Matrix::new("test", rows, cols, data).unwrap()
+}
+
+const FORMATS: [&str; 4] = ["f32", "bf16", "int8", "int4"];
+/// (rows, cols): serial and parallel products, rows a multiple of no chunk size.
+const SHAPES: [(usize, usize); 4] = [(13, 33), (7, 2880), (67, 1000), (45, 2880)];
+
+/// The products `Matrix` offers on `path`: (name, quantizes activations, product).
+type Product = fn(&Matrix, KernelPath, &[f32], &mut [f32]);
+fn products(path: KernelPath) -> [(&'static str, bool, Product); 2] {
+    [
+        ("matvec_with", path.quantizes_activations(), Matrix::matvec_with),
+        ("matvec_q8_with", true, Matrix::matvec_q8_with),
+    ]
+}
+
+#[test]
+fn matvec_matches_a_double_precision_product_on_every_path() {
+    simd_paths();
+    let mut rng = Rng::new(6);
+    for format in FORMATS {
+        for (rows, cols) in SHAPES {
+            let m = matrix(&mut rng, format, rows, cols);
+            assert_eq!(m.format_name().split('-').next(), Some(format));
+            let x = rng.vec(cols, false);
+            let w = m.to_f32();
+            for path in KernelPath::available() {
+                for (name, quantized, product) in products(path) {
+                    let mut y = vec![f32::NAN; rows];
+                    product(&m, path, &x, &mut y);
+                    let qx = (quantized && matches!(format, "int4" | "int8")).then(|| QuantizedX::new(&x));
+                    for (r, &got) in y.iter().enumerate() {
+                        let row = &w[r * cols..(r + 1) * cols];
+                        let exact: f64 = row.iter().zip(&x).map(|(a, b)| *a as f64 * *b as f64).sum();
+                        let sum_abs: f64 =
+                            row.iter().zip(&x).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum();
+                        // Depth of the reference sum, plus one rounding of the dequantized weights.
+                        let depth =
+                            if format == "int4" { int4::GROUP + 3 + int4::groups(cols) } else { cols + 2 };
+                        let tol = match &qx {
+                            Some(qx) => q8_vs_float_tolerance(row, qx, &x, depth),
+                            None => (gamma(depth) + 8.0 * U).min(1e-5) * sum_abs,
+                        };
+                        let err = (got as f64 - exact).abs();
+                        assert!(
+                            err <= tol,
+                            "{name} {format} {rows}x{cols} on {} row {r}: {got} vs {exact}, |diff| {err:e} > {tol:e}",
+                            path.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn matvec_is_bit_identical_with_one_and_two_threads() {
+    let mut rng = Rng::new(7);
+    let pool = |n| rayon::ThreadPoolBuilder::new().num_threads(n).build().unwrap();
+    let (one, two) = (pool(1), pool(2));
+    for format in FORMATS {
+        for (rows, cols) in SHAPES {
+            let m = matrix(&mut rng, format, rows, cols);
+            let x = rng.vec(cols, false);
+            let run = |p: &rayon::ThreadPool, product: &(dyn Fn(&mut [f32]) + Sync)| {
+                let mut y = vec![0.0f32; rows];
+                p.install(|| product(&mut y));
+                y.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+            };
+            for path in KernelPath::available() {
+                for (name, _, product) in products(path) {
+                    let f = |y: &mut [f32]| product(&m, path, &x, y);
+                    assert_eq!(
+                        run(&one, &f),
+                        run(&two, &f),
+                        "{name} {format} {rows}x{cols} on {}",
+                        path.name()
+                    );
+                }
+            }
+            // The default entry point too.
+            let f = |y: &mut [f32]| m.matvec(&x, y);
+            assert_eq!(run(&one, &f), run(&two, &f), "{format} {rows}x{cols} on the selected path");
+        }
+    }
+}
+
+#[test]
+fn selected_path_is_available_and_named() {
+    let s = kernels::selected();
+    assert!(s.is_available() && s.implemented());
+    assert!(KernelPath::available().contains(&s));
+    assert_eq!(KernelPath::available()[0], KernelPath::Scalar);
+    let names: Vec<&str> = KernelPath::ALL.iter().map(|p| p.name()).collect();
+    assert_eq!(names, ["scalar", "avx2", "avx512", "avx512-vnni", "neon"]);
+}
