@@ -895,6 +895,11 @@ impl Backend for GpuBackend {
                 predicted = p.experts.iter().map(|&e| e as usize).collect();
                 predicted.sort_unstable();
                 predicted.dedup();
+                // Start the disk reads of the predicted experts now, in the RAM tier's
+                // background readers, so they overlap this layer's uploads and kernels.
+                if layer + 1 < cfg.num_layers {
+                    self.source.prefetch(layer + 1, &predicted);
+                }
             }
             let mut needed: Vec<usize> = table.experts.iter().map(|&e| e as usize).collect();
             needed.sort_unstable();
