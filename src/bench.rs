@@ -39,29 +39,52 @@ pub fn read_bandwidth(bytes: usize, reps: usize) -> f64 {
     (src.len() * 8) as f64 / best
 }
 
-/// Sequential read bandwidth of `path` in bytes per second, reading up to `bytes` bytes in
-/// 8 MiB requests, bypassing the page cache where the platform allows (so a cached file does
+/// Read bandwidth of `path` in bytes per second: `streams` threads each read a contiguous
+/// part of up to `bytes` bytes sequentially in 8 MiB requests (the queue depth the expert
+/// readers use), bypassing the page cache where the platform allows (so a cached file does
 /// not pass for a fast disk). Returns the bandwidth and whether the reads were direct.
-pub fn disk_read_bandwidth(path: &std::path::Path, bytes: u64) -> crate::error::Result<(f64, bool)> {
+pub fn disk_read_bandwidth(
+    path: &std::path::Path,
+    bytes: u64,
+    streams: usize,
+) -> crate::error::Result<(f64, bool)> {
     use crate::error::Error;
     use crate::quant::buffer::AlignedBytes;
+    const REQUEST: u64 = 8 << 20;
     let len = std::fs::metadata(path).map_err(|e| Error::io(path, e))?.len();
-    let total = bytes.min(len) / (8 << 20) * (8 << 20);
-    if total == 0 {
+    let streams = streams.max(1) as u64;
+    let per_stream = bytes.min(len) / streams / REQUEST * REQUEST;
+    if per_stream == 0 {
         return Ok((0.0, false));
     }
     let (file, direct) = match crate::experts::store::open_direct(path) {
         Ok(f) => (f, true),
         Err(_) => (std::fs::File::open(path).map_err(|e| Error::io(path, e))?, false),
     };
-    let mut buf = AlignedBytes::zeroed(8 << 20);
     let t0 = Instant::now();
-    let mut off = 0;
-    while off < total {
-        crate::io::read_exact_at(&file, buf.as_mut_slice(), off).map_err(|e| Error::io(path, e))?;
-        off += 8 << 20;
-    }
-    Ok((total as f64 / t0.elapsed().as_secs_f64(), direct))
+    std::thread::scope(|s| -> crate::error::Result<()> {
+        let handles: Vec<_> = (0..streams)
+            .map(|i| {
+                let file = &file;
+                s.spawn(move || -> std::io::Result<()> {
+                    let mut buf = AlignedBytes::zeroed(REQUEST as usize);
+                    let mut off = i * per_stream;
+                    while off < (i + 1) * per_stream {
+                        crate::io::read_exact_at(file, buf.as_mut_slice(), off)?;
+                        off += REQUEST;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join()
+                .map_err(|_| Error::invalid("a disk benchmark thread panicked"))?
+                .map_err(|e| Error::io(path, e))?;
+        }
+        Ok(())
+    })?;
+    Ok(((per_stream * streams) as f64 / t0.elapsed().as_secs_f64(), direct))
 }
 
 /// Weight bytes a decoded token reads: every attention and router matrix, the output

@@ -115,8 +115,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let experts_file = model.dir.join(picchio::format::container::manifest::EXPERTS_FILE);
     let all_experts = (cfg.num_layers * cfg.num_experts) as u64;
     let fits = model.experts.batch_limit() as u64 * 2 >= all_experts;
-    let (disk_bw, disk_direct) =
-        if experts_file.exists() { disk_read_bandwidth(&experts_file, 1 << 30)? } else { (0.0, false) };
+    let (disk_bw, disk_direct) = if experts_file.exists() {
+        disk_read_bandwidth(&experts_file, 1 << 30, args.model.io_threads)?
+    } else {
+        (0.0, false)
+    };
 
     if fits && !args.no_preload {
         let t0 = Instant::now();
@@ -231,10 +234,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
     println!();
     println!(
-        "memory: copy {:.2} GB/s, read {:.2} GB/s; disk: sequential read {:.2} GB/s ({})",
+        "memory: copy {:.2} GB/s, read {:.2} GB/s; disk: {:.2} GB/s in {} sequential streams ({})",
         copy_bw / 1e9,
         read_bw / 1e9,
         disk_bw / 1e9,
+        args.model.io_threads,
         if disk_direct { "direct" } else { "through the page cache" }
     );
     println!(
