@@ -66,10 +66,18 @@ impl Phase {
         (self.wall.as_secs_f64() - self.experts.disk_wait.as_secs_f64()).max(0.0)
     }
 
-    /// `max(bytes read / sequential disk bandwidth, compute time)`: what the phase would take
-    /// if every read streamed at the disk's speed behind the computation.
+    /// Bytes of the reads whose expert was used (wasted prefetches excluded).
+    fn useful_bytes(&self) -> f64 {
+        let e = &self.experts;
+        let per_read = if e.reads > 0 { e.bytes_read as f64 / e.reads as f64 } else { 0.0 };
+        e.useful_reads() as f64 * per_read
+    }
+
+    /// `max(needed bytes / disk bandwidth, compute time)`: what the phase would take if
+    /// every needed read streamed at the disk's speed behind the computation. Prefetches
+    /// that were never used count against the phase, not towards its floor.
     fn floor(&self, disk_bw: f64) -> f64 {
-        let io = if disk_bw > 0.0 { self.experts.bytes_read as f64 / disk_bw } else { 0.0 };
+        let io = if disk_bw > 0.0 { self.useful_bytes() / disk_bw } else { 0.0 };
         io.max(self.compute())
     }
 
@@ -91,6 +99,8 @@ impl Phase {
             "prefetch_reads": e.prefetch_reads,
             "prefetch_useful": e.prefetch_useful,
             "prefetch_wasted": e.prefetch_wasted,
+            "prefetch_pending": e.prefetch_pending,
+            "useful_bytes_read": self.useful_bytes(),
             "floor_s": self.floor(disk_bw),
             "over_floor": self.wall.as_secs_f64() / self.floor(disk_bw).max(1e-9),
         })
@@ -251,15 +261,16 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     );
     if let Some(acc) = decode.experts.prediction_accuracy() {
         println!(
-            "prediction: {:.1}% of routed experts predicted; {} prefetch reads, {} useful, {} wasted",
+            "prediction: {:.1}% of routed experts predicted; {} prefetch reads, {} useful, {} wasted, {} unused so far",
             100.0 * acc,
             decode.experts.prefetch_reads,
             decode.experts.prefetch_useful,
-            decode.experts.prefetch_wasted
+            decode.experts.prefetch_wasted,
+            decode.experts.prefetch_pending
         );
     }
     println!(
-        "prefill {:.2} tok/s, decode {:.2} tok/s, peak RSS {} ('/floor': wall over max(bytes read / disk bandwidth, compute))",
+        "prefill {:.2} tok/s, decode {:.2} tok/s, peak RSS {} ('/floor': wall over max(bytes of used reads / disk bandwidth, compute))",
         prefill.tokens_per_s(),
         decode.tokens_per_s(),
         gib(rss)

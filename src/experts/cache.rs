@@ -358,7 +358,10 @@ impl ExpertSource for CachedExperts {
     }
 
     fn stats(&self) -> ExpertStats {
-        self.shared.lock().stats
+        let st = self.shared.lock();
+        let mut stats = st.stats;
+        stats.prefetch_pending = st.entries.values().filter(|e| e.speculative).count() as u64;
+        stats
     }
 }
 

@@ -45,6 +45,8 @@ pub struct ExpertStats {
     pub predicted_right: u64,
     /// Experts preloaded and protected as the learned hot set.
     pub hot_set: u64,
+    /// Prefetched experts still in the cache that nobody has asked for yet.
+    pub prefetch_pending: u64,
 }
 
 impl ExpertStats {
@@ -69,7 +71,14 @@ impl ExpertStats {
             predicted: self.predicted - earlier.predicted,
             predicted_right: self.predicted_right - earlier.predicted_right,
             hot_set: self.hot_set,
+            prefetch_pending: self.prefetch_pending,
         }
+    }
+
+    /// Reads whose expert was used: every read except prefetches that were evicted unused
+    /// or are still waiting to be asked for.
+    pub fn useful_reads(&self) -> u64 {
+        self.reads.saturating_sub(self.prefetch_wasted + self.prefetch_pending)
     }
 
     /// Share of requests served from memory, 0..=1 (1 when there were none).
