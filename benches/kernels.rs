@@ -1,9 +1,12 @@
 //! Matrix-vector products in every weight format against a memory copy of the same number
 //! of bytes, in one run: the ratio says how close each kernel gets to the memory-bandwidth
-//! floor. (A copy reads and writes its bytes; a product only reads them.)
+//! floor. (A copy reads and writes its bytes; a product only reads them.) Then batched
+//! products (`Matrix::matmul`, prefill) of 8 and 64 inputs.
 //!
-//! `cargo bench --bench kernels`; criterion reports each as bytes/second (throughput is set
-//! to the weight bytes one product reads). Each product runs on one thread (`1t`) and on the
+//! `cargo bench --bench kernels`; criterion reports each matrix-vector product as
+//! bytes/second (throughput is set to the weight bytes one product reads), each batched
+//! product as multiply-adds/second ("elem/s": `n * rows * cols` per product) and weight
+//! bytes/second. Each product runs on one thread (`1t`) and on the
 //! default rayon pool (`pool`), on the selected kernel path, which `PICCHIO_KERNELS` overrides:
 //! `PICCHIO_KERNELS=scalar cargo bench --bench kernels -- 2880x2880` compares against the
 //! reference. Where the CPU has AVX-512 VNNI but the selected path does not quantize
@@ -23,6 +26,9 @@ use rayon::ThreadPool;
 
 /// One GPT-OSS expert's down projection, and its fused gate/up projection.
 const SHAPES: [(usize, usize); 2] = [(2880, 2880), (5760, 2880)];
+/// Inputs per batched product: about what one expert gets in a 64-token prefill (64 tokens,
+/// top-4 of 32 experts), and what an attention projection gets.
+const BATCHES: [usize; 2] = [8, 64];
 
 fn weights(rows: usize, cols: usize) -> Vec<f32> {
     (0..rows * cols).map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1e-3).collect()
@@ -97,6 +103,27 @@ fn bench(c: &mut Criterion) {
                 bench_threads(&mut g, &format!("{name}/vnni-q8"), &one, || {
                     m.matvec_q8_with(KernelPath::Avx512Vnni, black_box(&x), &mut y)
                 });
+            }
+        }
+        g.finish();
+    }
+    for (rows, cols) in SHAPES {
+        let mut g = c.benchmark_group(format!("matmul_{rows}x{cols}"));
+        g.measurement_time(Duration::from_secs(2)).warm_up_time(Duration::from_secs(1)).sample_size(10);
+        for m in matrices(rows, cols).into_iter().filter(|m| !matches!(m.data, MatrixData::F32(_))) {
+            // With PICCHIO_INT8_ACTIVATIONS=1, INT4 and INT8 run the integer kernels.
+            let integer = matches!(m.data, MatrixData::Int4G64 { .. } | MatrixData::Int8Rows { .. });
+            let q8 = if integer && path.quantizes_activations() { "-q8" } else { "" };
+            for n in BATCHES {
+                let x: Vec<f32> =
+                    (0..n).flat_map(|t| input(cols).into_iter().map(move |v| v + t as f32 * 1e-3)).collect();
+                let mut y = vec![0.0f32; n * rows];
+                g.throughput(Throughput::ElementsAndBytes {
+                    elements: (n * rows * cols) as u64,
+                    bytes: m.byte_len() as u64,
+                });
+                let name = format!("{}/n{n}/{}{q8}", m.format_name(), path.name());
+                bench_threads(&mut g, &name, &one, || m.matmul(black_box(&x), n, &mut y));
             }
         }
         g.finish();
