@@ -416,3 +416,219 @@ fn selected_path_is_available_and_named() {
     let names: Vec<&str> = KernelPath::ALL.iter().map(|p| p.name()).collect();
     assert_eq!(names, ["scalar", "avx2", "avx512", "avx512-vnni", "neon"]);
 }
+
+// --- Several rows and inputs at once (batched products) --------------------------------------
+
+/// Every path this build has and this CPU can run, the scalar reference included.
+fn all_paths() -> Vec<KernelPath> {
+    simd_paths();
+    KernelPath::available()
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|v| v.to_bits()).collect()
+}
+
+/// Row lengths for the multi-input tests: short and odd ones, around every chunk and group
+/// size, and GPT-OSS's hidden size.
+const MULTI_SIZES: [usize; 18] = [1, 3, 7, 8, 9, 15, 17, 31, 32, 33, 63, 64, 65, 100, 127, 129, 200, 2880];
+
+#[test]
+fn multi_input_kernels_equal_single_input_kernels_bit_for_bit() {
+    let mut rng = Rng::new(8);
+    for path in all_paths() {
+        for (i, &cols) in MULTI_SIZES.iter().enumerate() {
+            // Up to 19 rows (more than one block of the kernels' rows) and 1 to 17 inputs.
+            let rows = [1, 8, 9, 19][i % 4];
+            let n = 1 + (rng.next_u64() % 17) as usize;
+            let g = int4::groups(cols);
+            // Inputs padded to whole groups (INT4 reads them all; the rest read `cols`).
+            let xs: Vec<Vec<f32>> = (0..n).map(|_| rng.vec(g * int4::GROUP, false)).collect();
+            let xr: Vec<&[f32]> = xs.iter().map(|x| &x[..cols]).collect();
+            let xp: Vec<&[f32]> = xs.iter().map(|x| &x[..]).collect();
+            let qs: Vec<QuantizedX> = xs.iter().map(|x| QuantizedX::new(&x[..cols])).collect();
+            let qr: Vec<&QuantizedX> = qs.iter().collect();
+            let w: Vec<f32> = (0..rows * cols).map(|_| rng.signed()).collect();
+            let wb: Vec<u16> = w.iter().map(|&v| half::bf16::from_f32(v).to_bits()).collect();
+            let c8: Vec<i8> = (0..rows * cols).map(|_| rng.next_u64() as i8).collect();
+            let s8: Vec<f32> = (0..rows).map(|_| rng.log_uniform(-6.0, 1.0).abs()).collect();
+            let c4: Vec<u8> = (0..rows * g * int4::GROUP_BYTES).map(|_| rng.next_u64() as u8).collect();
+            let s4: Vec<u16> =
+                (0..rows * g).map(|_| half::f16::from_f32(rng.log_uniform(-7.0, 1.0)).to_bits()).collect();
+            let rb = int4::row_bytes(cols);
+            let (c4r, s4r) = (|r: usize| &c4[r * rb..(r + 1) * rb], |r: usize| &s4[r * g..(r + 1) * g]);
+            let run = |f: &dyn Fn(&mut [f32]), single: &dyn Fn(usize, usize) -> f32, what: &str| {
+                let mut out = vec![f32::NAN; rows * n];
+                f(&mut out);
+                let want: Vec<f32> = (0..rows * n).map(|i| single(i / n, i % n)).collect();
+                assert_eq!(bits(&out), bits(&want), "{what} {rows}x{cols}, {n} inputs, on {}", path.name());
+            };
+            run(
+                &|o| kernels::f32_dot_multi_with(path, &w, cols, &xr, o),
+                &|r, t| kernels::f32_dot_with(path, &w[r * cols..][..cols], xr[t]),
+                "f32",
+            );
+            run(
+                &|o| kernels::bf16_dot_multi_with(path, &wb, cols, &xr, o),
+                &|r, t| kernels::bf16_dot_with(path, &wb[r * cols..][..cols], xr[t]),
+                "bf16",
+            );
+            run(
+                &|o| kernels::int8_dot_multi_with(path, &c8, &s8, cols, &xr, o),
+                &|r, t| kernels::int8_dot_with(path, &c8[r * cols..][..cols], s8[r], xr[t]),
+                "int8",
+            );
+            run(
+                &|o| kernels::int4_dot_multi_with(path, &c4, &s4, cols, &xp, o),
+                &|r, t| kernels::int4_dot_with(path, c4r(r), s4r(r), xp[t]),
+                "int4",
+            );
+            run(
+                &|o| kernels::int8_dot_q8_multi_with(path, &c8, &s8, cols, &qr, o),
+                &|r, t| kernels::int8_dot_q8_with(path, &c8[r * cols..][..cols], s8[r], qr[t]),
+                "int8 q8",
+            );
+            run(
+                &|o| kernels::int4_dot_q8_multi_with(path, &c4, &s4, cols, &qr, o),
+                &|r, t| kernels::int4_dot_q8_with(path, c4r(r), s4r(r), qr[t]),
+                "int4 q8",
+            );
+        }
+    }
+}
+
+/// (rows, cols) for the batched products: serial and parallel, rows that fill no block of rows
+/// evenly, columns that are multiples of no chunk or group size and long ones (several
+/// blocks of the contraction).
+const MATMUL_SHAPES: [(usize, usize); 8] =
+    [(1, 1), (5, 7), (13, 33), (17, 65), (67, 100), (45, 2880), (130, 1000), (9, 4099)];
+
+/// A batched product on a path, and the matrix-vector product it must equal per input.
+type Batched = fn(&Matrix, KernelPath, &[f32], usize, &mut [f32]);
+
+#[test]
+fn matmul_equals_matvec_per_input_bit_for_bit_on_one_and_two_threads() {
+    let mut rng = Rng::new(9);
+    let pool = |n| rayon::ThreadPoolBuilder::new().num_threads(n).build().unwrap();
+    let pools = [pool(1), pool(2)];
+    let products: [(&str, Batched, Product); 2] = [
+        ("matmul_with", Matrix::matmul_with, Matrix::matvec_with),
+        ("matmul_q8_with", Matrix::matmul_q8_with, Matrix::matvec_q8_with),
+    ];
+    for format in FORMATS {
+        for (rows, cols) in MATMUL_SHAPES {
+            let m = matrix(&mut rng, format, rows, cols);
+            for n in (0..=17).chain([31, 64]) {
+                let x = rng.vec(n * cols, false);
+                for path in all_paths() {
+                    for (name, batched, single) in products {
+                        let mut want = vec![0.0f32; n * rows];
+                        for (xt, yt) in x.chunks(cols).zip(want.chunks_mut(rows)) {
+                            single(&m, path, xt, yt);
+                        }
+                        for p in &pools {
+                            let mut y = vec![f32::NAN; n * rows];
+                            p.install(|| batched(&m, path, &x, n, &mut y));
+                            assert_eq!(
+                                bits(&y),
+                                bits(&want),
+                                "{name} {format} {rows}x{cols}, n={n}, on {} with {} threads",
+                                path.name(),
+                                p.current_num_threads()
+                            );
+                        }
+                    }
+                }
+                // The default entry points.
+                let mut want = vec![0.0f32; n * rows];
+                for (xt, yt) in x.chunks(cols).zip(want.chunks_mut(rows)) {
+                    m.matvec(xt, yt);
+                }
+                for p in &pools {
+                    let mut y = vec![f32::NAN; n * rows];
+                    p.install(|| m.matmul(&x, n, &mut y));
+                    assert_eq!(bits(&y), bits(&want), "matmul {format} {rows}x{cols}, n={n}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn passes_split_inputs_evenly() {
+    for max in 1..=9 {
+        for n in 0..=70 {
+            let p: Vec<usize> = kernels::passes(n, max).collect();
+            assert_eq!(p.iter().sum::<usize>(), n, "n={n} max={max}");
+            assert_eq!(p.len(), n.div_ceil(max), "n={n} max={max}");
+            assert!(p.iter().all(|&s| s >= 1 && s <= max), "n={n} max={max}: {p:?}");
+            assert!(p.windows(2).all(|w| w[0] >= w[1] && w[0] - w[1] <= 1), "n={n} max={max}: {p:?}");
+        }
+    }
+    for path in KernelPath::ALL {
+        for product in [
+            kernels::Product::F32,
+            kernels::Product::Bf16,
+            kernels::Product::Int8,
+            kernels::Product::Int4,
+            kernels::Product::Int8Q8,
+            kernels::Product::Int4Q8,
+        ] {
+            assert!(kernels::max_inputs(path, product) >= 1);
+        }
+    }
+}
+
+#[test]
+fn multi_input_kernels_handle_unequal_lengths_and_non_finite_inputs_like_single_ones() {
+    let mut rng = Rng::new(10);
+    let cols = 200;
+    let w: Vec<f32> = (0..3 * cols).map(|_| rng.signed()).collect();
+    let wb: Vec<u16> = w.iter().map(|&v| half::bf16::from_f32(v).to_bits()).collect();
+    let c8: Vec<i8> = (0..3 * cols).map(|_| rng.next_u64() as i8).collect();
+    let s8 = [0.5f32, -2.0, 1e-3];
+    let mut xs: Vec<Vec<f32>> = (0..7).map(|_| rng.vec(cols, false)).collect();
+    xs[1].truncate(150); // shorter: its products run over 150 elements, as single ones would
+    xs[2][17] = f32::NAN;
+    xs[3][100] = f32::INFINITY;
+    xs[4][5] = f32::NEG_INFINITY;
+    xs[4][6] = f32::INFINITY;
+    let xr: Vec<&[f32]> = xs.iter().map(|x| &x[..]).collect();
+    for path in all_paths() {
+        let check = |f: &dyn Fn(&mut [f32]), single: &dyn Fn(usize, usize) -> f32, what: &str| {
+            let mut out = vec![0.0f32; 3 * xr.len()];
+            f(&mut out);
+            let want: Vec<f32> = (0..out.len()).map(|i| single(i / xr.len(), i % xr.len())).collect();
+            assert_eq!(bits(&out), bits(&want), "{what} on {}", path.name());
+        };
+        check(
+            &|o| kernels::f32_dot_multi_with(path, &w, cols, &xr, o),
+            &|r, t| kernels::f32_dot_with(path, &w[r * cols..][..cols], xr[t]),
+            "f32",
+        );
+        check(
+            &|o| kernels::bf16_dot_multi_with(path, &wb, cols, &xr, o),
+            &|r, t| kernels::bf16_dot_with(path, &wb[r * cols..][..cols], xr[t]),
+            "bf16",
+        );
+        check(
+            &|o| kernels::int8_dot_multi_with(path, &c8, &s8, cols, &xr, o),
+            &|r, t| kernels::int8_dot_with(path, &c8[r * cols..][..cols], s8[r], xr[t]),
+            "int8",
+        );
+        // Equal lengths again, with the non-finite values: passes of several inputs.
+        let xe: Vec<&[f32]> = xr.iter().filter(|x| x.len() == cols).copied().collect();
+        let mut out = vec![0.0f32; 3 * xe.len()];
+        kernels::f32_dot_multi_with(path, &w, cols, &xe, &mut out);
+        let want: Vec<f32> = (0..out.len())
+            .map(|i| kernels::f32_dot_with(path, &w[(i / xe.len()) * cols..][..cols], xe[i % xe.len()]))
+            .collect();
+        assert_eq!(bits(&out), bits(&want), "f32, equal lengths, on {}", path.name());
+        assert!(out[1].is_nan() && !out[2].is_finite(), "{:?}", &out[..xe.len()]);
+        // An output buffer too short for every row is filled as far as it goes.
+        let mut short = vec![7.0f32; 2 * xe.len() + 1];
+        kernels::f32_dot_multi_with(path, &w, cols, &xe, &mut short);
+        assert_eq!(bits(&short[..2 * xe.len()]), bits(&want[..2 * xe.len()]), "on {}", path.name());
+        assert_eq!(short[2 * xe.len()], 7.0);
+    }
+}

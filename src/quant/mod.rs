@@ -68,6 +68,19 @@ pub struct Matrix {
 /// the pool would cost more than it saves.
 const PARALLEL_MIN_WORK: usize = 1 << 15;
 
+/// Weight bytes in one block of rows of [`Matrix::matmul`] (one task for the thread pool): the
+/// block stays in L2 while the passes of inputs go over it.
+const MATMUL_BLOCK_BYTES: usize = 64 << 10;
+
+/// The inputs of a batched product: each input row (padded to whole INT4 groups), or each
+/// input quantized ([`kernels::q8`]) when INT4 and INT8 rows use the integer kernels.
+struct Inputs<'a> {
+    /// Float input rows (empty when `q` is used).
+    x: Vec<&'a [f32]>,
+    /// Quantized input rows (empty when `x` is used).
+    q: Vec<&'a QuantizedX>,
+}
+
 impl Matrix {
     /// Builds a matrix, checking that `data` holds exactly what `rows x cols` needs.
     pub fn new(name: &str, rows: usize, cols: usize, data: MatrixData) -> Result<Self> {
@@ -222,26 +235,48 @@ impl Matrix {
         }
     }
 
-    /// `Y = X W^T`: `x` holds `n` input rows (`[n, cols]`), `y` gets `[n, rows]`. Each
-    /// weight row is read once for all `n` inputs (it stays in cache while they pass), and
-    /// every output is bit-identical to what [`Matrix::matvec`] gives for that input, so
-    /// batched prefill and token-by-token decode agree exactly.
+    /// `Y = X W^T`: `x` holds `n` input rows (`[n, cols]`), `y` gets `[n, rows]`. Every
+    /// output is bit-identical to what [`Matrix::matvec`] gives for that input (the same kernel
+    /// path, the same activation quantization, and multi-input kernels that apply to each
+    /// input exactly the single-input kernel's operations), so batched prefill and
+    /// token-by-token decode agree exactly, whatever `n`, the blocking or the thread count.
+    ///
+    /// Each weight row is loaded, unpacked or widened once per pass of up to
+    /// [`kernels::max_inputs`] inputs rather than once per input. Rows are processed in blocks
+    /// (split across threads) small enough to stay in the core's L2 cache while every pass of
+    /// inputs goes over them.
     pub fn matmul(&self, x: &[f32], n: usize, y: &mut [f32]) {
+        self.matmul_with(kernels::selected(), x, n, y)
+    }
+
+    /// [`Matrix::matmul`] on a given kernel path: each output is bit-identical to
+    /// [`Matrix::matvec_with`] on `path` for that input.
+    pub fn matmul_with(&self, path: KernelPath, x: &[f32], n: usize, y: &mut [f32]) {
+        self.matmul_impl(path, path.quantizes_activations(), x, n, y)
+    }
+
+    /// [`Matrix::matmul_with`] with INT4 and INT8 matrices always on quantized activations:
+    /// each output is bit-identical to [`Matrix::matvec_q8_with`] on `path` for that input.
+    pub fn matmul_q8_with(&self, path: KernelPath, x: &[f32], n: usize, y: &mut [f32]) {
+        self.matmul_impl(path, true, x, n, y)
+    }
+
+    /// `Y = X W^T` on `path`, with INT4 and INT8 matrices on quantized activations if `quantize`.
+    fn matmul_impl(&self, path: KernelPath, quantize: bool, x: &[f32], n: usize, y: &mut [f32]) {
         assert_eq!(x.len(), n * self.cols, "matmul input length");
         assert_eq!(y.len(), n * self.rows, "matmul output length");
-        if n == 1 {
-            return self.matvec(x, y);
+        match n {
+            0 => return,
+            1 => return self.matvec_impl(path, quantize, x, y),
+            _ => {}
         }
         // The same arithmetic as matvec, input by input: the same kernel path, and on paths
         // that quantize activations each input is quantized exactly as matvec would.
-        let path = kernels::selected();
         let integer = matches!(self.data, MatrixData::Int4G64 { .. } | MatrixData::Int8Rows { .. });
-        let quantized: Vec<QuantizedX> = if integer && path.quantizes_activations() {
-            x.chunks(self.cols).map(QuantizedX::new).collect()
-        } else {
-            Vec::new()
-        };
-        let pc = if quantized.is_empty() { self.padded_cols() } else { self.cols };
+        let quantize = integer && quantize;
+        let quantized: Vec<QuantizedX> =
+            if quantize { x.chunks(self.cols).map(QuantizedX::new).collect() } else { Vec::new() };
+        let pc = if quantize { self.cols } else { self.padded_cols() };
         let padded;
         let x = if pc == self.cols {
             x
@@ -253,27 +288,60 @@ impl Matrix {
             padded = p;
             &padded
         };
-        // Each task computes a block of weight rows for every input (the rows stay in cache
-        // while the inputs pass), then the block is scattered into the row-major output.
-        let chunk = (PARALLEL_MIN_WORK / (self.cols * n).max(1)).max(1);
-        let blocks: Vec<(usize, Vec<f32>)> = (0..self.rows.div_ceil(chunk))
-            .into_par_iter()
-            .map(|b| {
-                let r0 = b * chunk;
-                let r1 = (r0 + chunk).min(self.rows);
-                let mut out = Vec::with_capacity((r1 - r0) * n);
-                for r in r0..r1 {
-                    for t in 0..n {
-                        out.push(self.row_dot(path, r, &x[t * pc..(t + 1) * pc], quantized.get(t)));
-                    }
+        let inputs = Inputs {
+            x: if quantize { Vec::new() } else { x.chunks_exact(pc).collect() },
+            q: quantized.iter().collect(),
+        };
+        // Blocks of rows for all inputs: `out` is `[rows in block, n]`.
+        // Whole groups of the kernels' row blocks.
+        let row_bytes = (self.byte_len() / self.rows.max(1)).max(1);
+        let rows_per_block =
+            (MATMUL_BLOCK_BYTES / row_bytes / kernels::ROW_BLOCK).max(1) * kernels::ROW_BLOCK;
+        let mut out = vec![0.0f32; self.rows * n];
+        if self.rows * self.cols * n < PARALLEL_MIN_WORK {
+            self.rows_dot_multi(path, 0, &inputs, &mut out);
+        } else {
+            out.par_chunks_mut(rows_per_block * n)
+                .enumerate()
+                .for_each(|(b, o)| self.rows_dot_multi(path, b * rows_per_block, &inputs, o));
+        }
+        for (r, vals) in out.chunks_exact(n).enumerate() {
+            for (t, &v) in vals.iter().enumerate() {
+                y[t * self.rows + r] = v;
+            }
+        }
+    }
+
+    /// Rows `r0 ..` (as many as `out`, `[rows, n]`, holds) against every input of `inputs`
+    /// (the quantized ones for INT4 and INT8 if there are any): the multi-row, multi-input
+    /// form of [`Matrix::row_dot`].
+    fn rows_dot_multi(&self, path: KernelPath, r0: usize, inputs: &Inputs, out: &mut [f32]) {
+        let c = self.cols;
+        let n = inputs.x.len().max(inputs.q.len());
+        let r1 = (r0 + out.len() / n.max(1)).min(self.rows);
+        match &self.data {
+            MatrixData::F32(b) => {
+                kernels::f32_dot_multi_with(path, &b.as_slice()[r0 * c..r1 * c], c, &inputs.x, out)
+            }
+            MatrixData::Bf16(b) => {
+                kernels::bf16_dot_multi_with(path, &b.as_slice()[r0 * c..r1 * c], c, &inputs.x, out)
+            }
+            MatrixData::Int8Rows { codes, scales } => {
+                let (codes, scales) = (&codes.as_slice()[r0 * c..r1 * c], &scales.as_slice()[r0..r1]);
+                if inputs.q.is_empty() {
+                    kernels::int8_dot_multi_with(path, codes, scales, c, &inputs.x, out)
+                } else {
+                    kernels::int8_dot_q8_multi_with(path, codes, scales, c, &inputs.q, out)
                 }
-                (r0, out)
-            })
-            .collect();
-        for (r0, out) in blocks {
-            for (i, vals) in out.chunks(n).enumerate() {
-                for (t, &v) in vals.iter().enumerate() {
-                    y[t * self.rows + r0 + i] = v;
+            }
+            MatrixData::Int4G64 { codes, scales } => {
+                let (rb, g) = (int4::row_bytes(c), int4::groups(c));
+                let (codes, scales) =
+                    (&codes.as_slice()[r0 * rb..r1 * rb], &scales.as_slice()[r0 * g..r1 * g]);
+                if inputs.q.is_empty() {
+                    kernels::int4_dot_multi_with(path, codes, scales, c, &inputs.x, out)
+                } else {
+                    kernels::int4_dot_q8_multi_with(path, codes, scales, c, &inputs.q, out)
                 }
             }
         }

@@ -9,6 +9,12 @@
 //! The float kernels compute the reference sums in another order (so results differ from the
 //! reference by rounding only). The integer kernels (`*_q8_*`, AVX-512 VNNI) first quantize
 //! the activations, which changes the result more; their exact definition is in [`q8`].
+//!
+//! Each product also has a multi-input form (`*_multi_with`): one weight row against several
+//! inputs, loading and unpacking each weight once for up to [`max_inputs`] of them. Its
+//! outputs are bit-identical to the single-input product of each input on the same path
+//! (the SIMD kernels apply exactly the same operations to each input; see the `x86` module),
+//! which is what lets a batched prefill equal token-by-token decoding bit for bit.
 
 pub mod q8;
 
@@ -184,88 +190,482 @@ pub fn int8_dot(codes: &[i8], scale: f32, x: &[f32]) -> f32 {
     int8_dot_with(selected(), codes, scale, x)
 }
 
+/// Rows whose accumulators the multi-row kernels keep together while a block of the inputs
+/// passes over them.
+pub(crate) const ROW_BLOCK: usize = 8;
+
+/// Bytes of inputs (all of a pass's inputs together) per block of the contraction in the
+/// multi-row kernels: the block stays in L1 while [`ROW_BLOCK`] rows pass over it.
+const X_TILE_BYTES: usize = 16 << 10;
+
+/// Units per block of the contraction in a kernel that handles `R` rows at a time, where a
+/// unit (a chunk or group of every input) is `unit_bytes` of inputs: all `units` for one row
+/// (nothing to share), else about [`X_TILE_BYTES`] of inputs, a positive multiple of
+/// `multiple` (so that accumulators alternating by unit keep their pattern).
+#[inline(always)]
+#[cfg_attr(not(any(target_arch = "x86_64", target_arch = "aarch64")), allow(dead_code))]
+fn k_step<const R: usize>(units: usize, unit_bytes: usize, multiple: usize) -> usize {
+    if R == 1 { units.max(1) } else { (X_TILE_BYTES / unit_bytes.max(1)).max(multiple) / multiple * multiple }
+}
+
+/// `out[at + t] = s[t]` for the `t` that `out` has room for.
+#[inline(always)]
+#[cfg_attr(not(any(target_arch = "x86_64", target_arch = "aarch64")), allow(dead_code))]
+fn store<const T: usize>(out: &mut [f32], at: usize, s: &[f32; T]) {
+    if let Some(o) = out.get_mut(at..at + T) {
+        o.copy_from_slice(s);
+    }
+}
+
 /// [`f32_dot`] on `path` (the scalar reference if this CPU cannot run `path`). The SIMD
 /// kernels read `min(w.len(), x.len())` elements.
 pub fn f32_dot_with(path: KernelPath, w: &[f32], x: &[f32]) -> f32 {
+    let mut o = [0.0f32];
     match usable(path) {
+        _ if w.is_empty() => return reference::dot_f32(w, &x[..0]),
         // SAFETY (all arms): `usable` returned the path only if the CPU has its features.
         // The VNNI path streams f32 faster with 256-bit vectors (see the `x86` module).
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx2 | KernelPath::Avx512Vnni => unsafe { x86::f32_dot_avx2(w, x) },
+        KernelPath::Avx2 | KernelPath::Avx512Vnni => unsafe {
+            x86::f32_dot_avx2::<1, 1>(w, 1, w.len(), &[x], &mut o, 1)
+        },
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512 => unsafe { x86::f32_dot_avx512(w, x) },
+        KernelPath::Avx512 => unsafe { x86::f32_dot_avx512::<1, 1>(w, 1, w.len(), &[x], &mut o, 1) },
         #[cfg(target_arch = "aarch64")]
-        KernelPath::Neon => unsafe { neon::f32_dot_neon(w, x) },
-        _ => reference::dot_f32(w, x),
+        KernelPath::Neon => unsafe { neon::f32_dot_neon::<1, 1>(w, 1, w.len(), &[x], &mut o, 1) },
+        _ => return reference::dot_f32(w, x),
     }
+    o[0]
 }
 
 /// [`bf16_dot`] on `path` (the scalar reference if this CPU cannot run `path`). The SIMD
 /// kernels read `min(w.len(), x.len())` elements.
 pub fn bf16_dot_with(path: KernelPath, w: &[u16], x: &[f32]) -> f32 {
+    let mut o = [0.0f32];
     match usable(path) {
+        _ if w.is_empty() => return reference::dot_bf16(w, &x[..0]),
         // SAFETY (all arms): `usable` returned the path only if the CPU has its features.
         // The VNNI path streams bf16 faster with 256-bit vectors (see the `x86` module).
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx2 | KernelPath::Avx512Vnni => unsafe { x86::bf16_dot_avx2(w, x) },
+        KernelPath::Avx2 | KernelPath::Avx512Vnni => unsafe {
+            x86::bf16_dot_avx2::<1, 1>(w, 1, w.len(), &[x], &mut o, 1)
+        },
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512 => unsafe { x86::bf16_dot_avx512(w, x) },
+        KernelPath::Avx512 => unsafe { x86::bf16_dot_avx512::<1, 1>(w, 1, w.len(), &[x], &mut o, 1) },
         #[cfg(target_arch = "aarch64")]
-        KernelPath::Neon => unsafe { neon::bf16_dot_neon(w, x) },
-        _ => reference::dot_bf16(w, x),
+        KernelPath::Neon => unsafe { neon::bf16_dot_neon::<1, 1>(w, 1, w.len(), &[x], &mut o, 1) },
+        _ => return reference::dot_bf16(w, x),
     }
+    o[0]
 }
 
 /// [`int4_dot`] on `path` (the scalar reference if this CPU cannot run `path`). The SIMD
 /// kernels use the groups that `codes`, `scales` and `x` all hold in full.
 pub fn int4_dot_with(path: KernelPath, codes: &[u8], scales: &[u16], x: &[f32]) -> f32 {
+    let g = scales.len().min(codes.len() / int4::GROUP_BYTES);
+    let (codes, scales, cols) = (&codes[..g * int4::GROUP_BYTES], &scales[..g], g * int4::GROUP);
+    let mut o = [0.0f32];
     match usable(path) {
+        _ if g == 0 => return 0.0,
         // SAFETY (all arms): `usable` returned the path only if the CPU has its features.
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx2 => unsafe { x86::int4_dot_avx2(codes, scales, x) },
+        KernelPath::Avx2 => unsafe { x86::int4_dot_avx2::<1, 1>(codes, scales, 1, cols, &[x], &mut o, 1) },
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512 | KernelPath::Avx512Vnni => unsafe { x86::int4_dot_avx512(codes, scales, x) },
+        KernelPath::Avx512 | KernelPath::Avx512Vnni => unsafe {
+            x86::int4_dot_avx512::<1, 1>(codes, scales, 1, cols, &[x], &mut o, 1)
+        },
         #[cfg(target_arch = "aarch64")]
-        KernelPath::Neon => unsafe { neon::int4_dot_neon(codes, scales, x) },
-        _ => int4::dot_reference(codes, scales, x),
+        KernelPath::Neon => unsafe { neon::int4_dot_neon::<1, 1>(codes, scales, 1, cols, &[x], &mut o, 1) },
+        _ => return int4::dot_reference(codes, scales, x),
     }
+    o[0]
 }
 
 /// [`int8_dot`] on `path` (the scalar reference if this CPU cannot run `path`). The SIMD
 /// kernels read `min(codes.len(), x.len())` elements.
 pub fn int8_dot_with(path: KernelPath, codes: &[i8], scale: f32, x: &[f32]) -> f32 {
+    let mut o = [0.0f32];
     match usable(path) {
+        _ if codes.is_empty() => return int8::dot_reference(codes, scale, &x[..0]),
         // SAFETY (all arms): `usable` returned the path only if the CPU has its features.
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx2 => unsafe { x86::int8_dot_avx2(codes, scale, x) },
+        KernelPath::Avx2 => unsafe { x86::int8_sum_avx2::<1, 1>(codes, 1, codes.len(), &[x], &mut o, 1) },
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512 | KernelPath::Avx512Vnni => unsafe { x86::int8_dot_avx512(codes, scale, x) },
+        KernelPath::Avx512 | KernelPath::Avx512Vnni => unsafe {
+            x86::int8_sum_avx512::<1, 1>(codes, 1, codes.len(), &[x], &mut o, 1)
+        },
         #[cfg(target_arch = "aarch64")]
-        KernelPath::Neon => unsafe { neon::int8_dot_neon(codes, scale, x) },
-        _ => int8::dot_reference(codes, scale, x),
+        KernelPath::Neon => unsafe { neon::int8_sum_neon::<1, 1>(codes, 1, codes.len(), &[x], &mut o, 1) },
+        _ => return int8::dot_reference(codes, scale, x),
     }
+    scale * o[0]
 }
 
 /// One INT4-gs64 row with quantized activations ([`q8::int4_dot_reference`]): the VNNI kernel
 /// on [`KernelPath::Avx512Vnni`] (when this CPU has it), the scalar definition on every other
 /// path.
 pub fn int4_dot_q8_with(path: KernelPath, codes: &[u8], scales: &[u16], x: &QuantizedX) -> f32 {
+    let g = scales.len().min(codes.len() / int4::GROUP_BYTES);
+    let mut o = [0.0f32];
     match usable(path) {
+        _ if g == 0 => return 0.0,
         // SAFETY: `usable` returned the path only if the CPU has its features.
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512Vnni => unsafe { x86::int4_dot_q8_vnni(codes, scales, x) },
-        _ => q8::int4_dot_reference(codes, scales, x),
+        KernelPath::Avx512Vnni => unsafe {
+            let (codes, scales) = (&codes[..g * int4::GROUP_BYTES], &scales[..g]);
+            x86::int4_dot_q8_vnni::<1, 1>(codes, scales, 1, g * int4::GROUP, &[x], &mut o, 1)
+        },
+        _ => return q8::int4_dot_reference(codes, scales, x),
     }
+    o[0]
 }
 
 /// One INT8 row with quantized activations ([`q8::int8_dot_reference`]): the VNNI kernel on
 /// [`KernelPath::Avx512Vnni`] (when this CPU has it), the scalar definition on every other
 /// path.
 pub fn int8_dot_q8_with(path: KernelPath, codes: &[i8], scale: f32, x: &QuantizedX) -> f32 {
+    let mut o = [0.0f32];
     match usable(path) {
+        _ if codes.is_empty() => return q8::int8_dot_reference(codes, scale, x),
         // SAFETY: `usable` returned the path only if the CPU has its features.
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512Vnni => unsafe { x86::int8_dot_q8_vnni(codes, scale, x) },
-        _ => q8::int8_dot_reference(codes, scale, x),
+        KernelPath::Avx512Vnni => unsafe {
+            x86::int8_dot_q8_vnni::<1, 1>(codes, &[scale], 1, codes.len(), &[x], &mut o, 1)
+        },
+        _ => return q8::int8_dot_reference(codes, scale, x),
     }
+    o[0]
+}
+
+// --- Several rows and inputs at once ---------------------------------------------------------
+
+/// Which dot product a kernel computes: the weight format, and for INT4 and INT8 whether the
+/// activations are quantized ([`q8`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Product {
+    /// [`f32_dot_with`].
+    F32,
+    /// [`bf16_dot_with`].
+    Bf16,
+    /// [`int8_dot_with`].
+    Int8,
+    /// [`int4_dot_with`].
+    Int4,
+    /// [`int8_dot_q8_with`].
+    Int8Q8,
+    /// [`int4_dot_q8_with`].
+    Int4Q8,
+}
+
+/// Most inputs a multi-input kernel of `product` on `path` takes in one pass over the weights:
+/// as many as keep every input's accumulators in vector registers. More inputs are split into
+/// passes of at most this many (1 where the path has no multi-input kernel for `product`).
+pub fn max_inputs(path: KernelPath, product: Product) -> usize {
+    use {KernelPath as P, Product as D};
+    match (usable(path), product) {
+        // 16 registers: four accumulators per input for the float formats, four vectors per
+        // input across an INT4 group.
+        (P::Avx2, D::F32 | D::Bf16 | D::Int8 | D::Int4) => 3,
+        // 32 registers: four accumulators per input (AVX2 kernels compiled with AVX-512 VL on
+        // the VNNI path), or two per INT4 input plus the unpacked group.
+        (P::Avx512 | P::Avx512Vnni, D::F32 | D::Bf16 | D::Int8) => 6,
+        (P::Avx512 | P::Avx512Vnni, D::Int4) => 8,
+        (P::Avx512Vnni, D::Int8Q8 | D::Int4Q8) => 8,
+        (P::Neon, D::F32 | D::Bf16 | D::Int8) => 6,
+        (P::Neon, D::Int4) => 4,
+        // Scalar references, one input at a time.
+        _ => 1,
+    }
+}
+
+/// Splits `n` inputs into the fewest passes of at most `max` (at least 1), as even as
+/// possible: the sizes of the passes, largest first.
+pub fn passes(n: usize, max: usize) -> impl Iterator<Item = usize> {
+    let count = n.div_ceil(max.max(1));
+    (0..count).map(move |i| n / count + usize::from(i < n % count))
+}
+
+/// Something with a length: an input of a multi-input product.
+trait Input {
+    fn len(&self) -> usize;
+}
+
+impl Input for &[f32] {
+    fn len(&self) -> usize {
+        <[f32]>::len(self)
+    }
+}
+
+impl Input for &QuantizedX {
+    fn len(&self) -> usize {
+        QuantizedX::len(self)
+    }
+}
+
+/// `out[r * n + t] = single(r, xs[t])` for `rows` rows (as many as `out` holds) and the
+/// `n = xs.len()` inputs, with `kernel(pass, out, rows, n)` computing passes of at most `max`
+/// inputs, writing `out[r * n + t]` for the pass's `t` (`out` starts at the pass's first
+/// input). Inputs of different lengths go one per pass (a kernel runs over the inputs'
+/// common length, so only then does it equal the single products). `kernel` returns false
+/// for a pass it has no kernel for, which then runs product by product.
+fn multi<X: Input + Copy>(
+    xs: &[X],
+    out: &mut [f32],
+    rows: usize,
+    max: usize,
+    kernel: impl Fn(&[X], &mut [f32], usize, usize) -> bool,
+    single: impl Fn(usize, X) -> f32,
+) {
+    let n = xs.len();
+    let rows = rows.min(out.len().checked_div(n).unwrap_or(0));
+    if rows == 0 {
+        return;
+    }
+    let out = &mut out[..rows * n];
+    let same = xs.windows(2).all(|p| p[0].len() == p[1].len());
+    let mut start = 0;
+    for size in passes(n, if same { max } else { 1 }) {
+        let pass = &xs[start..start + size];
+        if !kernel(pass, &mut out[start..], rows, n) {
+            for (r, o) in out.chunks_exact_mut(n).enumerate() {
+                for (o, &x) in o[start..start + size].iter_mut().zip(pass) {
+                    *o = single(r, x);
+                }
+            }
+        }
+        start += size;
+    }
+}
+
+/// Runs `$call` (which names `$a: &[X; T]`) for the `T` in `$t` that equals `$xs.len()`;
+/// evaluates to whether there was one.
+#[cfg_attr(not(any(target_arch = "x86_64", target_arch = "aarch64")), allow(unused_macros))]
+macro_rules! by_count {
+    ($xs:expr, [$($t:literal),*], |$a:ident| $call:expr) => {
+        match $xs.len() {
+            $($t => match <&[_; $t]>::try_from($xs) {
+                Ok($a) => {
+                    $call;
+                    true
+                }
+                Err(_) => false,
+            },)*
+            _ => false,
+        }
+    };
+}
+
+/// `w` holds rows of `cols` weights, `out` is `[rows, n]` for the `n = xs.len()` inputs:
+/// `out[r * n + t] = f32_dot_with(path, row r, xs[t])`, bit for bit, for every row `w` and
+/// `out` both hold. Each weight is loaded once per pass of up to [`max_inputs`] inputs, and
+/// rows go in blocks that keep their accumulators in L1 while the inputs pass (see the `x86`
+/// module).
+pub fn f32_dot_multi_with(path: KernelPath, w: &[f32], cols: usize, xs: &[&[f32]], out: &mut [f32]) {
+    let path = usable(path);
+    let rows = w.len().checked_div(cols).unwrap_or(usize::MAX);
+    let kernel = |xs: &[&[f32]], out: &mut [f32], rows: usize, n: usize| match path {
+        _ if cols == 0 => false,
+        // SAFETY (all arms): `usable` returned the path only if the CPU has its features.
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx2 => {
+            by_count!(xs, [1, 2, 3], |a| unsafe {
+                x86::f32_dot_avx2::<_, ROW_BLOCK>(w, rows, cols, a, out, n)
+            })
+        }
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx512 => by_count!(xs, [1, 2, 3, 4, 5, 6], |a| unsafe {
+            x86::f32_dot_avx512::<_, ROW_BLOCK>(w, rows, cols, a, out, n)
+        }),
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx512Vnni => by_count!(xs, [1, 2, 3, 4, 5, 6], |a| unsafe {
+            x86::f32_dot_avx2_vl::<_, ROW_BLOCK>(w, rows, cols, a, out, n)
+        }),
+        #[cfg(target_arch = "aarch64")]
+        KernelPath::Neon => by_count!(xs, [1, 2, 3, 4, 5, 6], |a| unsafe {
+            neon::f32_dot_neon::<_, ROW_BLOCK>(w, rows, cols, a, out, n)
+        }),
+        _ => false,
+    };
+    let single = |r: usize, x: &[f32]| f32_dot_with(path, &w[r * cols..(r + 1) * cols], x);
+    multi(xs, out, rows, max_inputs(path, Product::F32), kernel, single);
+}
+
+/// [`f32_dot_multi_with`] for bf16 weights: `out[r * n + t] = bf16_dot_with(path, row r,
+/// xs[t])`, bit for bit; each weight is widened once per pass of up to [`max_inputs`] inputs.
+pub fn bf16_dot_multi_with(path: KernelPath, w: &[u16], cols: usize, xs: &[&[f32]], out: &mut [f32]) {
+    let path = usable(path);
+    let rows = w.len().checked_div(cols).unwrap_or(usize::MAX);
+    let kernel = |xs: &[&[f32]], out: &mut [f32], rows: usize, n: usize| match path {
+        _ if cols == 0 => false,
+        // SAFETY (all arms): `usable` returned the path only if the CPU has its features.
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx2 => {
+            by_count!(xs, [1, 2, 3], |a| unsafe {
+                x86::bf16_dot_avx2::<_, ROW_BLOCK>(w, rows, cols, a, out, n)
+            })
+        }
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx512 => by_count!(xs, [1, 2, 3, 4, 5, 6], |a| unsafe {
+            x86::bf16_dot_avx512::<_, ROW_BLOCK>(w, rows, cols, a, out, n)
+        }),
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx512Vnni => by_count!(xs, [1, 2, 3, 4, 5, 6], |a| unsafe {
+            x86::bf16_dot_avx2_vl::<_, ROW_BLOCK>(w, rows, cols, a, out, n)
+        }),
+        #[cfg(target_arch = "aarch64")]
+        KernelPath::Neon => by_count!(xs, [1, 2, 3, 4, 5, 6], |a| unsafe {
+            neon::bf16_dot_neon::<_, ROW_BLOCK>(w, rows, cols, a, out, n)
+        }),
+        _ => false,
+    };
+    let single = |r: usize, x: &[f32]| bf16_dot_with(path, &w[r * cols..(r + 1) * cols], x);
+    multi(xs, out, rows, max_inputs(path, Product::Bf16), kernel, single);
+}
+
+/// [`f32_dot_multi_with`] for INT8 rows (`codes`, one scale per row in `scales`):
+/// `out[r * n + t] = int8_dot_with(path, row r, scales[r], xs[t])`, bit for bit; each code is
+/// widened once per pass of up to [`max_inputs`] inputs.
+pub fn int8_dot_multi_with(
+    path: KernelPath,
+    codes: &[i8],
+    scales: &[f32],
+    cols: usize,
+    xs: &[&[f32]],
+    out: &mut [f32],
+) {
+    let path = usable(path);
+    let rows = codes.len().checked_div(cols).unwrap_or(usize::MAX).min(scales.len());
+    let codes = &codes[..(rows * cols).min(codes.len())];
+    let kernel = |xs: &[&[f32]], out: &mut [f32], rows: usize, n: usize| {
+        let done = match path {
+            _ if cols == 0 => false,
+            // SAFETY (all arms): `usable` returned the path only if the CPU has its features.
+            #[cfg(target_arch = "x86_64")]
+            KernelPath::Avx2 => by_count!(xs, [1, 2, 3], |a| unsafe {
+                x86::int8_sum_avx2::<_, ROW_BLOCK>(codes, rows, cols, a, out, n)
+            }),
+            #[cfg(target_arch = "x86_64")]
+            KernelPath::Avx512 | KernelPath::Avx512Vnni => by_count!(xs, [1, 2, 3, 4, 5, 6], |a| unsafe {
+                x86::int8_sum_avx512::<_, ROW_BLOCK>(codes, rows, cols, a, out, n)
+            }),
+            #[cfg(target_arch = "aarch64")]
+            KernelPath::Neon => by_count!(xs, [1, 2, 3, 4, 5, 6], |a| unsafe {
+                neon::int8_sum_neon::<_, ROW_BLOCK>(codes, rows, cols, a, out, n)
+            }),
+            _ => false,
+        };
+        // The kernels leave each row's sum unscaled; scale it as the single product does.
+        if done {
+            for (o, &scale) in out.chunks_mut(n).zip(scales) {
+                let m = xs.len().min(o.len());
+                for o in &mut o[..m] {
+                    *o *= scale;
+                }
+            }
+        }
+        done
+    };
+    let single = |r: usize, x: &[f32]| int8_dot_with(path, &codes[r * cols..(r + 1) * cols], scales[r], x);
+    multi(xs, out, rows, max_inputs(path, Product::Int8), kernel, single);
+}
+
+/// [`f32_dot_multi_with`] for INT4-gs64 rows of `cols` inputs (`codes` and `scales` whole rows,
+/// inputs padded to whole groups): `out[r * n + t] = int4_dot_with(path, row r, xs[t])`, bit
+/// for bit; each group is unpacked once per pass of up to [`max_inputs`] inputs.
+pub fn int4_dot_multi_with(
+    path: KernelPath,
+    codes: &[u8],
+    scales: &[u16],
+    cols: usize,
+    xs: &[&[f32]],
+    out: &mut [f32],
+) {
+    let path = usable(path);
+    let (rb, g) = (int4::row_bytes(cols), int4::groups(cols));
+    let rows = codes
+        .len()
+        .checked_div(rb)
+        .unwrap_or(usize::MAX)
+        .min(scales.len().checked_div(g).unwrap_or(usize::MAX));
+    let kernel = |xs: &[&[f32]], out: &mut [f32], rows: usize, n: usize| match path {
+        _ if cols == 0 => false,
+        // SAFETY (all arms): `usable` returned the path only if the CPU has its features.
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx2 => by_count!(xs, [1, 2, 3], |a| unsafe {
+            x86::int4_dot_avx2::<_, ROW_BLOCK>(codes, scales, rows, cols, a, out, n)
+        }),
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx512 | KernelPath::Avx512Vnni => by_count!(xs, [1, 2, 3, 4, 5, 6, 7, 8], |a| unsafe {
+            x86::int4_dot_avx512::<_, ROW_BLOCK>(codes, scales, rows, cols, a, out, n)
+        }),
+        #[cfg(target_arch = "aarch64")]
+        KernelPath::Neon => by_count!(xs, [1, 2, 3, 4], |a| unsafe {
+            neon::int4_dot_neon::<_, ROW_BLOCK>(codes, scales, rows, cols, a, out, n)
+        }),
+        _ => false,
+    };
+    let single = |r: usize, x: &[f32]| {
+        int4_dot_with(path, &codes[r * rb..(r + 1) * rb], &scales[r * g..(r + 1) * g], x)
+    };
+    multi(xs, out, rows, max_inputs(path, Product::Int4), kernel, single);
+}
+
+/// [`int4_dot_multi_with`] on quantized activations: `out[r * n + t] =
+/// int4_dot_q8_with(path, row r, xs[t])`, bit for bit; each group is unpacked once per pass of
+/// up to [`max_inputs`] inputs.
+pub fn int4_dot_q8_multi_with(
+    path: KernelPath,
+    codes: &[u8],
+    scales: &[u16],
+    cols: usize,
+    xs: &[&QuantizedX],
+    out: &mut [f32],
+) {
+    let path = usable(path);
+    let (rb, g) = (int4::row_bytes(cols), int4::groups(cols));
+    let rows = codes
+        .len()
+        .checked_div(rb)
+        .unwrap_or(usize::MAX)
+        .min(scales.len().checked_div(g).unwrap_or(usize::MAX));
+    let kernel = |xs: &[&QuantizedX], out: &mut [f32], rows: usize, n: usize| match path {
+        _ if cols == 0 => false,
+        // SAFETY: `usable` returned the path only if the CPU has its features.
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx512Vnni => by_count!(xs, [1, 2, 3, 4, 5, 6, 7, 8], |a| unsafe {
+            x86::int4_dot_q8_vnni::<_, ROW_BLOCK>(codes, scales, rows, cols, a, out, n)
+        }),
+        _ => false,
+    };
+    let single = |r: usize, x: &QuantizedX| {
+        int4_dot_q8_with(path, &codes[r * rb..(r + 1) * rb], &scales[r * g..(r + 1) * g], x)
+    };
+    multi(xs, out, rows, max_inputs(path, Product::Int4Q8), kernel, single);
+}
+
+/// [`int8_dot_multi_with`] on quantized activations: `out[r * n + t] =
+/// int8_dot_q8_with(path, row r, scales[r], xs[t])`, bit for bit; each code is loaded once per
+/// pass of up to [`max_inputs`] inputs.
+pub fn int8_dot_q8_multi_with(
+    path: KernelPath,
+    codes: &[i8],
+    scales: &[f32],
+    cols: usize,
+    xs: &[&QuantizedX],
+    out: &mut [f32],
+) {
+    let path = usable(path);
+    let rows = codes.len().checked_div(cols).unwrap_or(usize::MAX).min(scales.len());
+    let kernel = |xs: &[&QuantizedX], out: &mut [f32], rows: usize, n: usize| match path {
+        _ if cols == 0 => false,
+        // SAFETY: `usable` returned the path only if the CPU has its features.
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx512Vnni => by_count!(xs, [1, 2, 3, 4, 5, 6, 7, 8], |a| unsafe {
+            x86::int8_dot_q8_vnni::<_, ROW_BLOCK>(codes, scales, rows, cols, a, out, n)
+        }),
+        _ => false,
+    };
+    let single =
+        |r: usize, x: &QuantizedX| int8_dot_q8_with(path, &codes[r * cols..(r + 1) * cols], scales[r], x);
+    multi(xs, out, rows, max_inputs(path, Product::Int8Q8), kernel, single);
 }

@@ -7,10 +7,18 @@
 //! Every load stays inside the slices it is given (whole chunks via `as_chunks`, scalar
 //! tails), so slices of disagreeing lengths give a product over the shorter one. The sums are
 //! the scalar references' in another order: four vector accumulators, one horizontal sum.
+//!
+//! As on x86 (see that module), every kernel takes `rows` whole rows and `T` inputs of equal
+//! length, loads and widens each weight once for all inputs, and cuts the contraction into
+//! blocks for `R > 1` rows (storing and reloading each pair's accumulators, which is exact):
+//! each (row, input) pair gets exactly the operations of the `T = 1`, `R = 1` product (the
+//! matrix-vector kernel), so every output is bit-identical to it. A kernel does nothing unless
+//! its slices hold the `rows` rows.
 
 use std::arch::aarch64::*;
 
-use crate::quant::int4::{GROUP, GROUP_BYTES};
+use super::{k_step, store};
+use crate::quant::int4::{self, GROUP, GROUP_BYTES};
 use crate::quant::reference::bf16_to_f32;
 
 /// 4 floats.
@@ -51,117 +59,261 @@ fn hsum(acc: [float32x4_t; 4]) -> f32 {
     vaddvq_f32(vaddq_f32(vaddq_f32(acc[0], acc[1]), vaddq_f32(acc[2], acc[3])))
 }
 
-/// `sum_i w[i] x[i]` with NEON.
-#[target_feature(enable = "neon")]
-pub fn f32_dot_neon(w: &[f32], x: &[f32]) -> f32 {
-    let n = w.len().min(x.len());
-    let (wv, wt) = w[..n].as_chunks::<4>();
-    let (xv, xt) = x[..n].as_chunks::<4>();
-    let mut acc = [vdupq_n_f32(0.0); 4];
-    let (w4, wr) = wv.as_chunks::<4>();
-    let (x4, xr) = xv.as_chunks::<4>();
-    for (a, b) in w4.iter().zip(x4) {
-        for k in 0..4 {
-            acc[k] = vfmaq_f32(acc[k], load4(&a[k]), load4(&b[k]));
-        }
-    }
-    for (k, (a, b)) in wr.iter().zip(xr).enumerate() {
-        acc[k] = vfmaq_f32(acc[k], load4(a), load4(b));
-    }
-    let mut s = hsum(acc);
-    for (a, b) in wt.iter().zip(xt) {
-        s = a.mul_add(*b, s);
-    }
-    s
+/// The length every input and the weights have in common.
+#[inline(always)]
+fn common<const T: usize>(len: usize, xs: &[&[f32]; T]) -> usize {
+    xs.iter().fold(len, |n, x| n.min(x.len()))
 }
 
-/// `sum_i bf16(w[i]) x[i]` with NEON.
-#[target_feature(enable = "neon")]
-pub fn bf16_dot_neon(w: &[u16], x: &[f32]) -> f32 {
-    let n = w.len().min(x.len());
-    let (wv, wt) = w[..n].as_chunks::<4>();
-    let (xv, xt) = x[..n].as_chunks::<4>();
-    let mut acc = [vdupq_n_f32(0.0); 4];
-    let (w4, wr) = wv.as_chunks::<4>();
-    let (x4, xr) = xv.as_chunks::<4>();
-    for (a, b) in w4.iter().zip(x4) {
-        for k in 0..4 {
-            acc[k] = vfmaq_f32(acc[k], load4_bf16(&a[k]), load4(&b[k]));
-        }
-    }
-    for (k, (a, b)) in wr.iter().zip(xr).enumerate() {
-        acc[k] = vfmaq_f32(acc[k], load4_bf16(a), load4(b));
-    }
-    let mut s = hsum(acc);
-    for (&a, b) in wt.iter().zip(xt) {
-        s = bf16_to_f32(a).mul_add(*b, s);
-    }
-    s
-}
-
-/// `scale * sum_i q[i] x[i]` for one INT8 row, with NEON.
-#[target_feature(enable = "neon")]
-pub fn int8_dot_neon(codes: &[i8], scale: f32, x: &[f32]) -> f32 {
-    let n = codes.len().min(x.len());
-    let (cv, ct) = codes[..n].as_chunks::<16>();
-    let (xv, xt) = x[..n].as_chunks::<16>();
-    let mut acc = [vdupq_n_f32(0.0); 4];
-    for (c, xs) in cv.iter().zip(xv) {
-        // SAFETY: `c` is 16 readable bytes.
-        let q = widen16_i8(unsafe { vld1q_s8(c.as_ptr()) });
-        let (x4, _) = xs.as_chunks::<4>();
-        for k in 0..4 {
-            acc[k] = vfmaq_f32(acc[k], q[k], load4(&x4[k]));
-        }
-    }
-    let mut s = hsum(acc);
-    for (&a, b) in ct.iter().zip(xt) {
-        s = (a as f32).mul_add(*b, s);
-    }
-    scale * s
-}
-
-/// `sum q_i x_i` over one INT4 group, as 4 lanes.
-#[inline]
-#[target_feature(enable = "neon")]
-fn int4_group_neon(c: &[u8; GROUP_BYTES], x: &[f32; GROUP]) -> float32x4_t {
-    let (x4, _) = x.as_chunks::<4>();
-    let (c16, _) = c.as_chunks::<16>();
-    let (mask, eight) = (vdupq_n_u8(0x0f), vdupq_n_s8(8));
-    let mut acc = [vdupq_n_f32(0.0); 4];
-    for (h, half) in c16.iter().enumerate() {
-        // SAFETY: `half` is 16 readable bytes.
-        let v = unsafe { vld1q_u8(half.as_ptr()) };
-        let lo = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(v, mask)), eight);
-        let hi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8::<4>(v)), eight);
-        // Low nibbles are elements 16 h .. 16 h + 16, high nibbles 32 + 16 h ...
-        for (base, q) in [(4 * h, widen16_i8(lo)), (8 + 4 * h, widen16_i8(hi))] {
-            for k in 0..4 {
-                acc[k] = vfmaq_f32(acc[k], q[k], load4(&x4[base + k]));
+/// A float dot-product kernel over 4-lane vectors, for `rows` rows of `cols` weights in `w`
+/// and each input, into `out[r * stride + t]`: per row and input, four accumulators take the
+/// 4-element chunks round-robin (`acc[k]` gets chunks `4 j + k`, leftover whole chunk `k`
+/// too), their lanes are summed as `vaddvq((acc0 + acc1) + (acc2 + acc3))`, and the last
+/// `n % 4` elements are added one by one with scalar fused multiply-adds.
+macro_rules! neon_dot {
+    ($(#[$doc:meta])* $name:ident, $w:ty, $load:ident, $widen:expr) => {
+        $(#[$doc])*
+        #[target_feature(enable = "neon")]
+        pub fn $name<const T: usize, const R: usize>(
+            w: &[$w],
+            rows: usize,
+            cols: usize,
+            xs: &[&[f32]; T],
+            out: &mut [f32],
+            stride: usize,
+        ) {
+            if rows.checked_mul(cols).is_none_or(|len| len > w.len()) {
+                return;
+            }
+            let n = common(cols, xs);
+            let mut xv: [(&[[f32; 4]], &[f32]); T] = [(&[], &[]); T];
+            let mut x4: [(&[[[f32; 4]; 4]], &[[f32; 4]]); T] = [(&[], &[]); T];
+            for t in 0..T {
+                xv[t] = xs[t][..n].as_chunks::<4>();
+                x4[t] = xv[t].0.as_chunks::<4>();
+            }
+            let blocks = n / 16;
+            let step = k_step::<R>(blocks, 16 * 4 * T, 1);
+            let mut r0 = 0;
+            while r0 < rows {
+                let rr = R.min(rows - r0);
+                let mut state = [[[vdupq_n_f32(0.0); 4]; T]; R];
+                let mut b0 = 0;
+                while b0 < blocks {
+                    let b1 = blocks.min(b0 + step);
+                    for (r, st) in state.iter_mut().enumerate().take(rr) {
+                        let (w4v, _) = w[(r0 + r) * cols..][..n].as_chunks::<4>();
+                        let (w4, _) = w4v.as_chunks::<4>();
+                        let mut acc = *st;
+                        for j in b0..b1 {
+                            for k in 0..4 {
+                                let wk = $load(&w4[j][k]);
+                                for t in 0..T {
+                                    acc[t][k] = vfmaq_f32(acc[t][k], wk, load4(&x4[t].0[j][k]));
+                                }
+                            }
+                        }
+                        *st = acc;
+                    }
+                    b0 = b1;
+                }
+                for (r, acc) in state.iter_mut().enumerate().take(rr) {
+                    let (wv, wt) = w[(r0 + r) * cols..][..n].as_chunks::<4>();
+                    let (_, wr) = wv.as_chunks::<4>();
+                    // At most three leftover chunks; a constant trip count keeps `k` static.
+                    for k in 0..3 {
+                        if let Some(a) = wr.get(k) {
+                            let wk = $load(a);
+                            for t in 0..T {
+                                acc[t][k] = vfmaq_f32(acc[t][k], wk, load4(&x4[t].1[k]));
+                            }
+                        }
+                    }
+                    let mut s = [0.0f32; T];
+                    for t in 0..T {
+                        s[t] = hsum(acc[t]);
+                    }
+                    for (j, &a) in wt.iter().enumerate() {
+                        let a: f32 = $widen(a);
+                        for t in 0..T {
+                            s[t] = a.mul_add(xv[t].1[j], s[t]);
+                        }
+                    }
+                    store(out, (r0 + r) * stride, &s);
+                }
+                r0 += rr;
             }
         }
-    }
-    vaddq_f32(vaddq_f32(acc[0], acc[1]), vaddq_f32(acc[2], acc[3]))
+    };
 }
 
-/// One INT4-gs64 row with `x` (whole groups), with NEON: each group's sum in 4 lanes, scaled
-/// by the group's scale into one of two vector accumulators.
+neon_dot!(
+    /// `sum_i w[i] x_t[i]` with NEON.
+    f32_dot_neon,
+    f32,
+    load4,
+    |a: f32| a
+);
+
+neon_dot!(
+    /// `sum_i bf16(w[i]) x_t[i]` with NEON.
+    bf16_dot_neon,
+    u16,
+    load4_bf16,
+    bf16_to_f32
+);
+
+/// `sum_i q[i] x_t[i]` for `rows` INT8 rows of `cols` codes and each input, before the row's
+/// scale (the caller multiplies: `scale * sum`), with NEON, into `out[r * stride + t]`: per 16
+/// codes, widened once, four accumulators take one 4-element quarter each; the last `n % 16`
+/// elements are added one by one with scalar fused multiply-adds after the horizontal sum.
 #[target_feature(enable = "neon")]
-pub fn int4_dot_neon(codes: &[u8], scales: &[u16], x: &[f32]) -> f32 {
-    let (cg, _) = codes.as_chunks::<GROUP_BYTES>();
-    let (xg, _) = x.as_chunks::<GROUP>();
-    let n = scales.len().min(cg.len()).min(xg.len());
-    let (cg, xg, scales) = (&cg[..n], &xg[..n], &scales[..n]);
-    let d = |g: usize| half::f16::from_bits(scales[g]).to_f32();
-    let (mut acc0, mut acc1) = (vdupq_n_f32(0.0), vdupq_n_f32(0.0));
-    let mut g = 0;
-    while g + 2 <= n {
-        acc0 = vfmaq_n_f32(acc0, int4_group_neon(&cg[g], &xg[g]), d(g));
-        acc1 = vfmaq_n_f32(acc1, int4_group_neon(&cg[g + 1], &xg[g + 1]), d(g + 1));
-        g += 2;
+pub fn int8_sum_neon<const T: usize, const R: usize>(
+    codes: &[i8],
+    rows: usize,
+    cols: usize,
+    xs: &[&[f32]; T],
+    out: &mut [f32],
+    stride: usize,
+) {
+    if rows.checked_mul(cols).is_none_or(|len| len > codes.len()) {
+        return;
     }
-    if g < n {
-        acc0 = vfmaq_n_f32(acc0, int4_group_neon(&cg[g], &xg[g]), d(g));
+    let n = common(cols, xs);
+    let mut xv: [(&[[f32; 16]], &[f32]); T] = [(&[], &[]); T];
+    for t in 0..T {
+        xv[t] = xs[t][..n].as_chunks::<16>();
     }
-    vaddvq_f32(vaddq_f32(acc0, acc1))
+    let blocks = n / 16;
+    let step = k_step::<R>(blocks, 16 * 4 * T, 1);
+    let mut r0 = 0;
+    while r0 < rows {
+        let rr = R.min(rows - r0);
+        let mut state = [[[vdupq_n_f32(0.0); 4]; T]; R];
+        let mut b0 = 0;
+        while b0 < blocks {
+            let b1 = blocks.min(b0 + step);
+            for (r, st) in state.iter_mut().enumerate().take(rr) {
+                let (cv, _) = codes[(r0 + r) * cols..][..n].as_chunks::<16>();
+                let mut acc = *st;
+                for j in b0..b1 {
+                    // SAFETY: `cv[j]` is 16 readable bytes.
+                    let q = widen16_i8(unsafe { vld1q_s8(cv[j].as_ptr()) });
+                    for t in 0..T {
+                        let (x4, _) = xv[t].0[j].as_chunks::<4>();
+                        for k in 0..4 {
+                            acc[t][k] = vfmaq_f32(acc[t][k], q[k], load4(&x4[k]));
+                        }
+                    }
+                }
+                *st = acc;
+            }
+            b0 = b1;
+        }
+        for (r, acc) in state.iter().enumerate().take(rr) {
+            let (_, ct) = codes[(r0 + r) * cols..][..n].as_chunks::<16>();
+            let mut s = [0.0f32; T];
+            for t in 0..T {
+                s[t] = hsum(acc[t]);
+            }
+            for (j, &a) in ct.iter().enumerate() {
+                for t in 0..T {
+                    s[t] = (a as f32).mul_add(xv[t].1[j], s[t]);
+                }
+            }
+            store(out, (r0 + r) * stride, &s);
+        }
+        r0 += rr;
+    }
+}
+
+/// `rows` INT4-gs64 rows of `cols` inputs with each input (whole groups), with NEON, into
+/// `out[r * stride + t]`: per row and input, each group's `sum q_i x_i` in four accumulators
+/// of 4 lanes (accumulator `k` takes elements `4 m + k` of each 16-element block: low nibbles
+/// of the first half, high nibbles of the first half, then the same of the second half),
+/// added as `(acc0 + acc1) + (acc2 + acc3)`, times the group's scale into accumulator `g % 2`;
+/// one horizontal sum at the end.
+#[target_feature(enable = "neon")]
+pub fn int4_dot_neon<const T: usize, const R: usize>(
+    codes: &[u8],
+    scales: &[u16],
+    rows: usize,
+    cols: usize,
+    xs: &[&[f32]; T],
+    out: &mut [f32],
+    stride: usize,
+) {
+    let (rb, gpr) = (int4::row_bytes(cols), int4::groups(cols));
+    if rows.checked_mul(rb).is_none_or(|len| len > codes.len()) || rows * gpr > scales.len() {
+        return;
+    }
+    let n = xs.iter().fold(gpr, |n, x| n.min(x.len() / GROUP));
+    let mut xg: [&[[f32; GROUP]]; T] = [&[]; T];
+    for t in 0..T {
+        xg[t] = &xs[t].as_chunks::<GROUP>().0[..n];
+    }
+    let (mask, eight) = (vdupq_n_u8(0x0f), vdupq_n_s8(8));
+    let step = k_step::<R>(n, GROUP * 4 * T, 2);
+    let mut r0 = 0;
+    while r0 < rows {
+        let rr = R.min(rows - r0);
+        let mut state = [[[vdupq_n_f32(0.0); T]; 2]; R];
+        let mut g0 = 0;
+        while g0 < n {
+            let g1 = n.min(g0 + step);
+            for (r, st) in state.iter_mut().enumerate().take(rr) {
+                let cg = &codes[(r0 + r) * rb..][..rb].as_chunks::<GROUP_BYTES>().0[..n];
+                let sc = &scales[(r0 + r) * gpr..][..n];
+                let mut acc = *st;
+                macro_rules! group {
+                    ($g:expr, $acc:expr) => {{
+                        let g: usize = $g;
+                        let d = half::f16::from_bits(sc[g]).to_f32();
+                        let (c16, _) = cg[g].as_chunks::<16>();
+                        let mut ga = [[vdupq_n_f32(0.0); 4]; T];
+                        for (h, half) in c16.iter().enumerate() {
+                            // SAFETY: `half` is 16 readable bytes.
+                            let v = unsafe { vld1q_u8(half.as_ptr()) };
+                            let lo = vsubq_s8(vreinterpretq_s8_u8(vandq_u8(v, mask)), eight);
+                            let hi = vsubq_s8(vreinterpretq_s8_u8(vshrq_n_u8::<4>(v)), eight);
+                            // Low nibbles are elements 16 h .. 16 h + 16, high nibbles 32 + 16 h ...
+                            for (base, q) in [(4 * h, lo), (8 + 4 * h, hi)] {
+                                let q = widen16_i8(q);
+                                for t in 0..T {
+                                    let (x4, _) = xg[t][g].as_chunks::<4>();
+                                    for k in 0..4 {
+                                        ga[t][k] = vfmaq_f32(ga[t][k], q[k], load4(&x4[base + k]));
+                                    }
+                                }
+                            }
+                        }
+                        for t in 0..T {
+                            let [a0, a1, a2, a3] = ga[t];
+                            $acc[t] =
+                                vfmaq_n_f32($acc[t], vaddq_f32(vaddq_f32(a0, a1), vaddq_f32(a2, a3)), d);
+                        }
+                    }};
+                }
+                let mut g = g0;
+                while g + 2 <= g1 {
+                    group!(g, acc[0]);
+                    group!(g + 1, acc[1]);
+                    g += 2;
+                }
+                if g < g1 {
+                    group!(g, acc[0]);
+                }
+                *st = acc;
+            }
+            g0 = g1;
+        }
+        for (r, acc) in state.iter().enumerate().take(rr) {
+            let mut s = [0.0f32; T];
+            for t in 0..T {
+                s[t] = vaddvq_f32(vaddq_f32(acc[0][t], acc[1][t]));
+            }
+            store(out, (r0 + r) * stride, &s);
+        }
+        r0 += rr;
+    }
 }

@@ -17,17 +17,68 @@
 //! [`crate::quant::reference`], [`crate::quant::int4`] and [`crate::quant::int8`], in a
 //! different order (several vector accumulators, one horizontal sum at the end). The VNNI
 //! kernels compute the quantized-activation sums defined in [`super::q8`].
+//!
+//! # Several rows and inputs at once
+//! Every kernel takes whole rows of `cols` weights and `T` inputs (`xs: &[&[f32]; T]`), and
+//! writes the dot product of row `r` with input `t` to `out[r * stride + t]`. Each weight
+//! vector is loaded and unpacked or widened once, then multiplied into every input's own
+//! accumulators. Rows go in groups of `R`, and for `R > 1` the contraction is cut into blocks
+//! (of about [`super::X_TILE_BYTES`] of inputs, so they stay in L1 while the `R` rows pass):
+//! each (row, input) pair's accumulators are stored after one block and reloaded for the next,
+//! which is exact. So the operations applied to one row and one input (which lanes, which
+//! accumulator each product enters and in what order, the horizontal sum, the scaling) do not
+//! depend on `T`, `R`, the blocks or the other rows and inputs, and every output is
+//! bit-identical to the `T = 1`, `R = 1` product of that row and input alone, which is the
+//! matrix-vector kernel. The inputs must have equal lengths for that to hold (the products
+//! run over the shortest); the dispatcher in [`super`] checks it. The AVX2 kernels come
+//! twice: for AVX2 CPUs (16 vector registers, few inputs per pass) and, compiled with AVX-512
+//! VL (`*_vl`, 32 registers), for the VNNI path. The two compile the same operations.
 
 use std::arch::x86_64::*;
 
 use super::q8::QuantizedX;
-use crate::quant::int4::{GROUP, GROUP_BYTES};
+use super::{k_step, store};
+use crate::quant::int4::{self, GROUP, GROUP_BYTES};
+use crate::quant::reference::bf16_to_f32;
+
+/// The length every input and the weights have in common.
+#[inline(always)]
+fn common<const T: usize>(len: usize, xs: &[&[f32]; T]) -> usize {
+    xs.iter().fold(len, |n, x| n.min(x.len()))
+}
+
+/// Asks for the cache lines of `s` to be brought into L2 (a hint: it never faults).
+#[inline(always)]
+fn prefetch<T>(s: &[T]) {
+    let (p, bytes) = (s.as_ptr().cast::<i8>(), size_of_val(s));
+    let mut o = 0;
+    while o < bytes {
+        // SAFETY: `p + o` is inside `s` (and a prefetch does not access memory anyway).
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(p.add(o)) };
+        o += 64;
+    }
+}
+
+/// Prefetches (into L2) the part that the next group of `R` rows will read, while the current
+/// group works on the same columns: `part(r)` is that part of row `r`, for rows below `rows`.
+#[inline(always)]
+fn prefetch_next<'a, T: 'a, const R: usize>(r: usize, rows: usize, part: impl Fn(usize) -> [&'a [T]; 2]) {
+    if R > 1 && r + R < rows {
+        for s in part(r + R) {
+            prefetch(s);
+        }
+    }
+}
+
+// The kernels below avoid closures and `array::map` in their loops: a closure inherits the
+// kernel's target features and is then not always inlined, which would move the accumulators
+// to memory. Per-group bodies are local macros instead.
 
 // ---------------------------------------------------------------------------------------------
 // AVX2 + FMA + F16C
 // ---------------------------------------------------------------------------------------------
 
-/// Sum of the 8 lanes.
+/// Sum of the 8 lanes: `(v0 + v4) + (v2 + v6)` plus `(v1 + v5) + (v3 + v7)`.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 fn hsum256(v: __m256) -> f32 {
@@ -96,120 +147,219 @@ fn int4_quarters(c: &[u8; GROUP_BYTES]) -> [__m128i; 4] {
     ]
 }
 
-/// `sum q_i x_i` over one INT4 group, as 8 partial sums.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-fn int4_group_avx2(c: &[u8; GROUP_BYTES], x: &[f32; GROUP]) -> __m256 {
-    let (xs, _) = x.as_chunks::<8>();
-    let (mut s0, mut s1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    for (k, q) in int4_quarters(c).into_iter().enumerate() {
-        let q_lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
-        let q_hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(q, q)));
-        s0 = _mm256_fmadd_ps(q_lo, load8(&xs[2 * k]), s0);
-        s1 = _mm256_fmadd_ps(q_hi, load8(&xs[2 * k + 1]), s1);
-    }
-    _mm256_add_ps(s0, s1)
-}
-
-/// `sum_i w[i] x[i]` with AVX2 + FMA.
-#[target_feature(enable = "avx2,fma")]
-pub fn f32_dot_avx2(w: &[f32], x: &[f32]) -> f32 {
-    let n = w.len().min(x.len());
-    let (wv, wt) = w[..n].as_chunks::<8>();
-    let (xv, xt) = x[..n].as_chunks::<8>();
-    let mut acc = [_mm256_setzero_ps(); 4];
-    let (w4, wr) = wv.as_chunks::<4>();
-    let (x4, xr) = xv.as_chunks::<4>();
-    for (a, b) in w4.iter().zip(x4) {
-        for k in 0..4 {
-            acc[k] = _mm256_fmadd_ps(load8(&a[k]), load8(&b[k]), acc[k]);
+/// A float dot-product kernel over 8-lane vectors, generated for the AVX2 path and (`$name_vl`)
+/// with AVX-512 VL's 32 registers for the VNNI path (`@one`: one variant). Per row and input,
+/// four accumulators take the 8-element chunks round-robin (`acc[k]` gets chunks `4 j + k`),
+/// leftover whole chunks go to `acc[0]`, the accumulators are added as
+/// `(acc0 + acc1) + (acc2 + acc3)` and summed horizontally, and the last `n % 8` elements are
+/// added one by one with scalar fused multiply-adds.
+macro_rules! avx2_dot {
+    ($(#[$doc:meta])* $name:ident, $name_vl:ident, $w:ty, $load:ident, $widen:expr) => {
+        avx2_dot!(@one $(#[$doc])* $name, "avx2,fma,f16c", $w, $load, $widen);
+        avx2_dot!(@one $(#[$doc])* $name_vl, "avx2,fma,f16c,avx512f,avx512bw,avx512vl", $w, $load, $widen);
+    };
+    (@one $(#[$doc:meta])* $name:ident, $features:literal, $w:ty, $load:ident, $widen:expr) => {
+        $(#[$doc])*
+        #[target_feature(enable = $features)]
+        pub fn $name<const T: usize, const R: usize>(
+            w: &[$w],
+            rows: usize,
+            cols: usize,
+            xs: &[&[f32]; T],
+            out: &mut [f32],
+            stride: usize,
+        ) {
+            if rows.checked_mul(cols).is_none_or(|len| len > w.len()) {
+                return;
+            }
+            let n = common(cols, xs);
+            let mut xv: [(&[[f32; 8]], &[f32]); T] = [(&[], &[]); T];
+            let mut x4: [(&[[[f32; 8]; 4]], &[[f32; 8]]); T] = [(&[], &[]); T];
+            for t in 0..T {
+                xv[t] = xs[t][..n].as_chunks::<8>();
+                x4[t] = xv[t].0.as_chunks::<4>();
+            }
+            let blocks = n / 32;
+            let step = k_step::<R>(blocks, 32 * 4 * T, 1);
+            let mut r0 = 0;
+            while r0 < rows {
+                let rr = R.min(rows - r0);
+                let mut state = [[[_mm256_setzero_ps(); 4]; T]; R];
+                let mut b0 = 0;
+                while b0 < blocks {
+                    let b1 = blocks.min(b0 + step);
+                    for (r, st) in state.iter_mut().enumerate().take(rr) {
+                        prefetch_next::<_, R>(r0 + r, rows, |r| [&w[r * cols + b0 * 32..r * cols + b1 * 32], &[]]);
+                        let (w8, _) = w[(r0 + r) * cols..][..n].as_chunks::<8>();
+                        let (w4, _) = w8.as_chunks::<4>();
+                        let mut acc = *st;
+                        for j in b0..b1 {
+                            for k in 0..4 {
+                                let wk = $load(&w4[j][k]);
+                                for t in 0..T {
+                                    acc[t][k] = _mm256_fmadd_ps(wk, load8(&x4[t].0[j][k]), acc[t][k]);
+                                }
+                            }
+                        }
+                        *st = acc;
+                    }
+                    b0 = b1;
+                }
+                for (r, acc) in state.iter_mut().enumerate().take(rr) {
+                    let (wv, wt) = w[(r0 + r) * cols..][..n].as_chunks::<8>();
+                    let (_, wr) = wv.as_chunks::<4>();
+                    for (j, a) in wr.iter().enumerate() {
+                        let wk = $load(a);
+                        for t in 0..T {
+                            acc[t][0] = _mm256_fmadd_ps(wk, load8(&x4[t].1[j]), acc[t][0]);
+                        }
+                    }
+                    let mut s = [0.0f32; T];
+                    for t in 0..T {
+                        let a = &acc[t];
+                        s[t] = hsum256(_mm256_add_ps(_mm256_add_ps(a[0], a[1]), _mm256_add_ps(a[2], a[3])));
+                    }
+                    for (j, &a) in wt.iter().enumerate() {
+                        let a: f32 = $widen(a);
+                        for t in 0..T {
+                            s[t] = a.mul_add(xv[t].1[j], s[t]);
+                        }
+                    }
+                    store(out, (r0 + r) * stride, &s);
+                }
+                r0 += rr;
+            }
         }
-    }
-    for (a, b) in wr.iter().zip(xr) {
-        acc[0] = _mm256_fmadd_ps(load8(a), load8(b), acc[0]);
-    }
-    let mut s = hsum256(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
-    for (a, b) in wt.iter().zip(xt) {
-        s = a.mul_add(*b, s);
-    }
-    s
+    };
 }
 
-/// `sum_i bf16(w[i]) x[i]` with AVX2 + FMA.
-#[target_feature(enable = "avx2,fma")]
-pub fn bf16_dot_avx2(w: &[u16], x: &[f32]) -> f32 {
-    let n = w.len().min(x.len());
-    let (wv, wt) = w[..n].as_chunks::<8>();
-    let (xv, xt) = x[..n].as_chunks::<8>();
-    let mut acc = [_mm256_setzero_ps(); 4];
-    let (w4, wr) = wv.as_chunks::<4>();
-    let (x4, xr) = xv.as_chunks::<4>();
-    for (a, b) in w4.iter().zip(x4) {
-        for k in 0..4 {
-            acc[k] = _mm256_fmadd_ps(load8_bf16(&a[k]), load8(&b[k]), acc[k]);
-        }
-    }
-    for (a, b) in wr.iter().zip(xr) {
-        acc[0] = _mm256_fmadd_ps(load8_bf16(a), load8(b), acc[0]);
-    }
-    let mut s = hsum256(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
-    for (&a, b) in wt.iter().zip(xt) {
-        s = crate::quant::reference::bf16_to_f32(a).mul_add(*b, s);
-    }
-    s
-}
+avx2_dot!(
+    /// `sum_i w[i] x_t[i]` for each row of `cols` weights in `w` and each input, with AVX2 +
+    /// FMA, into `out[r * stride + t]`.
+    f32_dot_avx2,
+    f32_dot_avx2_vl,
+    f32,
+    load8,
+    |a: f32| a
+);
 
-/// `scale * sum_i q[i] x[i]` for one INT8 row, with AVX2 + FMA.
-#[target_feature(enable = "avx2,fma")]
-pub fn int8_dot_avx2(codes: &[i8], scale: f32, x: &[f32]) -> f32 {
-    let n = codes.len().min(x.len());
-    let (cv, ct) = codes[..n].as_chunks::<8>();
-    let (xv, xt) = x[..n].as_chunks::<8>();
-    let mut acc = [_mm256_setzero_ps(); 4];
-    let (c4, cr) = cv.as_chunks::<4>();
-    let (x4, xr) = xv.as_chunks::<4>();
-    for (a, b) in c4.iter().zip(x4) {
-        for k in 0..4 {
-            acc[k] = _mm256_fmadd_ps(load8_i8(&a[k]), load8(&b[k]), acc[k]);
-        }
-    }
-    for (a, b) in cr.iter().zip(xr) {
-        acc[0] = _mm256_fmadd_ps(load8_i8(a), load8(b), acc[0]);
-    }
-    let mut s = hsum256(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])));
-    for (&a, b) in ct.iter().zip(xt) {
-        s = (a as f32).mul_add(*b, s);
-    }
-    scale * s
-}
+avx2_dot!(
+    /// `sum_i bf16(w[i]) x_t[i]` for each row of `cols` weights in `w` and each input, with
+    /// AVX2 + FMA, into `out[r * stride + t]`.
+    bf16_dot_avx2,
+    bf16_dot_avx2_vl,
+    u16,
+    load8_bf16,
+    bf16_to_f32
+);
 
-/// One INT4-gs64 row with `x` (whole groups), with AVX2 + FMA + F16C: each group's sum in
-/// 8 lanes, scaled by the group's scale into one of two vector accumulators.
+avx2_dot!(
+    @one
+    /// `sum_i q[i] x_t[i]` for each INT8 row of `cols` codes in `w` and each input, before the
+    /// row's scale (the caller multiplies: `scale * sum`), with AVX2 + FMA, into
+    /// `out[r * stride + t]`.
+    int8_sum_avx2,
+    "avx2,fma,f16c",
+    i8,
+    load8_i8,
+    |a: i8| a as f32
+);
+
+/// INT4-gs64 rows of `cols` inputs (`codes`, `scales`: whole rows) with each input (whole
+/// groups), with AVX2 + FMA + F16C, into `out[r * stride + t]`: per row and input, each
+/// group's `sum q_i x_i` in 8 lanes (two partial sums, elements `16 k .. 16 k + 8` into the
+/// first and `16 k + 8 .. 16 k + 16` into the second, added at the end), times the group's
+/// scale into accumulator `g % 2`; one horizontal sum at the end.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub fn int4_dot_avx2(codes: &[u8], scales: &[u16], x: &[f32]) -> f32 {
-    let (cg, _) = codes.as_chunks::<GROUP_BYTES>();
-    let (xg, _) = x.as_chunks::<GROUP>();
-    let n = scales.len().min(cg.len()).min(xg.len());
-    let (cg, xg, scales) = (&cg[..n], &xg[..n], &scales[..n]);
-    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let mut g = 0;
-    while g + 2 <= n {
-        let d0 = _mm256_set1_ps(f16_to_f32(scales[g]));
-        let d1 = _mm256_set1_ps(f16_to_f32(scales[g + 1]));
-        acc0 = _mm256_fmadd_ps(int4_group_avx2(&cg[g], &xg[g]), d0, acc0);
-        acc1 = _mm256_fmadd_ps(int4_group_avx2(&cg[g + 1], &xg[g + 1]), d1, acc1);
-        g += 2;
+pub fn int4_dot_avx2<const T: usize, const R: usize>(
+    codes: &[u8],
+    scales: &[u16],
+    rows: usize,
+    cols: usize,
+    xs: &[&[f32]; T],
+    out: &mut [f32],
+    stride: usize,
+) {
+    let (rb, gpr) = (int4::row_bytes(cols), int4::groups(cols));
+    if rows.checked_mul(rb).is_none_or(|len| len > codes.len()) || rows * gpr > scales.len() {
+        return;
     }
-    if g < n {
-        let d = _mm256_set1_ps(f16_to_f32(scales[g]));
-        acc0 = _mm256_fmadd_ps(int4_group_avx2(&cg[g], &xg[g]), d, acc0);
+    let n = xs.iter().fold(gpr, |n, x| n.min(x.len() / GROUP));
+    let mut xg: [&[[f32; GROUP]]; T] = [&[]; T];
+    for t in 0..T {
+        xg[t] = &xs[t].as_chunks::<GROUP>().0[..n];
     }
-    hsum256(_mm256_add_ps(acc0, acc1))
+    let step = k_step::<R>(n, GROUP * 4 * T, 2);
+    let mut r0 = 0;
+    while r0 < rows {
+        let rr = R.min(rows - r0);
+        let mut state = [[[_mm256_setzero_ps(); T]; 2]; R];
+        let mut g0 = 0;
+        while g0 < n {
+            let g1 = n.min(g0 + step);
+            for (r, st) in state.iter_mut().enumerate().take(rr) {
+                prefetch_next::<_, R>(r0 + r, rows, |r| {
+                    let c = &codes[r * rb + g0 * GROUP_BYTES..r * rb + g1 * GROUP_BYTES];
+                    [c, bytemuck::cast_slice(&scales[r * gpr + g0..r * gpr + g1])]
+                });
+                let cg = &codes[(r0 + r) * rb..][..rb].as_chunks::<GROUP_BYTES>().0[..n];
+                let sc = &scales[(r0 + r) * gpr..][..n];
+                let mut acc = *st;
+                macro_rules! group {
+                    ($g:expr, $acc:expr) => {{
+                        let g: usize = $g;
+                        let d = _mm256_set1_ps(f16_to_f32(sc[g]));
+                        let mut s = [[_mm256_setzero_ps(); 2]; T];
+                        for (k, q) in int4_quarters(&cg[g]).into_iter().enumerate() {
+                            let q_lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q));
+                            let q_hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(q, q)));
+                            for t in 0..T {
+                                let (x8, _) = xg[t][g].as_chunks::<8>();
+                                s[t][0] = _mm256_fmadd_ps(q_lo, load8(&x8[2 * k]), s[t][0]);
+                                s[t][1] = _mm256_fmadd_ps(q_hi, load8(&x8[2 * k + 1]), s[t][1]);
+                            }
+                        }
+                        for t in 0..T {
+                            $acc[t] = _mm256_fmadd_ps(_mm256_add_ps(s[t][0], s[t][1]), d, $acc[t]);
+                        }
+                    }};
+                }
+                let mut g = g0;
+                while g + 2 <= g1 {
+                    group!(g, acc[0]);
+                    group!(g + 1, acc[1]);
+                    g += 2;
+                }
+                if g < g1 {
+                    group!(g, acc[0]);
+                }
+                *st = acc;
+            }
+            g0 = g1;
+        }
+        for (r, acc) in state.iter().enumerate().take(rr) {
+            let mut s = [0.0f32; T];
+            for t in 0..T {
+                s[t] = hsum256(_mm256_add_ps(acc[0][t], acc[1][t]));
+            }
+            store(out, (r0 + r) * stride, &s);
+        }
+        r0 += rr;
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
 // AVX-512 (F, BW, VL)
 // ---------------------------------------------------------------------------------------------
+
+/// Sum of the 16 lanes, as the 8-lane [`hsum256`] of `v[0..8] + v[8..16]` (the order of
+/// `_mm512_reduce_add_ps`, written out so that it is fixed).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+fn hsum512(v: __m512) -> f32 {
+    let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+    hsum256(_mm256_add_ps(_mm512_castps512_ps256(v), hi))
+}
 
 /// 16 floats.
 #[inline]
@@ -219,20 +369,19 @@ fn load16(a: &[f32; 16]) -> __m512 {
     unsafe { _mm512_loadu_ps(a.as_ptr()) }
 }
 
-/// The first `t.len()` (< 16) lanes from `t`, zero above.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-fn load16_tail(t: &[f32]) -> __m512 {
-    let m = tail_mask(t.len());
-    // SAFETY: the mask enables only the first `t.len()` lanes, which are readable; masked-off
-    // lanes are not accessed.
-    unsafe { _mm512_maskz_loadu_ps(m, t.as_ptr()) }
-}
-
 /// Mask of the first `len` (<= 16) lanes.
 #[inline]
 fn tail_mask(len: usize) -> __mmask16 {
     ((1u32 << len.min(16)) - 1) as __mmask16
+}
+
+/// The first `t.len()` (< 16) lanes from `t`, zero above.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+fn load16_tail(t: &[f32]) -> __m512 {
+    // SAFETY: the mask enables only the first `min(t.len(), 16)` lanes, which are readable;
+    // masked-off lanes are not accessed.
+    unsafe { _mm512_maskz_loadu_ps(tail_mask(t.len()), t.as_ptr()) }
 }
 
 /// 16 bfloat16 bit patterns (`v`, 256 bits) widened exactly to f32.
@@ -250,6 +399,14 @@ fn load16_bf16(a: &[u16; 16]) -> __m512 {
     widen16_bf16(unsafe { _mm256_loadu_si256(a.as_ptr().cast()) })
 }
 
+/// The first `t.len()` (< 16) bfloat16 bit patterns widened to f32, zero above.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+fn load16_bf16_tail(t: &[u16]) -> __m512 {
+    // SAFETY: the mask enables only the first `min(t.len(), 16)` lanes, which are readable.
+    widen16_bf16(unsafe { _mm256_maskz_loadu_epi16(tail_mask(t.len()), t.as_ptr().cast()) })
+}
+
 /// 16 signed bytes (`v`, 128 bits) converted to f32.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
@@ -265,114 +422,203 @@ fn load16_i8(a: &[i8; 16]) -> __m512 {
     widen16_i8(unsafe { _mm_loadu_si128(a.as_ptr().cast()) })
 }
 
-/// `sum q_i x_i` over one INT4 group, as 16 partial sums.
+/// The first `t.len()` (< 16) signed bytes converted to f32, zero above.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-fn int4_group_avx512(c: &[u8; GROUP_BYTES], x: &[f32; GROUP]) -> __m512 {
-    let (xs, _) = x.as_chunks::<16>();
-    let [q0, q1, q2, q3] = int4_quarters(c);
-    let s0 = _mm512_mul_ps(widen16_i8(q0), load16(&xs[0]));
-    let s1 = _mm512_mul_ps(widen16_i8(q1), load16(&xs[1]));
-    let s0 = _mm512_fmadd_ps(widen16_i8(q2), load16(&xs[2]), s0);
-    let s1 = _mm512_fmadd_ps(widen16_i8(q3), load16(&xs[3]), s1);
-    _mm512_add_ps(s0, s1)
+fn load16_i8_tail(t: &[i8]) -> __m512 {
+    // SAFETY: the mask enables only the first `min(t.len(), 16)` lanes, which are readable.
+    widen16_i8(unsafe { _mm_maskz_loadu_epi8(tail_mask(t.len()), t.as_ptr()) })
 }
 
-/// `sum_i w[i] x[i]` with AVX-512.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-pub fn f32_dot_avx512(w: &[f32], x: &[f32]) -> f32 {
-    let n = w.len().min(x.len());
-    let (wv, wt) = w[..n].as_chunks::<16>();
-    let (xv, xt) = x[..n].as_chunks::<16>();
-    let mut acc = [_mm512_setzero_ps(); 4];
-    let (w4, wr) = wv.as_chunks::<4>();
-    let (x4, xr) = xv.as_chunks::<4>();
-    for (a, b) in w4.iter().zip(x4) {
-        for k in 0..4 {
-            acc[k] = _mm512_fmadd_ps(load16(&a[k]), load16(&b[k]), acc[k]);
+/// A float dot-product kernel over 16-lane vectors: per row and input, four accumulators
+/// take the 16-element chunks round-robin (`acc[k]` gets chunks `4 j + k`, leftover whole
+/// chunk `k` too), the last `n % 16` elements (masked loads, zero above) go to `acc[3]`, and
+/// the accumulators are added as `(acc0 + acc1) + (acc2 + acc3)` and summed horizontally.
+macro_rules! avx512_dot {
+    ($(#[$doc:meta])* $name:ident, $w:ty, $load:ident, $load_tail:ident) => {
+        $(#[$doc])*
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+        pub fn $name<const T: usize, const R: usize>(
+            w: &[$w],
+            rows: usize,
+            cols: usize,
+            xs: &[&[f32]; T],
+            out: &mut [f32],
+            stride: usize,
+        ) {
+            if rows.checked_mul(cols).is_none_or(|len| len > w.len()) {
+                return;
+            }
+            let n = common(cols, xs);
+            let mut xv: [(&[[f32; 16]], &[f32]); T] = [(&[], &[]); T];
+            let mut x4: [(&[[[f32; 16]; 4]], &[[f32; 16]]); T] = [(&[], &[]); T];
+            for t in 0..T {
+                xv[t] = xs[t][..n].as_chunks::<16>();
+                x4[t] = xv[t].0.as_chunks::<4>();
+            }
+            let blocks = n / 64;
+            let step = k_step::<R>(blocks, 64 * 4 * T, 1);
+            let mut r0 = 0;
+            while r0 < rows {
+                let rr = R.min(rows - r0);
+                let mut state = [[[_mm512_setzero_ps(); 4]; T]; R];
+                let mut b0 = 0;
+                while b0 < blocks {
+                    let b1 = blocks.min(b0 + step);
+                    for (r, st) in state.iter_mut().enumerate().take(rr) {
+                        prefetch_next::<_, R>(r0 + r, rows, |r| [&w[r * cols + b0 * 64..r * cols + b1 * 64], &[]]);
+                        let (w16, _) = w[(r0 + r) * cols..][..n].as_chunks::<16>();
+                        let (w4, _) = w16.as_chunks::<4>();
+                        let mut acc = *st;
+                        for j in b0..b1 {
+                            for k in 0..4 {
+                                let wk = $load(&w4[j][k]);
+                                for t in 0..T {
+                                    acc[t][k] = _mm512_fmadd_ps(wk, load16(&x4[t].0[j][k]), acc[t][k]);
+                                }
+                            }
+                        }
+                        *st = acc;
+                    }
+                    b0 = b1;
+                }
+                for (r, acc) in state.iter_mut().enumerate().take(rr) {
+                    let (wv, wt) = w[(r0 + r) * cols..][..n].as_chunks::<16>();
+                    let (_, wr) = wv.as_chunks::<4>();
+                    // At most three leftover chunks; a constant trip count keeps `k` static.
+                    for k in 0..3 {
+                        if let Some(a) = wr.get(k) {
+                            let wk = $load(a);
+                            for t in 0..T {
+                                acc[t][k] = _mm512_fmadd_ps(wk, load16(&x4[t].1[k]), acc[t][k]);
+                            }
+                        }
+                    }
+                    if !wt.is_empty() {
+                        let wk = $load_tail(wt);
+                        for t in 0..T {
+                            acc[t][3] = _mm512_fmadd_ps(wk, load16_tail(xv[t].1), acc[t][3]);
+                        }
+                    }
+                    let mut s = [0.0f32; T];
+                    for t in 0..T {
+                        let a = &acc[t];
+                        s[t] = hsum512(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])));
+                    }
+                    store(out, (r0 + r) * stride, &s);
+                }
+                r0 += rr;
+            }
         }
-    }
-    for (k, (a, b)) in wr.iter().zip(xr).enumerate() {
-        acc[k] = _mm512_fmadd_ps(load16(a), load16(b), acc[k]);
-    }
-    if !wt.is_empty() {
-        acc[3] = _mm512_fmadd_ps(load16_tail(wt), load16_tail(xt), acc[3]);
-    }
-    _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])))
+    };
 }
 
-/// `sum_i bf16(w[i]) x[i]` with AVX-512.
+avx512_dot!(
+    /// `sum_i w[i] x_t[i]` for each row of `cols` weights in `w` and each input, with
+    /// AVX-512, into `out[r * stride + t]`.
+    f32_dot_avx512,
+    f32,
+    load16,
+    load16_tail
+);
+
+avx512_dot!(
+    /// `sum_i bf16(w[i]) x_t[i]` for each row of `cols` weights in `w` and each input, with
+    /// AVX-512, into `out[r * stride + t]`.
+    bf16_dot_avx512,
+    u16,
+    load16_bf16,
+    load16_bf16_tail
+);
+
+avx512_dot!(
+    /// `sum_i q[i] x_t[i]` for each INT8 row of `cols` codes in `w` and each input, before the
+    /// row's scale (the caller multiplies: `scale * sum`), with AVX-512, into
+    /// `out[r * stride + t]`.
+    int8_sum_avx512,
+    i8,
+    load16_i8,
+    load16_i8_tail
+);
+
+/// INT4-gs64 rows of `cols` inputs (`codes`, `scales`: whole rows) with each input (whole
+/// groups), with AVX-512, into `out[r * stride + t]`: per row and input, each group's
+/// `sum q_i x_i` in 16 lanes (`(q0 x0 + q2 x2) + (q1 x1 + q3 x3)` over its four 16-element
+/// quarters), times the group's scale into accumulator `g % 2`; one horizontal sum at the end.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-pub fn bf16_dot_avx512(w: &[u16], x: &[f32]) -> f32 {
-    let n = w.len().min(x.len());
-    let (wv, wt) = w[..n].as_chunks::<16>();
-    let (xv, xt) = x[..n].as_chunks::<16>();
-    let mut acc = [_mm512_setzero_ps(); 4];
-    let (w4, wr) = wv.as_chunks::<4>();
-    let (x4, xr) = xv.as_chunks::<4>();
-    for (a, b) in w4.iter().zip(x4) {
-        for k in 0..4 {
-            acc[k] = _mm512_fmadd_ps(load16_bf16(&a[k]), load16(&b[k]), acc[k]);
+pub fn int4_dot_avx512<const T: usize, const R: usize>(
+    codes: &[u8],
+    scales: &[u16],
+    rows: usize,
+    cols: usize,
+    xs: &[&[f32]; T],
+    out: &mut [f32],
+    stride: usize,
+) {
+    let (rb, gpr) = (int4::row_bytes(cols), int4::groups(cols));
+    if rows.checked_mul(rb).is_none_or(|len| len > codes.len()) || rows * gpr > scales.len() {
+        return;
+    }
+    let n = xs.iter().fold(gpr, |n, x| n.min(x.len() / GROUP));
+    let mut xg: [&[[f32; GROUP]]; T] = [&[]; T];
+    for t in 0..T {
+        xg[t] = &xs[t].as_chunks::<GROUP>().0[..n];
+    }
+    let step = k_step::<R>(n, GROUP * 4 * T, 2);
+    let mut r0 = 0;
+    while r0 < rows {
+        let rr = R.min(rows - r0);
+        let mut state = [[[_mm512_setzero_ps(); T]; 2]; R];
+        let mut g0 = 0;
+        while g0 < n {
+            let g1 = n.min(g0 + step);
+            for (r, st) in state.iter_mut().enumerate().take(rr) {
+                prefetch_next::<_, R>(r0 + r, rows, |r| {
+                    let c = &codes[r * rb + g0 * GROUP_BYTES..r * rb + g1 * GROUP_BYTES];
+                    [c, bytemuck::cast_slice(&scales[r * gpr + g0..r * gpr + g1])]
+                });
+                let cg = &codes[(r0 + r) * rb..][..rb].as_chunks::<GROUP_BYTES>().0[..n];
+                let sc = &scales[(r0 + r) * gpr..][..n];
+                let mut acc = *st;
+                macro_rules! group {
+                    ($g:expr, $acc:expr) => {{
+                        let g: usize = $g;
+                        let d = _mm512_set1_ps(f16_to_f32(sc[g]));
+                        let [q0, q1, q2, q3] = int4_quarters(&cg[g]);
+                        let (q0, q1) = (widen16_i8(q0), widen16_i8(q1));
+                        let (q2, q3) = (widen16_i8(q2), widen16_i8(q3));
+                        for t in 0..T {
+                            let (x16, _) = xg[t][g].as_chunks::<16>();
+                            let s0 = _mm512_mul_ps(q0, load16(&x16[0]));
+                            let s1 = _mm512_mul_ps(q1, load16(&x16[1]));
+                            let s0 = _mm512_fmadd_ps(q2, load16(&x16[2]), s0);
+                            let s1 = _mm512_fmadd_ps(q3, load16(&x16[3]), s1);
+                            $acc[t] = _mm512_fmadd_ps(_mm512_add_ps(s0, s1), d, $acc[t]);
+                        }
+                    }};
+                }
+                let mut g = g0;
+                while g + 2 <= g1 {
+                    group!(g, acc[0]);
+                    group!(g + 1, acc[1]);
+                    g += 2;
+                }
+                if g < g1 {
+                    group!(g, acc[0]);
+                }
+                *st = acc;
+            }
+            g0 = g1;
         }
-    }
-    for (k, (a, b)) in wr.iter().zip(xr).enumerate() {
-        acc[k] = _mm512_fmadd_ps(load16_bf16(a), load16(b), acc[k]);
-    }
-    if !wt.is_empty() {
-        // SAFETY: the mask enables only the first `wt.len()` lanes, which are readable.
-        let v = unsafe { _mm256_maskz_loadu_epi16(tail_mask(wt.len()), wt.as_ptr().cast()) };
-        acc[3] = _mm512_fmadd_ps(widen16_bf16(v), load16_tail(xt), acc[3]);
-    }
-    _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])))
-}
-
-/// `scale * sum_i q[i] x[i]` for one INT8 row, with AVX-512.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-pub fn int8_dot_avx512(codes: &[i8], scale: f32, x: &[f32]) -> f32 {
-    let n = codes.len().min(x.len());
-    let (cv, ct) = codes[..n].as_chunks::<16>();
-    let (xv, xt) = x[..n].as_chunks::<16>();
-    let mut acc = [_mm512_setzero_ps(); 4];
-    let (c4, cr) = cv.as_chunks::<4>();
-    let (x4, xr) = xv.as_chunks::<4>();
-    for (a, b) in c4.iter().zip(x4) {
-        for k in 0..4 {
-            acc[k] = _mm512_fmadd_ps(load16_i8(&a[k]), load16(&b[k]), acc[k]);
+        for (r, acc) in state.iter().enumerate().take(rr) {
+            let mut s = [0.0f32; T];
+            for t in 0..T {
+                s[t] = hsum512(_mm512_add_ps(acc[0][t], acc[1][t]));
+            }
+            store(out, (r0 + r) * stride, &s);
         }
+        r0 += rr;
     }
-    for (k, (a, b)) in cr.iter().zip(xr).enumerate() {
-        acc[k] = _mm512_fmadd_ps(load16_i8(a), load16(b), acc[k]);
-    }
-    if !ct.is_empty() {
-        // SAFETY: the mask enables only the first `ct.len()` lanes, which are readable.
-        let v = unsafe { _mm_maskz_loadu_epi8(tail_mask(ct.len()), ct.as_ptr()) };
-        acc[3] = _mm512_fmadd_ps(widen16_i8(v), load16_tail(xt), acc[3]);
-    }
-    scale * _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])))
-}
-
-/// One INT4-gs64 row with `x` (whole groups), with AVX-512: each group's sum in 16 lanes,
-/// scaled by the group's scale into one of two vector accumulators.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-pub fn int4_dot_avx512(codes: &[u8], scales: &[u16], x: &[f32]) -> f32 {
-    let (cg, _) = codes.as_chunks::<GROUP_BYTES>();
-    let (xg, _) = x.as_chunks::<GROUP>();
-    let n = scales.len().min(cg.len()).min(xg.len());
-    let (cg, xg, scales) = (&cg[..n], &xg[..n], &scales[..n]);
-    let (mut acc0, mut acc1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
-    let mut g = 0;
-    while g + 2 <= n {
-        let d0 = _mm512_set1_ps(f16_to_f32(scales[g]));
-        let d1 = _mm512_set1_ps(f16_to_f32(scales[g + 1]));
-        acc0 = _mm512_fmadd_ps(int4_group_avx512(&cg[g], &xg[g]), d0, acc0);
-        acc1 = _mm512_fmadd_ps(int4_group_avx512(&cg[g + 1], &xg[g + 1]), d1, acc1);
-        g += 2;
-    }
-    if g < n {
-        let d = _mm512_set1_ps(f16_to_f32(scales[g]));
-        acc0 = _mm512_fmadd_ps(int4_group_avx512(&cg[g], &xg[g]), d, acc0);
-    }
-    _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -387,89 +633,215 @@ fn load32_i8(a: &[i8; 32]) -> __m256i {
     unsafe { _mm256_loadu_si256(a.as_ptr().cast()) }
 }
 
-/// `acc + (d * s) * (sum q p)` for one INT4 group, in 256-bit registers (on Zen 4 a 512-bit
-/// operation costs two 256-bit ones, and the 256-bit form needs no cross-lane shuffles):
-/// `vpdpbusd` of the unsigned codes `q + 8` (low nibbles, then high nibbles) with the
-/// activation codes `p`, started from `bias = -8 * sum(p)` so each of the 8 i32 lanes holds
-/// an exact partial `sum q p`; then converted to f32 and scaled.
-#[inline]
+/// The integer-kernel dot products of INT4-gs64 rows of `cols` inputs (`codes`, `scales`:
+/// whole rows) with each of `T` quantized inputs ([`super::q8::int4_dot_reference`]), with
+/// AVX-512 VNNI, into `out[r * stride + t]`, in 256-bit registers (on Zen 4 a 512-bit
+/// operation costs two 256-bit ones, and the 256-bit form needs no cross-lane shuffles). Per
+/// group, `vpdpbusd` of the unsigned codes `q + 8` (low nibbles, then high nibbles) with the
+/// activation codes `p`, started from `bias = -8 * sum(p)`, so each of the 8 i32 lanes holds
+/// an exact partial `sum q p`; converted to f32 and multiplied by `d * s` into accumulator
+/// `g % 2`; one horizontal sum at the end.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn int4_q8_group(c: &[u8; GROUP_BYTES], p: &[i8; GROUP], d: u16, s: f32, bias: i32, acc: __m256) -> __m256 {
-    // SAFETY: `c` is 32 readable bytes; unaligned loads are allowed.
-    let v = unsafe { _mm256_loadu_si256(c.as_ptr().cast()) };
+pub fn int4_dot_q8_vnni<const T: usize, const R: usize>(
+    codes: &[u8],
+    scales: &[u16],
+    rows: usize,
+    cols: usize,
+    xs: &[&QuantizedX; T],
+    out: &mut [f32],
+    stride: usize,
+) {
+    let (rb, gpr) = (int4::row_bytes(cols), int4::groups(cols));
+    if rows.checked_mul(rb).is_none_or(|len| len > codes.len()) || rows * gpr > scales.len() {
+        return;
+    }
+    let n = xs
+        .iter()
+        .fold(gpr, |n, x| n.min(x.codes().len() / GROUP).min(x.scales().len()).min(x.int4_bias().len()));
+    let mut pg: [&[[i8; GROUP]]; T] = [&[]; T];
+    let (mut sx, mut bias): ([&[f32]; T], [&[i32]; T]) = ([&[]; T], [&[]; T]);
+    for t in 0..T {
+        pg[t] = &xs[t].codes().as_chunks::<GROUP>().0[..n];
+        sx[t] = &xs[t].scales()[..n];
+        bias[t] = &xs[t].int4_bias()[..n];
+    }
     let mask = _mm256_set1_epi8(0x0f);
-    let (lo, hi) = (_mm256_and_si256(v, mask), _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask));
-    let (ps, _) = p.as_chunks::<32>();
-    let start = _mm256_zextsi128_si256(_mm_cvtsi32_si128(bias));
-    let sum = _mm256_dpbusd_epi32(start, lo, load32_i8(&ps[0]));
-    let sum = _mm256_dpbusd_epi32(sum, hi, load32_i8(&ps[1]));
-    _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_set1_ps(f16_to_f32(d) * s), acc)
+    let step = k_step::<R>(n, GROUP * T, 2);
+    let mut r0 = 0;
+    while r0 < rows {
+        let rr = R.min(rows - r0);
+        let mut state = [[[_mm256_setzero_ps(); T]; 2]; R];
+        let mut g0 = 0;
+        while g0 < n {
+            let g1 = n.min(g0 + step);
+            for (r, st) in state.iter_mut().enumerate().take(rr) {
+                prefetch_next::<_, R>(r0 + r, rows, |r| {
+                    let c = &codes[r * rb + g0 * GROUP_BYTES..r * rb + g1 * GROUP_BYTES];
+                    [c, bytemuck::cast_slice(&scales[r * gpr + g0..r * gpr + g1])]
+                });
+                let cg = &codes[(r0 + r) * rb..][..rb].as_chunks::<GROUP_BYTES>().0[..n];
+                let sc = &scales[(r0 + r) * gpr..][..n];
+                let mut acc = *st;
+                macro_rules! group {
+                    ($g:expr, $acc:expr) => {{
+                        let g: usize = $g;
+                        // SAFETY: `cg[g]` is 32 readable bytes; unaligned loads are allowed.
+                        let v = unsafe { _mm256_loadu_si256(cg[g].as_ptr().cast()) };
+                        let lo = _mm256_and_si256(v, mask);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask);
+                        let d = f16_to_f32(sc[g]);
+                        for t in 0..T {
+                            let (ps, _) = pg[t][g].as_chunks::<32>();
+                            let start = _mm256_zextsi128_si256(_mm_cvtsi32_si128(bias[t][g]));
+                            let sum = _mm256_dpbusd_epi32(start, lo, load32_i8(&ps[0]));
+                            let sum = _mm256_dpbusd_epi32(sum, hi, load32_i8(&ps[1]));
+                            let ds = _mm256_set1_ps(d * sx[t][g]);
+                            $acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), ds, $acc[t]);
+                        }
+                    }};
+                }
+                let mut g = g0;
+                while g + 2 <= g1 {
+                    group!(g, acc[0]);
+                    group!(g + 1, acc[1]);
+                    g += 2;
+                }
+                if g < g1 {
+                    group!(g, acc[0]);
+                }
+                *st = acc;
+            }
+            g0 = g1;
+        }
+        for (r, acc) in state.iter().enumerate().take(rr) {
+            let mut s = [0.0f32; T];
+            for t in 0..T {
+                s[t] = hsum256(_mm256_add_ps(acc[0][t], acc[1][t]));
+            }
+            store(out, (r0 + r) * stride, &s);
+        }
+        r0 += rr;
+    }
 }
 
-/// The integer-kernel dot product of one INT4-gs64 row with quantized activations
-/// ([`super::q8::int4_dot_reference`]), with AVX-512 VNNI: see [`int4_q8_group`]; groups
-/// alternate between two vector accumulators, summed horizontally once at the end.
+/// The integer-kernel dot products of INT8 rows of `cols` codes (with their `scales`) with
+/// each of `T` quantized inputs ([`super::q8::int8_dot_reference`]), with AVX-512 VNNI, into
+/// `out[r * stride + t]`. Per group of 64, `vpdpbusd` of `|q|` (as unsigned: `|-128|` reads
+/// as 128) with `p` carrying the sign of `q` (`vpsignb`; exact since `|p| <= 127`), in 256-bit
+/// halves; converted and multiplied by the group's activation scale into accumulator
+/// `g % 2`. A partial last group is copied into a zero-padded buffer and goes to the second
+/// accumulator. One horizontal sum, then the row's scale.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub fn int4_dot_q8_vnni(codes: &[u8], scales: &[u16], x: &QuantizedX) -> f32 {
-    let (cg, _) = codes.as_chunks::<GROUP_BYTES>();
-    let (pg, _) = x.codes().as_chunks::<GROUP>();
-    let (sx, bias) = (x.scales(), x.int4_bias());
-    let n = scales.len().min(cg.len()).min(pg.len()).min(sx.len()).min(bias.len());
-    let (cg, pg, scales, sx, bias) = (&cg[..n], &pg[..n], &scales[..n], &sx[..n], &bias[..n]);
-    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let mut g = 0;
-    while g + 2 <= n {
-        acc0 = int4_q8_group(&cg[g], &pg[g], scales[g], sx[g], bias[g], acc0);
-        acc1 = int4_q8_group(&cg[g + 1], &pg[g + 1], scales[g + 1], sx[g + 1], bias[g + 1], acc1);
-        g += 2;
+pub fn int8_dot_q8_vnni<const T: usize, const R: usize>(
+    codes: &[i8],
+    scales: &[f32],
+    rows: usize,
+    cols: usize,
+    xs: &[&QuantizedX; T],
+    out: &mut [f32],
+    stride: usize,
+) {
+    if rows.checked_mul(cols).is_none_or(|len| len > codes.len()) || rows > scales.len() {
+        return;
     }
-    if g < n {
-        acc0 = int4_q8_group(&cg[g], &pg[g], scales[g], sx[g], bias[g], acc0);
+    let n = xs.iter().fold(cols, |n, x| n.min(x.len()));
+    let (full_groups, tail) = (n / GROUP, n % GROUP);
+    let mut pg: [&[[i8; GROUP]]; T] = [&[]; T];
+    let mut sx: [&[f32]; T] = [&[]; T];
+    for t in 0..T {
+        pg[t] = xs[t].codes().as_chunks::<GROUP>().0;
+        sx[t] = xs[t].scales();
     }
-    hsum256(_mm256_add_ps(acc0, acc1))
+    let full = (0..T).fold(full_groups, |f, t| f.min(pg[t].len()).min(sx[t].len()));
+    let has_tail = tail > 0 && (0..T).all(|t| full_groups < pg[t].len() && full_groups < sx[t].len());
+    // `$g` is the group of the activations, `$q` the 64 codes it meets.
+    macro_rules! group {
+        ($g:expr, $q:expr, $acc:expr) => {{
+            let (g, q): (usize, &[i8; GROUP]) = ($g, $q);
+            let (qs, _) = q.as_chunks::<32>();
+            let mut sum = [_mm256_setzero_si256(); T];
+            for (h, q) in qs.iter().enumerate() {
+                let q = load32_i8(q);
+                let a = _mm256_abs_epi8(q);
+                for t in 0..T {
+                    let (ps, _) = pg[t][g].as_chunks::<32>();
+                    sum[t] = _mm256_dpbusd_epi32(sum[t], a, _mm256_sign_epi8(load32_i8(&ps[h]), q));
+                }
+            }
+            for t in 0..T {
+                $acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[t]), _mm256_set1_ps(sx[t][g]), $acc[t]);
+            }
+        }};
+    }
+    let step = k_step::<R>(full, GROUP * T, 2);
+    let mut r0 = 0;
+    while r0 < rows {
+        let rr = R.min(rows - r0);
+        let mut state = [[[_mm256_setzero_ps(); T]; 2]; R];
+        let mut g0 = 0;
+        while g0 < full {
+            let g1 = full.min(g0 + step);
+            for (r, st) in state.iter_mut().enumerate().take(rr) {
+                prefetch_next::<_, R>(r0 + r, rows, |r| {
+                    [&codes[r * cols + g0 * GROUP..r * cols + g1 * GROUP], &[]]
+                });
+                let cg = &codes[(r0 + r) * cols..][..n].as_chunks::<GROUP>().0[..full];
+                let mut acc = *st;
+                let mut g = g0;
+                while g + 2 <= g1 {
+                    group!(g, &cg[g], acc[0]);
+                    group!(g + 1, &cg[g + 1], acc[1]);
+                    g += 2;
+                }
+                if g < g1 {
+                    group!(g, &cg[g], acc[0]);
+                }
+                *st = acc;
+            }
+            g0 = g1;
+        }
+        for (r, acc) in state.iter_mut().enumerate().take(rr) {
+            if has_tail {
+                let mut q = [0i8; GROUP];
+                q[..tail].copy_from_slice(&codes[(r0 + r) * cols + full_groups * GROUP..][..tail]);
+                group!(full_groups, &q, acc[1]);
+            }
+            let mut s = [0.0f32; T];
+            for t in 0..T {
+                s[t] = scales[r0 + r] * hsum256(_mm256_add_ps(acc[0][t], acc[1][t]));
+            }
+            store(out, (r0 + r) * stride, &s);
+        }
+        r0 += rr;
+    }
 }
 
-/// `acc + s * (sum q p)` for one group of 64 INT8 codes `q` with activation codes `p`:
-/// `vpdpbusd` of `|q|` (as unsigned: `|-128|` reads as 128) with `p` carrying the sign of
-/// `q` (`vpsignb`; exact since `|p| <= 127`), in 256-bit halves, then converted and scaled.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-fn int8_q8_group(q: &[i8; GROUP], p: &[i8; GROUP], s: f32, acc: __m256) -> __m256 {
-    let (qs, _) = q.as_chunks::<32>();
-    let (ps, _) = p.as_chunks::<32>();
-    let mut sum = _mm256_setzero_si256();
-    for (q, p) in qs.iter().zip(ps) {
-        let (q, p) = (load32_i8(q), load32_i8(p));
-        sum = _mm256_dpbusd_epi32(sum, _mm256_abs_epi8(q), _mm256_sign_epi8(p, q));
-    }
-    _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_set1_ps(s), acc)
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// The integer-kernel dot product of one INT8 row with quantized activations
-/// ([`super::q8::int8_dot_reference`]), with AVX-512 VNNI: see [`int8_q8_group`]; groups
-/// alternate between two vector accumulators, summed horizontally once at the end. A
-/// partial last group is copied into a zero-padded buffer.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub fn int8_dot_q8_vnni(codes: &[i8], scale: f32, x: &QuantizedX) -> f32 {
-    let n = codes.len().min(x.len());
-    let (cg, ct) = codes[..n].as_chunks::<GROUP>();
-    let (pg, _) = x.codes().as_chunks::<GROUP>();
-    let sx = x.scales();
-    let full = cg.len().min(pg.len()).min(sx.len());
-    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-    let mut g = 0;
-    while g + 2 <= full {
-        acc0 = int8_q8_group(&cg[g], &pg[g], sx[g], acc0);
-        acc1 = int8_q8_group(&cg[g + 1], &pg[g + 1], sx[g + 1], acc1);
-        g += 2;
+    #[test]
+    fn hsum512_is_the_order_of_mm512_reduce_add_ps() {
+        if !super::super::KernelPath::Avx512.is_available() {
+            return;
+        }
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+        fn both(v: &[f32; 16]) -> (u32, u32) {
+            let v = load16(v);
+            (hsum512(v).to_bits(), _mm512_reduce_add_ps(v).to_bits())
+        }
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        for _ in 0..100_000 {
+            let v: [f32; 16] = std::array::from_fn(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                let e = (state >> 59) as i32 - 16;
+                ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2f32.powi(e)
+            });
+            // SAFETY: the CPU has AVX-512 (checked above).
+            let (a, b) = unsafe { both(&v) };
+            assert_eq!(a, b, "{v:?}");
+        }
     }
-    if g < full {
-        acc0 = int8_q8_group(&cg[g], &pg[g], sx[g], acc0);
-    }
-    if let (false, Some(p), Some(&s)) = (ct.is_empty(), pg.get(cg.len()), sx.get(cg.len())) {
-        let mut tail = [0i8; GROUP];
-        tail[..ct.len()].copy_from_slice(ct);
-        acc1 = int8_q8_group(&tail, p, s, acc1);
-    }
-    scale * hsum256(_mm256_add_ps(acc0, acc1))
 }
