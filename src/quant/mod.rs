@@ -12,7 +12,7 @@ pub mod reference;
 
 use rayon::prelude::*;
 
-pub use buffer::WeightBuf;
+pub use buffer::{AlignedRows, WeightBuf};
 pub use kernels::KernelPath;
 use kernels::q8::QuantizedX;
 
@@ -70,7 +70,7 @@ const PARALLEL_MIN_WORK: usize = 1 << 15;
 
 /// Weight bytes in one block of rows of [`Matrix::matmul`] (one task for the thread pool): the
 /// block stays in L2 while the passes of inputs go over it.
-const MATMUL_BLOCK_BYTES: usize = 64 << 10;
+const MATMUL_BLOCK_BYTES: usize = 128 << 10;
 
 /// The inputs of a batched product: each input row (padded to whole INT4 groups), or each
 /// input quantized ([`kernels::q8`]) when INT4 and INT8 rows use the integer kernels.
@@ -212,15 +212,10 @@ impl Matrix {
         let integer = matches!(self.data, MatrixData::Int4G64 { .. } | MatrixData::Int8Rows { .. });
         let qx = (integer && quantize).then(|| QuantizedX::new(x));
         let qx = qx.as_ref();
-        let padded;
-        let x = if self.padded_cols() == self.cols || qx.is_some() {
-            x
-        } else {
-            let mut p = vec![0.0f32; self.padded_cols()];
-            p[..self.cols].copy_from_slice(x);
-            padded = p;
-            &padded
-        };
+        // The kernels read `x` from a copy aligned to cache lines (and padded to whole INT4
+        // groups): cheap next to the product, and no vector load then straddles two lines.
+        let aligned = qx.is_none().then(|| AlignedRows::new(x, 1, self.cols, self.padded_cols()));
+        let x = aligned.as_ref().map_or(x, |a| a.row(0));
         if self.rows * self.cols < PARALLEL_MIN_WORK {
             for (r, out) in y.iter_mut().enumerate() {
                 *out = self.row_dot(path, r, x, qx);
@@ -276,20 +271,10 @@ impl Matrix {
         let quantize = integer && quantize;
         let quantized: Vec<QuantizedX> =
             if quantize { x.chunks(self.cols).map(QuantizedX::new).collect() } else { Vec::new() };
-        let pc = if quantize { self.cols } else { self.padded_cols() };
-        let padded;
-        let x = if pc == self.cols {
-            x
-        } else {
-            let mut p = vec![0.0f32; n * pc];
-            for (dst, src) in p.chunks_mut(pc).zip(x.chunks(self.cols)) {
-                dst[..self.cols].copy_from_slice(src);
-            }
-            padded = p;
-            &padded
-        };
+        // Float inputs are copied to rows aligned to cache lines (padded to whole INT4 groups).
+        let aligned = (!quantize).then(|| AlignedRows::new(x, n, self.cols, self.padded_cols()));
         let inputs = Inputs {
-            x: if quantize { Vec::new() } else { x.chunks_exact(pc).collect() },
+            x: aligned.as_ref().map_or_else(Vec::new, |a| a.rows().collect()),
             q: quantized.iter().collect(),
         };
         // Blocks of rows for all inputs: `out` is `[rows in block, n]`.
