@@ -30,11 +30,23 @@ use crate::quant::int4;
 /// Inputs per activation group (the same as INT4's weight groups).
 pub const GROUP: usize = int4::GROUP;
 
+/// The 64 codes of one group, on their own cache line (so that the kernels' vector loads of
+/// them never straddle two lines).
+#[derive(Clone, Copy, Debug)]
+#[repr(C, align(64))]
+struct CodeGroup([i8; GROUP]);
+
+// SAFETY: `CodeGroup` is `repr(C)`, 64 bytes with alignment 64: no padding, and every bit
+// pattern is valid.
+unsafe impl bytemuck::Zeroable for CodeGroup {}
+// SAFETY: as above; it is `Copy` and `'static`.
+unsafe impl bytemuck::Pod for CodeGroup {}
+
 /// Activations quantized to INT8 with one f32 scale per 64 inputs.
 #[derive(Clone, Debug)]
 pub struct QuantizedX {
-    /// `groups * 64` codes; zero past `len`.
-    codes: Vec<i8>,
+    /// `groups * 64` codes, group by group; zero past `len`.
+    codes: Vec<CodeGroup>,
     /// One scale per group.
     scales: Vec<f32>,
     /// Per group, `-8 * sum(codes)`: turns the unsigned INT4 codes `q + 8` into `q`.
@@ -47,10 +59,10 @@ impl QuantizedX {
     /// Quantizes `x` (see the module documentation for the exact rule).
     pub fn new(x: &[f32]) -> Self {
         let groups = x.len().div_ceil(GROUP);
-        let mut codes = vec![0i8; groups * GROUP];
+        let mut codes = vec![CodeGroup([0; GROUP]); groups];
         let mut scales = vec![0.0f32; groups];
         let mut int4_bias = vec![0i32; groups];
-        for (g, (xs, qs)) in x.chunks(GROUP).zip(codes.chunks_exact_mut(GROUP)).enumerate() {
+        for (g, (xs, CodeGroup(qs))) in x.chunks(GROUP).zip(codes.iter_mut()).enumerate() {
             let amax = xs.iter().fold(0.0f32, |m, v| m.max(v.abs()));
             let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
             for (q, &v) in qs.iter_mut().zip(xs) {
@@ -80,7 +92,7 @@ impl QuantizedX {
 
     /// The codes, `groups() * 64` of them, zero past `len()`.
     pub fn codes(&self) -> &[i8] {
-        &self.codes
+        bytemuck::cast_slice(&self.codes)
     }
 
     /// One scale per group.
@@ -95,7 +107,7 @@ impl QuantizedX {
 
     /// The value input `i` stands for: `p_i * s_g` (0 past the end).
     pub fn dequantized(&self, i: usize) -> f32 {
-        match self.codes.get(i) {
+        match self.codes().get(i) {
             Some(&q) => q as f32 * self.scales[i / GROUP],
             None => 0.0,
         }
@@ -107,7 +119,7 @@ impl QuantizedX {
 /// accumulated in group order in f32 (`d_g * s_g` rounded to f32 first).
 pub fn int4_dot_reference(codes: &[u8], scales: &[u16], x: &QuantizedX) -> f32 {
     let mut acc = 0.0f32;
-    let groups = codes.chunks_exact(int4::GROUP_BYTES).zip(scales).zip(x.codes.chunks_exact(GROUP));
+    let groups = codes.chunks_exact(int4::GROUP_BYTES).zip(scales).zip(x.codes().chunks_exact(GROUP));
     for (g, ((c, &d), p)) in groups.enumerate() {
         let mut sum = 0i32;
         for j in 0..int4::GROUP_BYTES {
@@ -124,7 +136,7 @@ pub fn int4_dot_reference(codes: &[u8], scales: &[u16], x: &QuantizedX) -> f32 {
 /// the outer accumulated in group order in f32.
 pub fn int8_dot_reference(codes: &[i8], scale: f32, x: &QuantizedX) -> f32 {
     let mut acc = 0.0f32;
-    for (g, (c, p)) in codes.chunks(GROUP).zip(x.codes.chunks_exact(GROUP)).enumerate() {
+    for (g, (c, p)) in codes.chunks(GROUP).zip(x.codes().chunks_exact(GROUP)).enumerate() {
         let sum: i32 = c.iter().zip(p).map(|(&a, &b)| a as i32 * b as i32).sum();
         acc += x.scales[g] * sum as f32;
     }
