@@ -19,6 +19,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crate::error::{Error, Result};
+use crate::experts::buffers::BufferPool;
 use crate::experts::store::ExpertStore;
 use crate::experts::{ExpertSource, ExpertStats};
 use crate::model::weights::ExpertWeights;
@@ -64,6 +65,8 @@ struct State {
 
 struct Shared {
     store: ExpertStore,
+    /// Buffers of evicted experts, reused by the next reads.
+    buffers: Arc<BufferPool>,
     state: Mutex<State>,
     /// Signalled whenever a read completes.
     arrived: Condvar,
@@ -105,8 +108,12 @@ impl CachedExperts {
         let num_experts = store.num_experts();
         let usage =
             opts.usage_file.as_deref().and_then(|p| read_usage(p, total)).unwrap_or_else(|| vec![0; total]);
+        // A few spare buffers are enough: an eviction normally makes room for a read that
+        // takes its buffer at once.
+        let buffers = BufferPool::new(store.read_bytes() as usize, opts.io_threads.max(1) + 2);
         let shared = Arc::new(Shared {
             store,
+            buffers,
             state: Mutex::new(State { usage, ..Default::default() }),
             arrived: Condvar::new(),
             capacity,
@@ -223,7 +230,7 @@ fn reader_loop(shared: &Shared, rx: &Mutex<std::sync::mpsc::Receiver<(usize, usi
             rx.recv()
         };
         let Ok((layer, expert)) = job else { return };
-        let result = shared.store.read(layer, expert);
+        let result = shared.store.read_into(layer, expert, shared.buffers.take());
         let mut st = shared.lock();
         st.stats.reads += 1;
         st.stats.bytes_read += shared.store.read_bytes();
@@ -283,6 +290,13 @@ impl ExpertSource for CachedExperts {
             if let Some(predicted) = st.predicted.remove(&layer) {
                 st.stats.predicted += ids.len() as u64;
                 st.stats.predicted_right += ids.iter().filter(|e| predicted.contains(e)).count() as u64;
+            }
+            // Experts prefetched for this layer that its routing did not choose are dead
+            // weight now: they go first when room is needed, before anything that was used.
+            for (&(l, e), entry) in st.entries.iter_mut() {
+                if l == layer && entry.speculative && !ids.contains(&e) {
+                    entry.last_use = 0;
+                }
             }
             let e_count = self.shared.num_experts;
             for &e in ids {

@@ -2,6 +2,7 @@
 //! `(layer, expert)`; whether the answer is already in memory, in a cache, or read from
 //! disk is the source's business and changes speed only, never the numbers.
 
+pub mod buffers;
 pub mod cache;
 pub mod resident;
 pub mod store;

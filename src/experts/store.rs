@@ -126,15 +126,32 @@ impl ExpertStore {
         self.info.records.is_empty()
     }
 
-    /// Reads and decodes the record of `expert` in `layer`.
+    /// Reads and decodes the record of `expert` in `layer` into a new buffer.
     pub fn read(&self, layer: usize, expert: usize) -> Result<ExpertWeights> {
+        self.read_into(layer, expert, AlignedBytes::zeroed(self.read_bytes() as usize))
+    }
+
+    /// Reads and decodes the record of `expert` in `layer` into `buf` (4 KiB-aligned, at
+    /// least [`read_bytes`](Self::read_bytes) long; its old contents are overwritten), which
+    /// the expert's matrices then view.
+    pub fn read_into<B>(&self, layer: usize, expert: usize, mut buf: B) -> Result<ExpertWeights>
+    where
+        B: ByteRegion + AsMut<[u8]> + 'static,
+    {
         let e_count = self.cfg.num_experts;
         if layer >= self.cfg.num_layers || expert >= e_count {
             return Err(Error::invalid(format!("no expert {expert} in layer {layer}")));
         }
         let rec = &self.info.records[layer * e_count + expert];
-        let mut buf = AlignedBytes::zeroed(self.read_bytes() as usize);
-        self.read_raw(buf.as_mut_slice(), rec.offset).map_err(|e| {
+        let len = self.read_bytes() as usize;
+        let dst = buf.as_mut();
+        if dst.len() < len {
+            return Err(Error::invalid(format!(
+                "a {}-byte buffer cannot hold a {len}-byte expert record",
+                dst.len()
+            )));
+        }
+        self.read_raw(&mut dst[..len], rec.offset).map_err(|e| {
             Error::format(
                 &self.path,
                 format!("reading layer {layer} expert {expert} at offset {}: {e}", rec.offset),
