@@ -8,10 +8,11 @@ use std::path::Path;
 
 use common::{Reference, convert_fixture, fixture};
 use picchio::engine::{self, OpenOptions, RunOptions};
-use picchio::format::container::{Container, Formats};
+use picchio::format::container::{Container, ConvertOptions, Formats};
 use picchio::model::{LogitRows, NoObserver};
 use picchio::sample::Sampler;
 use picchio::session::Session;
+use picchio::synth::{SynthShape, SynthSpec};
 
 #[derive(Clone, Debug)]
 struct Setup {
@@ -32,7 +33,7 @@ fn expert_bytes(dir: &Path) -> u64 {
 }
 
 /// Prompt logits and 16 greedy tokens under `s`.
-fn run(dir: &Path, r: &Reference, s: &Setup) -> (Vec<f32>, Vec<u32>) {
+fn run(dir: &Path, prompt: &[u32], s: &Setup) -> (Vec<f32>, Vec<u32>) {
     let opts = OpenOptions {
         ram_bytes: Some(s.ram_experts as u64 * expert_bytes(dir)),
         io_threads: s.io_threads,
@@ -49,17 +50,49 @@ fn run(dir: &Path, r: &Reference, s: &Setup) -> (Vec<f32>, Vec<u32>) {
         completion_driven: s.completion_driven,
     };
     let mut a = Session::new(engine::cpu_runner(&model, &run_opts).unwrap());
-    let logits = a.feed(&r.prompt, LogitRows::All, &mut NoObserver).unwrap();
+    let logits = a.feed(prompt, LogitRows::All, &mut NoObserver).unwrap();
     let mut b = Session::new(engine::cpu_runner(&model, &run_opts).unwrap());
-    let tokens = b.generate(&r.prompt, 16, &mut Sampler::greedy(), &[], &mut |_| true).unwrap().tokens;
+    let tokens = b.generate(prompt, 16, &mut Sampler::greedy(), &[], &mut |_| true).unwrap().tokens;
     (logits, tokens)
+}
+
+/// A small `picchio synth` model (more experts and layers than the fixtures, MXFP4 experts
+/// and BF16 dense weights as released), converted with the default formats.
+fn small_synthetic() -> tempfile::TempDir {
+    let spec = SynthSpec {
+        layers: 6,
+        experts: 16,
+        hidden: 128,
+        intermediate: 128,
+        heads: 4,
+        kv_heads: 2,
+        head_dim: 32,
+        vocab: 2048,
+        window: 16,
+        seed: 7,
+        ..SynthSpec::of(SynthShape::Tiny)
+    };
+    let src = tempfile::tempdir().unwrap();
+    picchio::synth::synth(&spec, src.path(), &mut |_, _| {}).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let opts = ConvertOptions { formats: Formats::default(), progress: false, interrupt_after: None };
+    picchio::format::container::convert(src.path(), out.path(), &opts).unwrap();
+    out
 }
 
 #[test]
 fn every_lever_gives_bit_identical_output() {
-    for name in ["tiny-mxfp4", "alt-f32"] {
-        let r = Reference::load(&fixture(name));
-        let dir = convert_fixture(name, Formats::default());
+    let mut models: Vec<(String, tempfile::TempDir, Vec<u32>)> = ["tiny-mxfp4", "alt-f32"]
+        .into_iter()
+        .map(|name| {
+            let prompt = Reference::load(&fixture(name)).prompt;
+            (name.to_string(), convert_fixture(name, Formats::default()), prompt)
+        })
+        .collect();
+    // A prompt that crosses the synthetic model's window twice, ID 0 included.
+    let prompt: Vec<u32> = (0..40u32).map(|i| (i * 389 + 11 * (i % 3)) % 2048).collect();
+    models.push(("synthetic 6x16".to_string(), small_synthetic(), prompt));
+    for (name, dir, prompt) in &models {
         let cfg = picchio::ModelConfig::from_dir(dir.path()).unwrap();
         let all = cfg.num_layers * cfg.num_experts;
         let base = Setup {
@@ -70,7 +103,7 @@ fn every_lever_gives_bit_identical_output() {
             completion_driven: true,
             block: 256,
         };
-        let reference = run(dir.path(), &r, &base);
+        let reference = run(dir.path(), prompt, &base);
         let variants = [
             Setup { ram_experts: cfg.num_layers, ..base.clone() },
             Setup { ram_experts: all / 2, ..base.clone() },
@@ -85,7 +118,7 @@ fn every_lever_gives_bit_identical_output() {
             Setup { block: 16, io_threads: 8, direct: true, ram_experts: all / 3, ..base.clone() },
         ];
         for v in &variants {
-            let got = run(dir.path(), &r, v);
+            let got = run(dir.path(), prompt, v);
             assert!(got.0 == reference.0, "{name}: prompt logits differ under {v:?}");
             assert_eq!(got.1, reference.1, "{name}: tokens differ under {v:?}");
         }
