@@ -306,35 +306,34 @@ pub fn int8_dot_with(path: KernelPath, codes: &[i8], scale: f32, x: &[f32]) -> f
 /// path.
 pub fn int4_dot_q8_with(path: KernelPath, codes: &[u8], scales: &[u16], x: &QuantizedX) -> f32 {
     let g = scales.len().min(codes.len() / int4::GROUP_BYTES);
-    let mut o = [0.0f32];
-    match usable(path) {
-        _ if g == 0 => return 0.0,
-        // SAFETY: `usable` returned the path only if the CPU has its features.
-        #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512Vnni => unsafe {
-            let (codes, scales) = (&codes[..g * int4::GROUP_BYTES], &scales[..g]);
-            x86::int4_dot_q8_vnni::<1, 1>(codes, scales, 1, g * int4::GROUP, &[x], &mut o, 1)
-        },
-        _ => return q8::int4_dot_reference(codes, scales, x),
+    if g == 0 {
+        return 0.0;
     }
-    o[0]
+    let (codes, scales) = (&codes[..g * int4::GROUP_BYTES], &scales[..g]);
+    #[cfg(target_arch = "x86_64")]
+    if usable(path) == KernelPath::Avx512Vnni {
+        let mut o = [0.0f32];
+        // SAFETY: `usable` returned the path only if the CPU has its features.
+        unsafe { x86::int4_dot_q8_vnni::<1, 1>(codes, scales, 1, g * int4::GROUP, &[x], &mut o, 1) };
+        return o[0];
+    }
+    let _ = path; // only x86 has an integer kernel
+    q8::int4_dot_reference(codes, scales, x)
 }
 
 /// One INT8 row with quantized activations ([`q8::int8_dot_reference`]): the VNNI kernel on
 /// [`KernelPath::Avx512Vnni`] (when this CPU has it), the scalar definition on every other
 /// path.
 pub fn int8_dot_q8_with(path: KernelPath, codes: &[i8], scale: f32, x: &QuantizedX) -> f32 {
-    let mut o = [0.0f32];
-    match usable(path) {
-        _ if codes.is_empty() => return q8::int8_dot_reference(codes, scale, x),
+    #[cfg(target_arch = "x86_64")]
+    if !codes.is_empty() && usable(path) == KernelPath::Avx512Vnni {
+        let mut o = [0.0f32];
         // SAFETY: `usable` returned the path only if the CPU has its features.
-        #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512Vnni => unsafe {
-            x86::int8_dot_q8_vnni::<1, 1>(codes, &[scale], 1, codes.len(), &[x], &mut o, 1)
-        },
-        _ => return q8::int8_dot_reference(codes, scale, x),
+        unsafe { x86::int8_dot_q8_vnni::<1, 1>(codes, &[scale], 1, codes.len(), &[x], &mut o, 1) };
+        return o[0];
     }
-    o[0]
+    let _ = path; // only x86 has an integer kernel
+    q8::int8_dot_reference(codes, scale, x)
 }
 
 // --- Several rows and inputs at once ---------------------------------------------------------
@@ -613,6 +612,7 @@ pub fn int4_dot_multi_with(
 /// [`int4_dot_multi_with`] on quantized activations: `out[r * n + t] =
 /// int4_dot_q8_with(path, row r, xs[t])`, bit for bit; each group is unpacked once per pass of
 /// up to [`max_inputs`] inputs.
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
 pub fn int4_dot_q8_multi_with(
     path: KernelPath,
     codes: &[u8],
@@ -646,6 +646,7 @@ pub fn int4_dot_q8_multi_with(
 /// [`int8_dot_multi_with`] on quantized activations: `out[r * n + t] =
 /// int8_dot_q8_with(path, row r, scales[r], xs[t])`, bit for bit; each code is loaded once per
 /// pass of up to [`max_inputs`] inputs.
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
 pub fn int8_dot_q8_multi_with(
     path: KernelPath,
     codes: &[i8],

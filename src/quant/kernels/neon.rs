@@ -196,9 +196,9 @@ pub fn int8_sum_neon<const T: usize, const R: usize>(
             for (r, st) in state.iter_mut().enumerate().take(rr) {
                 let (cv, _) = codes[(r0 + r) * cols..][..n].as_chunks::<16>();
                 let mut acc = *st;
-                for j in b0..b1 {
-                    // SAFETY: `cv[j]` is 16 readable bytes.
-                    let q = widen16_i8(unsafe { vld1q_s8(cv[j].as_ptr()) });
+                for (j, c) in cv.iter().enumerate().take(b1).skip(b0) {
+                    // SAFETY: `c` is 16 readable bytes.
+                    let q = widen16_i8(unsafe { vld1q_s8(c.as_ptr()) });
                     for t in 0..T {
                         let (x4, _) = xv[t].0[j].as_chunks::<4>();
                         for k in 0..4 {
