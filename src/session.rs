@@ -36,14 +36,15 @@ pub struct Session {
     runner: Box<dyn Runner>,
     /// Token at each valid cache position.
     tokens: Vec<u32>,
-    /// Logits after the last consumed token, if computed.
-    last_logits: Option<Vec<f32>>,
+    /// The logit rows of the last forward pass (its last row belongs to the last consumed
+    /// token); empty when they were not computed or no longer match the cache.
+    logits: Vec<f32>,
 }
 
 impl Session {
     /// A fresh session (empty cache).
     pub fn new(runner: Box<dyn Runner>) -> Self {
-        Session { runner, tokens: Vec::new(), last_logits: None }
+        Session { runner, tokens: Vec::new(), logits: Vec::new() }
     }
 
     /// The runner.
@@ -96,7 +97,7 @@ impl Session {
         self.check_fits(keep, 0)?;
         if keep < self.tokens.len() {
             self.tokens.truncate(keep);
-            self.last_logits = None;
+            self.logits.clear();
         }
         Ok(())
     }
@@ -104,19 +105,30 @@ impl Session {
     /// Consumes `ids` after the cached positions and returns logits for `rows`.
     /// Validates IDs and capacity first: on error, nothing has changed.
     pub fn feed(&mut self, ids: &[u32], rows: LogitRows, observer: &mut dyn Observer) -> Result<Vec<f32>> {
-        self.check_ids(ids)?;
-        self.check_fits(self.pos(), ids.len())?;
         if ids.is_empty() {
             return Ok(Vec::new());
         }
+        self.consume(ids, rows, observer)?;
+        Ok(self.logits.clone())
+    }
+
+    /// [`feed`](Self::feed) without handing the logits out (they stay for sampling).
+    fn consume(&mut self, ids: &[u32], rows: LogitRows, observer: &mut dyn Observer) -> Result<()> {
+        self.check_ids(ids)?;
+        self.check_fits(self.pos(), ids.len())?;
+        if ids.is_empty() {
+            return Ok(());
+        }
         let logits = self.runner.forward(ids, self.pos(), rows, observer)?;
         self.tokens.extend_from_slice(ids);
+        self.logits = if matches!(rows, LogitRows::None) { Vec::new() } else { logits };
+        Ok(())
+    }
+
+    /// The logits after the last consumed token, if they were computed.
+    fn last_logits(&self) -> Option<&[f32]> {
         let vocab = self.runner.config().vocab_size;
-        self.last_logits = match rows {
-            LogitRows::None => None,
-            _ => Some(logits[logits.len() - vocab..].to_vec()),
-        };
-        Ok(logits)
+        self.logits.len().checked_sub(vocab).map(|start| &self.logits[start..])
     }
 
     /// Length of the longest common prefix of the cached tokens and `ids`.
@@ -149,21 +161,26 @@ impl Session {
         stop: &[u32],
         on_token: &mut dyn FnMut(u32) -> bool,
     ) -> Result<Generation> {
-        if prompt.is_empty() && self.last_logits.is_none() && max_new > 0 {
-            return Err(Error::invalid("empty prompt and nothing to continue from"));
+        if prompt.is_empty() && max_new > 0 && self.last_logits().is_none() {
+            // Continue from the last consumed token: its logits were not kept (a turn ends
+            // by consuming its last token without them), so compute them again; its cache
+            // entry is rewritten with the same values.
+            let Some(&last) = self.tokens.last() else {
+                return Err(Error::invalid("empty prompt and nothing to continue from"));
+            };
+            self.rewind(self.pos() - 1)?;
+            self.consume(&[last], LogitRows::Last, &mut NoObserver)?;
         }
-        self.check_ids(prompt)?;
-        self.check_fits(self.pos(), prompt.len())?;
         if !prompt.is_empty() {
             let rows = if max_new > 0 { LogitRows::Last } else { LogitRows::None };
-            self.feed(prompt, rows, &mut NoObserver)?;
+            self.consume(prompt, rows, &mut NoObserver)?;
         }
         let mut out = Vec::new();
         while out.len() < max_new {
             if self.pos() >= self.capacity() {
                 return Ok(Generation { tokens: out, stop: StopReason::ContextFull });
             }
-            let Some(logits) = self.last_logits.as_deref() else {
+            let Some(logits) = self.last_logits() else {
                 break;
             };
             let token = sampler.sample(logits, &self.tokens);
@@ -172,7 +189,7 @@ impl Session {
             let is_stop = stop.contains(&token);
             let more = keep_going && !is_stop && out.len() < max_new;
             // Consume what was emitted, so the cache matches the history.
-            self.feed(&[token], if more { LogitRows::Last } else { LogitRows::None }, &mut NoObserver)?;
+            self.consume(&[token], if more { LogitRows::Last } else { LogitRows::None }, &mut NoObserver)?;
             if is_stop {
                 return Ok(Generation { tokens: out, stop: StopReason::Stop(token) });
             }

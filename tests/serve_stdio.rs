@@ -74,6 +74,25 @@ fn prefix_reuse_equals_full_reprefill() {
 }
 
 #[test]
+fn a_turn_with_no_ids_continues_where_the_last_one_stopped() {
+    let model = common::tiny_real_vocab();
+    let prompt = [200006u32, 17360, 200008, 3575, 200007, 200006, 173781];
+    let mut s = session(model.path(), 256);
+    let first = talk(&mut s, &format!("TURN 4 0 0 1 0 {} {}\n", prompt.len(), ids(&prompt)));
+    let mut got = tokens(&first);
+    assert!(first.last().unwrap().starts_with("DONE MAX_TOKENS 4 "), "{first:?}");
+    let pos = prompt.len() + got.len();
+    let more = talk(&mut s, &format!("TURN 3 {pos} 0 1 0 0\n"));
+    assert!(more.last().unwrap().starts_with(&format!("DONE MAX_TOKENS 3 {}", pos + 3)), "{more:?}");
+    got.extend(tokens(&more));
+
+    // One turn of 7 tokens in a fresh session gives the same 7 tokens.
+    let mut fresh = session(model.path(), 256);
+    let whole = talk(&mut fresh, &format!("TURN 7 0 0 1 0 {} {}\n", prompt.len(), ids(&prompt)));
+    assert_eq!(got, tokens(&whole));
+}
+
+#[test]
 fn bad_requests_get_errors_and_the_next_turn_still_works() {
     let model = common::tiny_real_vocab();
     let mut s = session(model.path(), 32);

@@ -72,7 +72,7 @@ pub struct ChatSettings {
     #[arg(long)]
     pub seed: Option<u64>,
     /// Most tokens per answer (default: what the context has left).
-    #[arg(long)]
+    #[arg(short = 'n', long)]
     pub max_tokens: Option<usize>,
 }
 

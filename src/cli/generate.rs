@@ -30,9 +30,8 @@ pub struct GenerateArgs {
     /// A user message: one Harmony chat turn, printing the final answer.
     #[arg(short = 'p', long, group = "input")]
     prompt: Option<String>,
-    /// Number of tokens to generate [default: 16 for raw IDs, the rest of the context for -p].
-    #[arg(short = 'n', long = "max-tokens")]
-    max_tokens: Option<usize>,
+    /// Sampling and turn settings; `-n/--max-tokens` defaults to 16 for raw IDs and to the
+    /// rest of the context for -p.
     #[command(flatten)]
     chat: ChatSettings,
     /// Write the F32 logits of every prompt position to this .npy file, shape [T, vocab].
@@ -132,7 +131,7 @@ fn emit_continuation(
     let mut first = true;
     let mut write_error = None;
     let mut sampler = Sampler::new(args.chat.sampling_with(0, 0.0))?;
-    let max_tokens = args.max_tokens.unwrap_or(16);
+    let max_tokens = args.chat.max_tokens.unwrap_or(16);
     let generation = session.generate(prompt, max_tokens, &mut sampler, &[], &mut |id| {
         let sep = if first { "" } else { " " };
         first = false;
@@ -166,10 +165,7 @@ fn chat_turn(args: &GenerateArgs, text: &str) -> anyhow::Result<()> {
     let mut messages = args.chat.opening();
     messages.push(picchio::chat::Message::user(text));
     let conversation = picchio::chat::Conversation::from_messages(messages);
-    let mut opts = args.chat.turn(&session, 0);
-    if let Some(n) = args.max_tokens {
-        opts.max_tokens = n;
-    }
+    let opts = args.chat.turn(&session, 0);
     let t0 = Instant::now();
     let harmony = picchio::chat::HarmonyEncoding::new();
     let mut out = std::io::stdout().lock();

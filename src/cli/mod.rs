@@ -299,3 +299,30 @@ pub fn print_stats(
         eprintln!("  {line}");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// No two arguments of a command share a long or short name (clap only checks this in
+    /// debug builds, and the tests run in release).
+    #[test]
+    fn argument_names_are_unique_in_every_command() {
+        fn check(cmd: &clap::Command, path: &str) {
+            let (mut longs, mut shorts) =
+                (std::collections::HashSet::new(), std::collections::HashSet::new());
+            for a in cmd.get_arguments() {
+                if let Some(l) = a.get_long() {
+                    assert!(longs.insert(l.to_string()), "`{path}` declares --{l} twice");
+                }
+                if let Some(s) = a.get_short() {
+                    assert!(shorts.insert(s), "`{path}` declares -{s} twice");
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                check(sub, &format!("{path} {}", sub.get_name()));
+            }
+        }
+        check(&super::Cli::command(), "picchio");
+    }
+}
