@@ -275,10 +275,7 @@ pub fn load_container(dir: &Path, opts: &OpenOptions) -> Result<LoadedModel> {
     let c = Container::open(dir)?;
     let config = Arc::new(c.config.clone());
     let dense = c.load_dense()?;
-    let expert_bytes = crate::format::container::manifest::align_up(
-        c.experts().payload_bytes,
-        crate::format::container::manifest::RECORD_ALIGN,
-    );
+    let expert_bytes = c.experts().record_bytes();
     let ram = match opts.ram_bytes {
         Some(b) => b,
         None => default_ram_budget(&config, c.dense_bytes(), expert_bytes, opts.ctx),

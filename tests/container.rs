@@ -114,8 +114,7 @@ fn output_is_identical_for_every_ram_cache_size() {
         let probe = open(dir.path(), None);
         let cfg = probe.config.clone();
         let c = picchio::format::container::Container::open(dir.path()).unwrap();
-        let expert =
-            picchio::experts::ExpertStore::open(dir.path(), c.experts(), cfg.clone()).unwrap().expert_bytes();
+        let expert = c.experts().record_bytes();
         let all = expert * (cfg.num_layers * cfg.num_experts) as u64;
         let sizes = [expert * cfg.num_layers as u64, all / 2, all];
         let results: Vec<_> = sizes.iter().map(|&ram| run(&open(dir.path(), Some(ram)), &r)).collect();

@@ -25,11 +25,7 @@ struct Setup {
 }
 
 fn expert_bytes(dir: &Path) -> u64 {
-    let c = Container::open(dir).unwrap();
-    picchio::format::container::manifest::align_up(
-        c.experts().payload_bytes,
-        picchio::format::container::manifest::RECORD_ALIGN,
-    )
+    Container::open(dir).unwrap().experts().record_bytes()
 }
 
 /// Prompt logits and 16 greedy tokens under `s`.

@@ -144,3 +144,19 @@ pub trait Backend {
         Vec::new()
     }
 }
+
+/// An error unless a buffer of shape `have` (rows, width) has the shape `want`; `what` names
+/// the operation.
+pub(crate) fn check_shape(
+    what: &str,
+    have: (usize, usize),
+    want: (usize, usize),
+) -> crate::error::Result<()> {
+    if have == want {
+        return Ok(());
+    }
+    Err(crate::error::Error::Backend(format!(
+        "{what}: buffer is [{}, {}], expected [{}, {}]",
+        have.0, have.1, want.0, want.1
+    )))
+}

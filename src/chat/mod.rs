@@ -37,4 +37,4 @@ pub use message::{
 };
 pub use parser::{ParseOptions, ParserState, StreamParser};
 pub use tokenizer::{StreamDecoder, Tokenizer, VOCAB_SIZE};
-pub use turn::{ChatEvent, TurnOptions, TurnOutcome, complete, today_utc};
+pub use turn::{ChatEvent, TurnOptions, TurnOutcome, complete, today_utc, turn_stop_tokens};

@@ -85,8 +85,8 @@ impl TurnOutcome {
 
 /// The tokens that end an assistant turn in a vocabulary of `vocab` tokens: `<|return|>`,
 /// `<|call|>`, and `<|endoftext|>`.
-pub fn turn_stop_tokens(harmony: &HarmonyEncoding, vocab: usize) -> Vec<u32> {
-    let mut stops = harmony.stop_tokens().to_vec();
+pub fn turn_stop_tokens(vocab: usize) -> Vec<u32> {
+    let mut stops = crate::chat::harmony::STOP_TOKENS.to_vec();
     stops.push(special::ENDOFTEXT);
     stops.retain(|&t| (t as usize) < vocab);
     stops
@@ -109,7 +109,7 @@ pub fn complete(
     )?;
     let mut sampler = Sampler::new(opts.sampling.clone())?;
     let reused = session.reuse_prefix(&prompt)?;
-    let stops = turn_stop_tokens(harmony, session.runner().config().vocab_size);
+    let stops = turn_stop_tokens(session.runner().config().vocab_size);
     let mut parser = harmony.stream_parser(Some(Role::Assistant));
     let mut parse_error = None;
     let mut raw = harmony.tokenizer().stream_decoder();

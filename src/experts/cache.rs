@@ -59,8 +59,9 @@ struct State {
     stats: ExpertStats,
     /// Usage count of every expert, this session plus the persisted history.
     usage: Vec<u64>,
-    /// The last prediction for each layer, scored when the layer's real routing arrives.
-    predicted: HashMap<usize, Vec<usize>>,
+    /// The last prediction for each layer (empty: none), scored and cleared when the layer's
+    /// real routing arrives. The vectors are reused from token to token.
+    predicted: Vec<Vec<usize>>,
 }
 
 struct Shared {
@@ -102,10 +103,10 @@ impl CachedExperts {
     /// A cache with the given options. It never holds more experts than the store has;
     /// experts pinned by the current call may exceed the bound briefly.
     pub fn with_options(store: ExpertStore, opts: CacheOptions) -> Self {
-        let expert_bytes = store.expert_bytes().max(1);
+        let expert_bytes = store.read_bytes().max(1);
         let total = store.len();
         let capacity = ((opts.capacity_bytes / expert_bytes) as usize).min(total);
-        let num_experts = store.num_experts();
+        let (num_layers, num_experts) = (store.num_layers(), store.num_experts());
         let usage =
             opts.usage_file.as_deref().and_then(|p| read_usage(p, total)).unwrap_or_else(|| vec![0; total]);
         // A few spare buffers are enough: an eviction normally makes room for a read that
@@ -114,7 +115,7 @@ impl CachedExperts {
         let shared = Arc::new(Shared {
             store,
             buffers,
-            state: Mutex::new(State { usage, ..Default::default() }),
+            state: Mutex::new(State { usage, predicted: vec![Vec::new(); num_layers], ..Default::default() }),
             arrived: Condvar::new(),
             capacity,
             num_experts,
@@ -287,17 +288,22 @@ impl ExpertSource for CachedExperts {
             let mut st = self.shared.lock();
             st.clock += 1;
             let now = st.clock;
-            if let Some(predicted) = st.predicted.remove(&layer) {
+            let mut predicted = std::mem::take(&mut st.predicted[layer]);
+            if !predicted.is_empty() {
                 st.stats.predicted += ids.len() as u64;
                 st.stats.predicted_right += ids.iter().filter(|e| predicted.contains(e)).count() as u64;
-            }
-            // Experts prefetched for this layer that its routing did not choose are dead
-            // weight now: they go first when room is needed, before anything that was used.
-            for (&(l, e), entry) in st.entries.iter_mut() {
-                if l == layer && entry.speculative && !ids.contains(&e) {
-                    entry.last_use = 0;
+                // Predicted experts the routing did not choose are dead weight now: they go
+                // first when room is needed, before anything that was used.
+                for &e in predicted.iter().filter(|e| !ids.contains(e)) {
+                    if let Some(entry) = st.entries.get_mut(&(layer, e))
+                        && entry.speculative
+                    {
+                        entry.last_use = 0;
+                    }
                 }
+                predicted.clear();
             }
+            st.predicted[layer] = predicted;
             let e_count = self.shared.num_experts;
             for &e in ids {
                 st.usage[layer * e_count + e] += 1;
@@ -356,7 +362,7 @@ impl ExpertSource for CachedExperts {
     }
 
     fn expert_bytes(&self) -> u64 {
-        self.shared.store.expert_bytes()
+        self.shared.store.read_bytes()
     }
 
     fn describe(&self) -> String {
@@ -365,7 +371,7 @@ impl ExpertSource for CachedExperts {
             self.io_threads,
             if self.io_threads == 1 { "" } else { "s" },
             if self.is_direct() { "direct I/O" } else { "buffered" },
-            crate::system::gib(self.shared.capacity as u64 * self.shared.store.expert_bytes()),
+            crate::system::gib(self.shared.capacity as u64 * self.shared.store.read_bytes()),
             self.shared.capacity,
             self.shared.store.len()
         )
@@ -439,7 +445,9 @@ impl CachedExperts {
         {
             let mut st = self.shared.lock();
             if prediction {
-                st.predicted.insert(layer, ids.to_vec());
+                let predicted = &mut st.predicted[layer];
+                predicted.clear();
+                predicted.extend_from_slice(ids);
             }
             for &e in ids {
                 if e >= self.shared.num_experts || st.entries.contains_key(&(layer, e)) {

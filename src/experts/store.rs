@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
-use crate::format::container::manifest::{Component, ExpertStoreInfo, RECORD_ALIGN, Scheme, align_up};
+use crate::format::container::manifest::{Component, ExpertStoreInfo, Scheme};
 use crate::io::read_exact_at;
 use crate::model::weights::ExpertWeights;
 use crate::quant::buffer::{AlignedBytes, ByteRegion};
@@ -96,14 +96,10 @@ impl ExpertStore {
         read_exact_at(&self.file, buf, offset)
     }
 
-    /// Bytes one read moves (the payload rounded up to 4 KiB).
+    /// Bytes one read moves, and one expert occupies in memory once read (the payload
+    /// rounded up to 4 KiB).
     pub fn read_bytes(&self) -> u64 {
-        align_up(self.info.payload_bytes, RECORD_ALIGN)
-    }
-
-    /// Bytes one expert occupies in memory once read.
-    pub fn expert_bytes(&self) -> u64 {
-        self.read_bytes()
+        self.info.record_bytes()
     }
 
     /// Experts per layer.

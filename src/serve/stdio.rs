@@ -4,6 +4,8 @@
 
 use std::io::{BufRead, Write};
 
+use crate::chat::tokenizer::special;
+use crate::chat::turn_stop_tokens;
 use crate::error::{Error, Result};
 use crate::sample::{Sampler, SamplingParams};
 use crate::session::{Session, StopReason};
@@ -98,16 +100,10 @@ fn parse_turn(fields: &[&str]) -> std::result::Result<Turn, Refusal> {
     Ok(Turn { max_new, keep, params, ids })
 }
 
-/// The stop tokens of GPT-OSS that exist in a vocabulary of `vocab` tokens:
-/// `<|return|>` 200002, `<|call|>` 200012 and `<|endoftext|>` 199999.
-pub fn stop_ids(vocab: usize) -> Vec<u32> {
-    [200002u32, 200012, 199999].into_iter().filter(|&t| (t as usize) < vocab).collect()
-}
-
 /// Serves the protocol on `input`/`output` until `SHUTDOWN` or end of input.
 pub fn serve(session: &mut Session, input: impl BufRead, mut output: impl Write) -> Result<()> {
     let vocab = session.runner().config().vocab_size;
-    let stops = stop_ids(vocab);
+    let stops = turn_stop_tokens(vocab);
     let io = |e: std::io::Error| Error::io("<stdout>", e);
     let ready = |session: &Session| {
         let stop_list: Vec<String> = stops.iter().map(u32::to_string).collect();
@@ -184,7 +180,7 @@ fn run_turn(
     match result {
         Ok(g) => {
             let reason = match g.stop {
-                StopReason::Stop(200012) => "CALL",
+                StopReason::Stop(special::CALL) => "CALL",
                 StopReason::Stop(_) => "RETURN",
                 StopReason::MaxTokens | StopReason::Cancelled => "MAX_TOKENS",
                 StopReason::ContextFull => "CONTEXT_FULL",

@@ -50,6 +50,41 @@ pub struct CpuBackend {
     predict: bool,
     /// Compute experts in arrival order rather than after all have arrived.
     completion_driven: bool,
+    /// Router logits of one row (scratch of [`route_rows`]).
+    router_logits: Vec<f32>,
+    /// Scratch of the decode prediction, kept so that no token allocates: the state
+    /// normalized for the next layer, its routing, and the predicted experts.
+    prediction: Prediction,
+}
+
+/// Reusable buffers of [`CpuBackend::prefetch_next`].
+#[derive(Default)]
+struct Prediction {
+    normed: Vec<f32>,
+    routes: RouteTable,
+    experts: Vec<usize>,
+}
+
+/// Routes each `width`-wide row of `x` through `router`: its top `k` experts and their weights
+/// into `routes` (resized to fit); `logits` is scratch.
+fn route_rows(
+    router: &Linear,
+    k: usize,
+    x: &[f32],
+    width: usize,
+    logits: &mut Vec<f32>,
+    routes: &mut RouteTable,
+) {
+    let rows = x.len() / width;
+    logits.resize(router.weight.rows, 0.0);
+    routes.k = k;
+    routes.experts.resize(rows * k, 0);
+    routes.weights.resize(rows * k, 0.0);
+    let chosen = routes.experts.chunks_exact_mut(k).zip(routes.weights.chunks_exact_mut(k));
+    for (row, (experts, weights)) in x.chunks_exact(width).zip(chosen) {
+        router.forward(row, logits);
+        route_top_k(logits, k, experts, weights);
+    }
 }
 
 impl CpuBackend {
@@ -62,7 +97,17 @@ impl CpuBackend {
     ) -> Self {
         let rope = RopeFrequencies::from_config(&cfg);
         let kv = KvCache::new(cfg.num_layers, capacity, cfg.kv_dim());
-        CpuBackend { cfg, dense, experts, rope, kv, predict: false, completion_driven: true }
+        CpuBackend {
+            cfg,
+            dense,
+            experts,
+            rope,
+            kv,
+            predict: false,
+            completion_driven: true,
+            router_logits: Vec::new(),
+            prediction: Prediction::default(),
+        }
     }
 
     /// Sets how experts are fetched: `predict` prefetches each next layer's predicted
@@ -92,14 +137,7 @@ impl CpuBackend {
 }
 
 fn check_shape(what: &str, act: &CpuAct, rows: usize, width: usize) -> Result<()> {
-    if act.rows == rows && act.width == width {
-        Ok(())
-    } else {
-        Err(Error::Backend(format!(
-            "{what}: buffer is [{}, {}], expected [{rows}, {width}]",
-            act.rows, act.width
-        )))
-    }
+    crate::backend::check_shape(what, (act.rows, act.width), (rows, width))
 }
 
 impl Backend for CpuBackend {
@@ -225,20 +263,7 @@ impl Backend for CpuBackend {
 
     fn route(&mut self, layer: usize, x: &CpuAct, routes: &mut RouteTable) -> Result<()> {
         let router = &self.dense.layers[layer].router;
-        let k = self.cfg.experts_per_token;
-        let mut logits = vec![0.0f32; self.cfg.num_experts];
-        routes.k = k;
-        routes.experts.resize(x.rows * k, 0);
-        routes.weights.resize(x.rows * k, 0.0);
-        for r in 0..x.rows {
-            router.forward(x.row(r), &mut logits);
-            route_top_k(
-                &logits,
-                k,
-                &mut routes.experts[r * k..(r + 1) * k],
-                &mut routes.weights[r * k..(r + 1) * k],
-            );
-        }
+        route_rows(router, self.cfg.experts_per_token, &x.data, x.width, &mut self.router_logits, routes);
         Ok(())
     }
 
@@ -299,15 +324,14 @@ impl Backend for CpuBackend {
             return Ok(());
         }
         let l = &self.dense.layers[next];
-        let mut normed = vec![0.0f32; self.cfg.hidden_size];
-        rms_norm(&x.data, &l.mlp_norm, self.cfg.rms_norm_eps, &mut normed);
-        let mut logits = vec![0.0f32; self.cfg.num_experts];
-        l.router.forward(&normed, &mut logits);
-        let k = self.cfg.experts_per_token;
-        let (mut ids, mut weights) = (vec![0u32; k], vec![0.0f32; k]);
-        route_top_k(&logits, k, &mut ids, &mut weights);
-        let ids: Vec<usize> = ids.into_iter().map(|e| e as usize).collect();
-        self.experts.prefetch(next, &ids);
+        let p = &mut self.prediction;
+        p.normed.resize(self.cfg.hidden_size, 0.0);
+        rms_norm(&x.data, &l.mlp_norm, self.cfg.rms_norm_eps, &mut p.normed);
+        let (k, width) = (self.cfg.experts_per_token, self.cfg.hidden_size);
+        route_rows(&l.router, k, &p.normed, width, &mut self.router_logits, &mut p.routes);
+        p.experts.clear();
+        p.experts.extend(p.routes.experts.iter().map(|&e| e as usize));
+        self.experts.prefetch(next, &p.experts);
         Ok(())
     }
 

@@ -638,15 +638,7 @@ pub fn default_expert_budget(report: &AdapterReport, dense_bytes: u64, kv_bytes:
 }
 
 fn check_shape(what: &str, act: &GpuAct, rows: usize, width: usize) -> Result<()> {
-    if act.rows() == rows && act.width() == width {
-        Ok(())
-    } else {
-        Err(Error::Backend(format!(
-            "{what}: buffer is [{}, {}], expected [{rows}, {width}]",
-            act.rows(),
-            act.width()
-        )))
-    }
+    crate::backend::check_shape(what, (act.rows(), act.width()), (rows, width))
 }
 
 impl Backend for GpuBackend {

@@ -469,8 +469,11 @@ fn convert_dense(
     while r0 < rows {
         let n = chunk_rows.min(rows - r0);
         let raw = reader.read(src, r0 * cols * elem, n * cols * elem)?;
+        let raw_len = raw.len() as u64;
         let encoded: Vec<Vec<u8>> = match (t.scheme, t.parts[0].dtype) {
-            (Scheme::None, Dtype::Bf16) if src.dtype == SrcDtype::BF16 => vec![raw.clone()],
+            // Already in the target format: written as read.
+            (Scheme::None, Dtype::Bf16) if src.dtype == SrcDtype::BF16 => vec![raw],
+            (Scheme::None, Dtype::F32) if src.dtype == SrcDtype::F32 => vec![raw],
             (Scheme::None, Dtype::Bf16) => {
                 let f = decode_floats(&t.name, src.dtype, &raw)?;
                 vec![f.iter().flat_map(|v| bf16::from_f32(*v).to_bits().to_le_bytes()).collect()]
@@ -502,7 +505,7 @@ fn convert_dense(
                 .map_err(|e| Error::format(DENSE_FILE, format!("writing {}: {e}", t.name)))?;
             hasher.update(data);
         }
-        bar.inc(raw.len() as u64);
+        bar.inc(raw_len);
         r0 += n;
     }
     Ok(hashers.into_iter().map(|h| h.finalize().to_hex().to_string()).collect())

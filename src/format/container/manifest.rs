@@ -157,6 +157,14 @@ pub struct ExpertStoreInfo {
     pub records: Vec<ExpertRecord>,
 }
 
+impl ExpertStoreInfo {
+    /// Bytes one record occupies once read: the payload rounded up to whole 4 KiB blocks
+    /// (the unit of direct I/O).
+    pub fn record_bytes(&self) -> u64 {
+        align_up(self.payload_bytes, RECORD_ALIGN)
+    }
+}
+
 /// Where the container came from.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SourceInfo {
