@@ -14,7 +14,7 @@ use crate::format::container::convert::{STATE_FILE, is_hf_checkpoint};
 use crate::format::container::{
     Container, ConvertOptions, Formats, Manifest, convert, is_container, source_identity,
 };
-use crate::format::{hf, safetensors::Checkpoint};
+use crate::format::hf;
 use crate::model::forward::PhaseTimes;
 use crate::model::weights::{AttentionWeights, DenseWeights, ExpertWeights, LayerWeights, Linear};
 use crate::model::{Forward, LogitRows, Observer};
@@ -299,7 +299,7 @@ pub const USAGE_FILE: &str = "expert-usage.json";
 /// never less than one token's experts in every layer.
 pub fn default_ram_budget(cfg: &ModelConfig, dense_bytes: u64, expert_bytes: u64, ctx: usize) -> u64 {
     let total = crate::system::total_memory().unwrap_or(8 << 30);
-    let kv = 2 * 4 * (cfg.num_layers * ctx * cfg.kv_dim()) as u64;
+    let kv = crate::backend::cpu::kv_cache::KvCache::bytes_for(cfg.num_layers, ctx, cfg.kv_dim());
     let reserve = (4u64 << 30).min(total / 4);
     let floor = expert_bytes * (cfg.num_layers * cfg.experts_per_token) as u64;
     total.saturating_sub(dense_bytes + kv + reserve).max(floor)
@@ -311,8 +311,7 @@ pub fn load_hf(dir: &Path) -> Result<LoadedModel> {
     if !dir.is_dir() {
         return Err(Error::format(dir, "model directory does not exist"));
     }
-    let cfg = ModelConfig::from_dir(dir)?;
-    let ck = Checkpoint::open(dir)?;
+    let (cfg, ck) = hf::open(dir)?;
     let dense = hf::load_dense(&ck, &cfg)?;
     let experts = hf::load_all_experts(&ck, &cfg)?;
     Ok(LoadedModel {

@@ -67,11 +67,6 @@ impl HarmonyEncoding {
         &STOP_TOKENS
     }
 
-    /// Tokens that end a message, the stop tokens and `<|end|>`.
-    pub fn message_end_tokens(&self) -> &'static [u32] {
-        &MESSAGE_END_TOKENS
-    }
-
     /// The prompt for the model's next turn: the conversation, then `<|start|>{next_role}`
     /// (`<|start|>assistant` for a reply).
     pub fn render_conversation_for_completion(

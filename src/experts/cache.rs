@@ -94,12 +94,6 @@ pub struct CachedExperts {
 }
 
 impl CachedExperts {
-    /// A cache of at most `capacity_bytes` over `store` with one reader thread and no
-    /// learned hot set.
-    pub fn new(store: ExpertStore, capacity_bytes: u64) -> Self {
-        Self::with_options(store, CacheOptions { capacity_bytes, io_threads: 1, usage_file: None })
-    }
-
     /// A cache with the given options. It never holds more experts than the store has;
     /// experts pinned by the current call may exceed the bound briefly.
     pub fn with_options(store: ExpertStore, opts: CacheOptions) -> Self {
@@ -141,11 +135,6 @@ impl CachedExperts {
         };
         cache.load_hot_set();
         cache
-    }
-
-    /// Experts the cache can hold.
-    pub fn capacity_experts(&self) -> u64 {
-        self.shared.capacity as u64
     }
 
     /// Whether reads bypass the page cache.

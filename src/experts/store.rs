@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::format::container::manifest::{Component, ExpertStoreInfo, Scheme};
 use crate::io::read_exact_at;
 use crate::model::weights::ExpertWeights;
-use crate::quant::buffer::{AlignedBytes, ByteRegion};
+use crate::quant::buffer::ByteRegion;
 use crate::quant::{Matrix, MatrixData, WeightBuf};
 
 /// Reads expert records from a container's expert file.
@@ -120,11 +120,6 @@ impl ExpertStore {
     /// True when the store holds no experts.
     pub fn is_empty(&self) -> bool {
         self.info.records.is_empty()
-    }
-
-    /// Reads and decodes the record of `expert` in `layer` into a new buffer.
-    pub fn read(&self, layer: usize, expert: usize) -> Result<ExpertWeights> {
-        self.read_into(layer, expert, AlignedBytes::zeroed(self.read_bytes() as usize))
     }
 
     /// Reads and decodes the record of `expert` in `layer` into `buf` (4 KiB-aligned, at

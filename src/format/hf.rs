@@ -115,12 +115,6 @@ pub fn load_all_experts(ck: &Checkpoint, cfg: &ModelConfig) -> Result<Vec<Vec<Ex
         .collect()
 }
 
-/// Bytes that decoding every expert to F32 takes.
-pub fn decoded_expert_bytes(cfg: &ModelConfig) -> u64 {
-    let per = 3 * cfg.intermediate_size * cfg.hidden_size + 2 * cfg.intermediate_size + cfg.hidden_size;
-    4 * per as u64 * cfg.num_experts as u64 * cfg.num_layers as u64
-}
-
 /// One expert's `[rows, cols]` matrix from MXFP4 `{name}_blocks` / `{name}_scales`.
 fn decode_mxfp4_expert(
     ck: &Checkpoint,

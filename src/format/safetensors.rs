@@ -163,11 +163,6 @@ impl Checkpoint {
         &self.shards
     }
 
-    /// Every tensor name.
-    pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.tensors.keys().map(String::as_str)
-    }
-
     /// The entry for `name`, if present.
     pub fn get(&self, name: &str) -> Option<&TensorEntry> {
         self.tensors.get(name)

@@ -88,11 +88,6 @@ impl<B: Backend> Forward<B> {
         &self.backend
     }
 
-    /// The backend, mutably.
-    pub fn backend_mut(&mut self) -> &mut B {
-        &mut self.backend
-    }
-
     /// Time spent so far, by phase.
     pub fn times(&self) -> PhaseTimes {
         self.times

@@ -62,12 +62,6 @@ impl AlignedBytes {
     }
 }
 
-impl AsMut<[u8]> for AlignedBytes {
-    fn as_mut(&mut self) -> &mut [u8] {
-        self.as_mut_slice()
-    }
-}
-
 impl ByteRegion for AlignedBytes {
     fn bytes(&self) -> &[u8] {
         // SAFETY: ptr is valid for len bytes for the buffer's lifetime.

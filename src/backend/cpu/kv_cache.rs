@@ -46,8 +46,9 @@ impl KvCache {
         &self.values[layer]
     }
 
-    /// Bytes allocated.
-    pub fn byte_len(&self) -> usize {
-        2 * self.keys.len() * self.capacity * self.kv_dim * 4
+    /// Bytes the keys and values of `layers` layers take at `capacity` positions of `kv_dim`
+    /// floats each.
+    pub fn bytes_for(layers: usize, capacity: usize, kv_dim: usize) -> u64 {
+        (2 * layers * capacity * kv_dim * std::mem::size_of::<f32>()) as u64
     }
 }

@@ -28,6 +28,9 @@ pub struct VerifyReport {
     pub mismatches: Vec<Mismatch>,
 }
 
+/// Bytes read and hashed at a time.
+const VERIFY_CHUNK: usize = 16 << 20;
+
 /// Re-hashes every part and record of the container in `dir`. `progress` is called with
 /// the bytes hashed so far and the total.
 pub fn verify(dir: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<VerifyReport> {
@@ -40,6 +43,9 @@ pub fn verify(dir: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<VerifyRe
         File::open(&p).map_err(|e| Error::io(&p, e))
     };
     let mut files = std::collections::HashMap::new();
+    // One buffer for the whole run: parts are hashed in chunks of at most this size, so the
+    // memory used does not grow with the largest tensor (the head is over half a GB).
+    let mut buf = vec![0u8; (VERIFY_CHUNK as u64).min(total) as usize];
     let mut check = |file: &str,
                      offset: u64,
                      bytes: u64,
@@ -51,14 +57,22 @@ pub fn verify(dir: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<VerifyRe
             files.insert(file.to_string(), open(file)?);
         }
         let f = &files[file];
-        let mut buf = vec![0u8; bytes as usize];
-        let outcome = match read_exact_at(f, &mut buf, offset) {
-            Ok(()) => {
-                let got = blake3::hash(&buf).to_hex().to_string();
-                (got != hash).then(|| format!("hash {got} does not match the manifest's {hash}"))
+        let mut hasher = blake3::Hasher::new();
+        let mut done = 0u64;
+        let mut failure = None;
+        while done < bytes {
+            let n = (bytes - done).min(buf.len() as u64) as usize;
+            if let Err(e) = read_exact_at(f, &mut buf[..n], offset + done) {
+                failure = Some(format!("cannot read {bytes} bytes at {offset} of {file}: {e}"));
+                break;
             }
-            Err(e) => Some(format!("cannot read {bytes} bytes at {offset} of {file}: {e}")),
-        };
+            hasher.update(&buf[..n]);
+            done += n as u64;
+        }
+        let outcome = failure.or_else(|| {
+            let got = hasher.finalize().to_hex().to_string();
+            (got != hash).then(|| format!("hash {got} does not match the manifest's {hash}"))
+        });
         if let Some(reason) = outcome {
             report.mismatches.push(Mismatch { what, reason });
         }
