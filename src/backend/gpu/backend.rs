@@ -332,8 +332,7 @@ impl GpuBackend {
             w.extend_from_slice(routes.row_experts(r));
             w.extend(routes.row_weights(r).iter().map(|v| v.to_bits()));
         }
-        let mem = self.pool.take(&mut self.gpu, (rows * 2 * k * 4) as u64)?;
-        let out = GpuRoutes::new(rows, k, mem);
+        let out = self.alloc_routes(rows)?;
         self.gpu.stage(bytemuck::cast_slice(&w), out.buf(), 0)?;
         Ok(out)
     }

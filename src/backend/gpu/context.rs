@@ -118,8 +118,6 @@ pub struct Gpu {
     staging: Option<GBuf>,
     /// A small buffer bound where a kernel's optional input is absent.
     pub dummy: GBuf,
-    /// Whether recorded, unsubmitted work reads the expert pools or slot table.
-    pub pending_expert_work: bool,
     counters: DeviceCounters,
 }
 
@@ -175,7 +173,6 @@ impl Gpu {
             params: Vec::new(),
             uploads: Vec::new(),
             staging: None,
-            pending_expert_work: false,
             counters: DeviceCounters::default(),
         };
         let ring = (ring_slots.max(64) as u64) * PARAM_SLOT;
@@ -262,11 +259,16 @@ impl Gpu {
         Ok(GBuf { buf, id: self.next_id, size })
     }
 
-    /// Writes `bytes` into `dst` at `offset` before the next submission's work (only for
-    /// buffers no recorded, unsubmitted work uses).
-    pub fn write(&mut self, dst: &GBuf, offset: u64, bytes: &[u8]) {
+    /// Writes `bytes` into `dst` at `offset`, after all work recorded so far: a queue write
+    /// lands before the next submission, so recorded work that may read `dst` is submitted
+    /// first.
+    pub fn write(&mut self, dst: &GBuf, offset: u64, bytes: &[u8]) -> Result<()> {
+        if self.encoder.is_some() {
+            self.flush()?;
+        }
         self.queue.write_buffer(&dst.buf, offset, bytes);
         self.counters.upload_bytes += bytes.len() as u64;
+        Ok(())
     }
 
     fn kernel(&mut self, op: Op, variant: Variant) -> Result<&Kernel> {
@@ -434,9 +436,6 @@ impl Gpu {
             pass.set_bind_group(0, &group, &[offset]);
             pass.dispatch_workgroups(groups.0, groups.1, groups.2);
         }
-        if op.is_expert() {
-            self.pending_expert_work = true;
-        }
         self.counters.dispatches += 1;
         Ok(())
     }
@@ -489,7 +488,6 @@ impl Gpu {
         }
         self.params.clear();
         self.uploads.clear();
-        self.pending_expert_work = false;
         self.check()
     }
 

@@ -301,17 +301,14 @@ impl VramExperts {
         self.layout.encode(w, &mut self.scratch, what)?;
         let pool = &self.pools[slot / self.slots_per_pool];
         let offset = (slot % self.slots_per_pool) as u64 * self.layout.bytes();
-        let bytes = std::mem::take(&mut self.scratch);
-        gpu.write(pool, offset, &bytes);
-        self.scratch = bytes;
+        gpu.write(pool, offset, &self.scratch)?;
         self.stats.uploads += 1;
         self.stats.bytes += self.layout.bytes();
         Ok(())
     }
 
-    fn set_table(&self, gpu: &mut Gpu, layer: usize, expert: usize, slot: u32) {
-        let table = self.table.clone();
-        gpu.write(&table, ((layer * self.experts + expert) * 4) as u64, &slot.to_le_bytes());
+    fn set_table(&self, gpu: &mut Gpu, layer: usize, expert: usize, slot: u32) -> Result<()> {
+        gpu.write(&self.table, ((layer * self.experts + expert) * 4) as u64, &slot.to_le_bytes())
     }
 
     /// A free slot, or the least recently used one not in `keep`.
@@ -361,10 +358,9 @@ impl VramExperts {
         if missing.is_empty() {
             return Ok(());
         }
-        // Recorded work that reads slots must be submitted before any slot changes.
-        if gpu.pending_expert_work {
-            gpu.flush()?;
-        }
+        // Let the device run what is recorded while the missing experts are fetched (the
+        // writes below would submit it anyway, being ordered after it).
+        gpu.flush()?;
         let weights = source.experts(layer, &missing)?;
         for (&e, w) in missing.iter().zip(&weights) {
             let Some(slot) = self.victim(&keep) else {
@@ -378,7 +374,7 @@ impl VramExperts {
             };
             if let Some(old) = self.owner[slot].take() {
                 self.map.remove(&old);
-                self.set_table(gpu, old.0, old.1, NO_SLOT);
+                self.set_table(gpu, old.0, old.1, NO_SLOT)?;
                 self.stats.evictions += 1;
             }
             self.upload(gpu, slot, w, &format!("layer {layer} expert {e}"))?;
@@ -386,7 +382,7 @@ impl VramExperts {
             self.map.insert((layer, e), slot);
             self.last_use[slot] = self.clock;
             self.prefetched[slot] = prefetch;
-            self.set_table(gpu, layer, e, slot as u32);
+            self.set_table(gpu, layer, e, slot as u32)?;
             if prefetch {
                 self.stats.prefetches += 1;
             } else {
