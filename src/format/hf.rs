@@ -12,7 +12,7 @@ use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::format::mxfp4;
 use crate::format::safetensors::Checkpoint;
-use crate::model::weights::{AttentionWeights, DenseWeights, ExpertWeights, LayerWeights, Linear};
+use crate::model::weights::{DenseWeights, ExpertWeights};
 use crate::quant::Matrix;
 
 /// How a checkpoint stores its experts.
@@ -41,37 +41,9 @@ pub fn expert_layout(ck: &Checkpoint) -> Result<ExpertLayout> {
 
 /// Loads the dense part of a checkpoint, checking every tensor's presence and shape.
 pub fn load_dense(ck: &Checkpoint, cfg: &ModelConfig) -> Result<DenseWeights> {
-    let h = cfg.hidden_size;
-    let linear = |name: &str, rows: usize, cols: usize| -> Result<Linear> {
-        Ok(Linear {
-            weight: ck.matrix(&format!("{name}.weight"), rows, cols)?,
-            bias: Some(ck.f32_tensor(&format!("{name}.bias"), &[rows])?),
-        })
-    };
-    let mut layers = Vec::with_capacity(cfg.num_layers);
-    for l in 0..cfg.num_layers {
-        let p = format!("model.layers.{l}");
-        layers.push(LayerWeights {
-            attn_norm: ck.f32_tensor(&format!("{p}.input_layernorm.weight"), &[h])?,
-            attn: AttentionWeights {
-                q: linear(&format!("{p}.self_attn.q_proj"), cfg.q_dim(), h)?,
-                k: linear(&format!("{p}.self_attn.k_proj"), cfg.kv_dim(), h)?,
-                v: linear(&format!("{p}.self_attn.v_proj"), cfg.kv_dim(), h)?,
-                o: linear(&format!("{p}.self_attn.o_proj"), h, cfg.q_dim())?,
-                sinks: ck.f32_tensor(&format!("{p}.self_attn.sinks"), &[cfg.num_heads])?,
-            },
-            mlp_norm: ck.f32_tensor(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
-            router: linear(&format!("{p}.mlp.router"), cfg.num_experts, h)?,
-        });
-    }
-    let dense = DenseWeights {
-        embed: ck.matrix("model.embed_tokens.weight", cfg.vocab_size, h)?,
-        layers,
-        final_norm: ck.f32_tensor("model.norm.weight", &[h])?,
-        lm_head: ck.matrix("lm_head.weight", cfg.vocab_size, h)?,
-    };
-    dense.check(cfg)?;
-    Ok(dense)
+    DenseWeights::assemble(cfg, &|name, rows, cols| ck.matrix(name, rows, cols), &|name, len| {
+        ck.f32_tensor(name, &[len])
+    })
 }
 
 /// Decodes one expert of one layer to F32, rows = outputs.

@@ -118,6 +118,48 @@ impl ExpertWeights {
 }
 
 impl DenseWeights {
+    /// Builds the dense weights from a source of tensors, by their Hugging Face names:
+    /// `matrix(name, rows, cols)` and `vector(name, len)` fetch one tensor (the expected
+    /// shape is given for sources that check it as they read), and every shape is checked
+    /// against `cfg` at the end. The one table of names and shapes for every loader.
+    pub fn assemble(
+        cfg: &ModelConfig,
+        matrix: &dyn Fn(&str, usize, usize) -> Result<Matrix>,
+        vector: &dyn Fn(&str, usize) -> Result<Vec<f32>>,
+    ) -> Result<DenseWeights> {
+        let h = cfg.hidden_size;
+        let linear = |name: &str, rows: usize, cols: usize| -> Result<Linear> {
+            Ok(Linear {
+                weight: matrix(&format!("{name}.weight"), rows, cols)?,
+                bias: Some(vector(&format!("{name}.bias"), rows)?),
+            })
+        };
+        let mut layers = Vec::with_capacity(cfg.num_layers);
+        for l in 0..cfg.num_layers {
+            let p = format!("model.layers.{l}");
+            layers.push(LayerWeights {
+                attn_norm: vector(&format!("{p}.input_layernorm.weight"), h)?,
+                attn: AttentionWeights {
+                    q: linear(&format!("{p}.self_attn.q_proj"), cfg.q_dim(), h)?,
+                    k: linear(&format!("{p}.self_attn.k_proj"), cfg.kv_dim(), h)?,
+                    v: linear(&format!("{p}.self_attn.v_proj"), cfg.kv_dim(), h)?,
+                    o: linear(&format!("{p}.self_attn.o_proj"), h, cfg.q_dim())?,
+                    sinks: vector(&format!("{p}.self_attn.sinks"), cfg.num_heads)?,
+                },
+                mlp_norm: vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
+                router: linear(&format!("{p}.mlp.router"), cfg.num_experts, h)?,
+            });
+        }
+        let dense = DenseWeights {
+            embed: matrix("model.embed_tokens.weight", cfg.vocab_size, h)?,
+            layers,
+            final_norm: vector("model.norm.weight", h)?,
+            lm_head: matrix("lm_head.weight", cfg.vocab_size, h)?,
+        };
+        dense.check(cfg)?;
+        Ok(dense)
+    }
+
     /// Checks every shape against the config, naming the first tensor that disagrees.
     pub fn check(&self, cfg: &ModelConfig) -> Result<()> {
         let h = cfg.hidden_size;

@@ -17,7 +17,7 @@ use crate::format::container::manifest::{
     DENSE_FILE, Dtype, EXPERTS_FILE, ExpertStoreInfo, MANIFEST_FILE, Manifest, RECORD_ALIGN, Scheme,
     TensorRecord,
 };
-use crate::model::weights::{AttentionWeights, DenseWeights, LayerWeights, Linear};
+use crate::model::weights::DenseWeights;
 use crate::quant::buffer::ByteRegion;
 use crate::quant::{Matrix, MatrixData, WeightBuf};
 
@@ -158,41 +158,16 @@ impl Container {
         // SAFETY: read-only mapping of a file the container owns; not modified while open.
         let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(&path, e))?;
         let region: Arc<dyn ByteRegion> = Arc::new(map);
-        let cfg = &self.config;
         let tensor = |name: &str| -> Result<&TensorRecord> {
             self.manifest
                 .tensor(name)
                 .ok_or_else(|| Error::MissingTensor { name: name.into(), dir: self.dir.clone() })
         };
-        let matrix = |name: &str| -> Result<Matrix> { matrix_from(tensor(name)?, &region) };
-        let vector = |name: &str| -> Result<Vec<f32>> { vector_from(tensor(name)?, &region) };
-        let linear = |p: &str| -> Result<Linear> {
-            Ok(Linear { weight: matrix(&format!("{p}.weight"))?, bias: Some(vector(&format!("{p}.bias"))?) })
-        };
-        let mut layers = Vec::with_capacity(cfg.num_layers);
-        for l in 0..cfg.num_layers {
-            let p = format!("model.layers.{l}");
-            layers.push(LayerWeights {
-                attn_norm: vector(&format!("{p}.input_layernorm.weight"))?,
-                attn: AttentionWeights {
-                    q: linear(&format!("{p}.self_attn.q_proj"))?,
-                    k: linear(&format!("{p}.self_attn.k_proj"))?,
-                    v: linear(&format!("{p}.self_attn.v_proj"))?,
-                    o: linear(&format!("{p}.self_attn.o_proj"))?,
-                    sinks: vector(&format!("{p}.self_attn.sinks"))?,
-                },
-                mlp_norm: vector(&format!("{p}.post_attention_layernorm.weight"))?,
-                router: linear(&format!("{p}.mlp.router"))?,
-            });
-        }
-        let dense = DenseWeights {
-            embed: matrix("model.embed_tokens.weight")?,
-            layers,
-            final_norm: vector("model.norm.weight")?,
-            lm_head: matrix("lm_head.weight")?,
-        };
-        dense.check(cfg)?;
-        Ok(dense)
+        // Shapes come from the manifest (checked against the data when it was opened) and
+        // are checked against the config by `assemble`.
+        DenseWeights::assemble(&self.config, &|name, _, _| matrix_from(tensor(name)?, &region), &|name, _| {
+            vector_from(tensor(name)?, &region)
+        })
     }
 
     /// Bytes of dense weights.
