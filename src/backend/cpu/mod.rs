@@ -55,6 +55,8 @@ pub struct CpuBackend {
     /// Scratch of the decode prediction, kept so that no token allocates: the state
     /// normalized for the next layer, its routing, and the predicted experts.
     prediction: Prediction,
+    /// Buffers of the MoE block, reused by every layer of every token.
+    moe: moe::MoeScratch,
 }
 
 /// Reusable buffers of [`CpuBackend::prefetch_next`].
@@ -107,6 +109,7 @@ impl CpuBackend {
             completion_driven: true,
             router_logits: Vec::new(),
             prediction: Prediction::default(),
+            moe: moe::MoeScratch::default(),
         }
     }
 
@@ -276,6 +279,7 @@ impl Backend for CpuBackend {
             &x.data,
             routes,
             self.completion_driven,
+            &mut self.moe,
             &mut out.data,
         )
     }
