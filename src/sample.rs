@@ -68,6 +68,13 @@ impl SamplingParams {
 pub struct Sampler {
     params: SamplingParams,
     rng: ChaCha8Rng,
+    /// Scratch of [`Sampler::sample`], kept so that a token allocates nothing once these
+    /// have grown to the vocabulary: the logits after the repetition penalty,
+    penalized: Vec<f32>,
+    /// the distinct tokens of the penalty window,
+    seen: Vec<u32>,
+    /// and the candidate (token, logit or probability) pairs.
+    cand: Vec<(u32, f32)>,
 }
 
 impl Default for Sampler {
@@ -86,7 +93,7 @@ impl Sampler {
     pub fn new(params: SamplingParams) -> Result<Self> {
         params.validate()?;
         let rng = ChaCha8Rng::seed_from_u64(params.seed);
-        Ok(Sampler { params, rng })
+        Ok(Sampler { params, rng, penalized: Vec::new(), seen: Vec::new(), cand: Vec::new() })
     }
 
     /// The settings.
@@ -97,20 +104,20 @@ impl Sampler {
     /// Picks a token from `logits`; `history` is the token sequence so far (for the
     /// repetition penalty).
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
-        let p = &self.params;
-        let penalized;
+        let Sampler { params: p, rng, penalized, seen, cand } = self;
         let logits = if p.repetition_penalty != 1.0 && !history.is_empty() {
-            let mut l = logits.to_vec();
+            penalized.clear();
+            penalized.extend_from_slice(logits);
             let start = history.len().saturating_sub(p.repetition_window);
-            let mut seen = history[start..].to_vec();
+            seen.clear();
+            seen.extend_from_slice(&history[start..]);
             seen.sort_unstable();
             seen.dedup();
-            for &t in &seen {
-                if let Some(v) = l.get_mut(t as usize) {
+            for &t in seen.iter() {
+                if let Some(v) = penalized.get_mut(t as usize) {
                     *v = if *v > 0.0 { *v / p.repetition_penalty } else { *v * p.repetition_penalty };
                 }
             }
-            penalized = l;
             &penalized[..]
         } else {
             logits
@@ -119,7 +126,8 @@ impl Sampler {
             return argmax_with_margin(logits).0 as u32;
         }
         // Candidates, most likely first where an order is needed.
-        let mut cand: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l)).collect();
+        cand.clear();
+        cand.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
         if p.top_k > 0 && p.top_k < cand.len() {
             cand.select_nth_unstable_by(p.top_k - 1, |a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
             cand.truncate(p.top_k);
@@ -150,8 +158,8 @@ impl Sampler {
             cand.retain(|c| c.1 >= p.min_p * top);
         }
         let mass: f64 = cand.iter().map(|c| c.1 as f64).sum();
-        let mut r = self.rng.random::<f64>() * mass;
-        for c in &cand {
+        let mut r = rng.random::<f64>() * mass;
+        for c in cand.iter() {
             r -= c.1 as f64;
             if r <= 0.0 {
                 return c.0;

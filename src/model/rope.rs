@@ -101,6 +101,21 @@ impl RopeFrequencies {
             *s = angle.sin() * self.attention_factor;
         }
     }
+
+    /// The cos and sin of every position below `capacity`, each `[capacity, head_dim / 2]`
+    /// row-major: row `p` is what [`RopeFrequencies::cos_sin`] writes for position `p`.
+    /// Backends build it once, so that no token recomputes (or allocates) its rotation.
+    pub fn table(&self, capacity: usize) -> (Vec<f32>, Vec<f32>) {
+        let half = self.inv_freq.len();
+        let mut cos = vec![0.0f32; capacity * half];
+        let mut sin = vec![0.0f32; capacity * half];
+        if half > 0 {
+            for (p, (c, s)) in cos.chunks_exact_mut(half).zip(sin.chunks_exact_mut(half)).enumerate() {
+                self.cos_sin(p, c, s);
+            }
+        }
+        (cos, sin)
+    }
 }
 
 /// Rotates one head vector in place: with `x1 = x[..half]`, `x2 = x[half..]`,
@@ -145,6 +160,19 @@ mod tests {
         rotate_half(&mut y, &[a.cos(), (2.0 * a).cos()], &[a.sin(), (2.0 * a).sin()]);
         let n1: f32 = y.iter().map(|v| v * v).sum();
         assert!((n0 - n1).abs() < 1e-5);
+    }
+
+    #[test]
+    fn table_rows_are_cos_sin_of_their_position() {
+        let f = RopeFrequencies { inv_freq: vec![1.0, 0.1, 0.003], attention_factor: 1.25 };
+        let (cos, sin) = f.table(5);
+        assert_eq!((cos.len(), sin.len()), (15, 15));
+        for p in 0..5 {
+            let (mut c, mut s) = ([0.0; 3], [0.0; 3]);
+            f.cos_sin(p, &mut c, &mut s);
+            assert_eq!(&cos[p * 3..(p + 1) * 3], &c);
+            assert_eq!(&sin[p * 3..(p + 1) * 3], &s);
+        }
     }
 
     #[test]

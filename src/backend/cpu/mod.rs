@@ -44,7 +44,11 @@ pub struct CpuBackend {
     cfg: Arc<ModelConfig>,
     dense: Arc<DenseWeights>,
     experts: Arc<dyn ExpertSource>,
-    rope: RopeFrequencies,
+    /// cos and sin of every position the cache can hold, each `[capacity, head_dim / 2]`
+    /// ([`RopeFrequencies::table`]), built once so that no token recomputes them.
+    rope_cos: Vec<f32>,
+    /// See `rope_cos`.
+    rope_sin: Vec<f32>,
     kv: KvCache,
     /// Predict each next layer's experts from the current state and prefetch them.
     predict: bool,
@@ -55,6 +59,8 @@ pub struct CpuBackend {
     /// Scratch of the decode prediction, kept so that no token allocates: the state
     /// normalized for the next layer, its routing, and the predicted experts.
     prediction: Prediction,
+    /// Buffers of the MoE block, reused by every layer of every token.
+    moe: moe::MoeScratch,
 }
 
 /// Reusable buffers of [`CpuBackend::prefetch_next`].
@@ -95,18 +101,20 @@ impl CpuBackend {
         experts: Arc<dyn ExpertSource>,
         capacity: usize,
     ) -> Self {
-        let rope = RopeFrequencies::from_config(&cfg);
+        let (rope_cos, rope_sin) = RopeFrequencies::from_config(&cfg).table(capacity);
         let kv = KvCache::new(cfg.num_layers, capacity, cfg.kv_dim());
         CpuBackend {
             cfg,
             dense,
             experts,
-            rope,
+            rope_cos,
+            rope_sin,
             kv,
             predict: false,
             completion_driven: true,
             router_logits: Vec::new(),
             prediction: Prediction::default(),
+            moe: moe::MoeScratch::default(),
         }
     }
 
@@ -211,13 +219,17 @@ impl Backend for CpuBackend {
     fn rope(&mut self, x: &mut CpuAct, start_pos: usize) -> Result<()> {
         let d = self.cfg.head_dim;
         let half = d / 2;
-        let mut cos = vec![0.0f32; half];
-        let mut sin = vec![0.0f32; half];
+        let capacity = self.kv.capacity();
+        if start_pos + x.rows > capacity {
+            return Err(Error::ContextFull { needed: start_pos + x.rows, capacity });
+        }
         let width = x.width;
         for (r, row) in x.data.chunks_mut(width).enumerate() {
-            self.rope.cos_sin(start_pos + r, &mut cos, &mut sin);
+            let p = start_pos + r;
+            let cos = &self.rope_cos[p * half..(p + 1) * half];
+            let sin = &self.rope_sin[p * half..(p + 1) * half];
             for head in row.chunks_mut(d) {
-                rotate_half(head, &cos, &sin);
+                rotate_half(head, cos, sin);
             }
         }
         Ok(())
@@ -276,6 +288,7 @@ impl Backend for CpuBackend {
             &x.data,
             routes,
             self.completion_driven,
+            &mut self.moe,
             &mut out.data,
         )
     }

@@ -10,20 +10,56 @@ use crate::experts::ExpertSource;
 use crate::model::math::swiglu_interleaved;
 use crate::model::weights::ExpertWeights;
 
+/// Reusable buffers of [`moe_forward`], kept by the backend so that a decoded token
+/// allocates nothing in the MoE block once the buffers have grown to the batch size.
+/// Their contents between calls mean nothing; every call resizes and overwrites them.
+#[derive(Debug, Default)]
+pub struct MoeScratch {
+    /// The batch's union of chosen experts, ascending.
+    ids: Vec<usize>,
+    /// Unweighted output of every (row, slot) pair, `[rows * k, hidden]`.
+    contrib: Vec<f32>,
+    /// The (row, slot) pairs that chose the expert being applied.
+    pairs: Vec<usize>,
+    /// Those pairs' input rows, `[pairs, hidden]`.
+    xs: Vec<f32>,
+    /// The expert's output for those rows, `[pairs, hidden]`.
+    ys: Vec<f32>,
+    /// Gate/up projection of those rows, `[pairs, 2 * intermediate]`.
+    gate_up: Vec<f32>,
+    /// SwiGLU activation of those rows, `[pairs, intermediate]`.
+    act: Vec<f32>,
+}
+
+/// Empties `v` and refills it with `n` zeros (reusing its allocation).
+fn zeroed(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    v.clear();
+    v.resize(n, 0.0);
+    v
+}
+
 /// One expert applied to `n` rows of `x` (`[n, hidden]`): `down(swiglu(gate_up x + b)) + b`,
-/// unweighted, into `out` (`[n, hidden]`).
-pub fn expert_forward(cfg: &ModelConfig, w: &ExpertWeights, x: &[f32], n: usize, out: &mut [f32]) {
+/// unweighted, into `out` (`[n, hidden]`); `gate_up` and `act` are scratch.
+fn expert_forward(
+    cfg: &ModelConfig,
+    w: &ExpertWeights,
+    x: &[f32],
+    n: usize,
+    out: &mut [f32],
+    gate_up: &mut Vec<f32>,
+    act: &mut Vec<f32>,
+) {
     let i = cfg.intermediate_size;
-    let mut gate_up = vec![0.0f32; n * 2 * i];
-    w.gate_up.matmul(x, n, &mut gate_up);
-    let mut act = vec![0.0f32; n * i];
+    let gate_up = zeroed(gate_up, n * 2 * i);
+    w.gate_up.matmul(x, n, gate_up);
+    let act = zeroed(act, n * i);
     for (gu, a) in gate_up.chunks_mut(2 * i).zip(act.chunks_mut(i)) {
         for (g, &b) in gu.iter_mut().zip(&w.gate_up_bias) {
             *g += b;
         }
         swiglu_interleaved(gu, cfg.swiglu_limit, cfg.swiglu_alpha, a);
     }
-    w.down.matmul(&act, n, out);
+    w.down.matmul(act, n, out);
     for row in out.chunks_mut(cfg.hidden_size) {
         for (o, &b) in row.iter_mut().zip(&w.down_bias) {
             *o += b;
@@ -37,7 +73,9 @@ pub fn expert_forward(cfg: &ModelConfig, w: &ExpertWeights, x: &[f32], n: usize,
 /// per call), the next group loading while the current one computes; with
 /// `completion_driven` each expert is computed as soon as it arrives. Every (row, slot)
 /// contribution is kept apart and the sum is taken in routing order at the end, so neither
-/// the grouping nor the arrival order changes a bit of the result.
+/// the grouping nor the arrival order changes a bit of the result. `scratch` holds the
+/// intermediate buffers, reused across calls.
+#[allow(clippy::too_many_arguments)]
 pub fn moe_forward(
     cfg: &ModelConfig,
     source: &dyn ExpertSource,
@@ -45,32 +83,41 @@ pub fn moe_forward(
     x: &[f32],
     routes: &RouteTable,
     completion_driven: bool,
+    scratch: &mut MoeScratch,
     out: &mut [f32],
 ) -> Result<()> {
     let h = cfg.hidden_size;
     let k = routes.k;
     let rows = routes.rows();
-    let mut ids: Vec<usize> = routes.experts.iter().map(|&e| e as usize).collect();
+    let MoeScratch { ids, contrib, pairs, xs, ys, gate_up, act } = scratch;
+    ids.clear();
+    ids.extend(routes.experts.iter().map(|&e| e as usize));
     ids.sort_unstable();
     ids.dedup();
 
     // Unweighted output of every (row, slot) pair: per expert, its rows as one batch.
-    let mut contrib = vec![0.0f32; rows * k * h];
+    let contrib = zeroed(contrib, rows * k * h);
     let mut apply = |e: usize, w: &ExpertWeights| {
-        let pairs: Vec<usize> = (0..rows * k).filter(|&p| routes.experts[p] as usize == e).collect();
-        let mut xs = Vec::with_capacity(pairs.len() * h);
-        for &p in &pairs {
+        pairs.clear();
+        pairs.extend((0..rows * k).filter(|&p| routes.experts[p] as usize == e));
+        xs.clear();
+        for &p in pairs.iter() {
             xs.extend_from_slice(&x[(p / k) * h..(p / k + 1) * h]);
         }
-        let mut ys = vec![0.0f32; pairs.len() * h];
-        expert_forward(cfg, w, &xs, pairs.len(), &mut ys);
+        let ys = zeroed(ys, pairs.len() * h);
+        expert_forward(cfg, w, xs, pairs.len(), ys, gate_up, act);
         for (&p, y) in pairs.iter().zip(ys.chunks(h)) {
             contrib[p * h..(p + 1) * h].copy_from_slice(y);
         }
     };
-    let groups: Vec<&[usize]> = ids.chunks(source.batch_limit().max(1)).collect();
-    for (g, group) in groups.iter().enumerate() {
-        let next: &[usize] = groups.get(g + 1).copied().unwrap_or(&[]);
+    let ids: &[usize] = ids;
+    let group_size = source.batch_limit().max(1);
+    let groups = ids.len().div_ceil(group_size);
+    let group_at = |g: usize| -> &[usize] {
+        if g < groups { &ids[g * group_size..ids.len().min((g + 1) * group_size)] } else { &[] }
+    };
+    for g in 0..groups {
+        let (group, next) = (group_at(g), group_at(g + 1));
         if completion_driven {
             source.for_each_loaded(layer, group, next, &mut |i, w| {
                 apply(group[i], &w);

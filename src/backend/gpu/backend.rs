@@ -177,13 +177,7 @@ impl GpuBackend {
         gpu.sync()?;
 
         // RoPE tables for every position the cache can hold.
-        let half = cfg.head_dim / 2;
-        let freqs = RopeFrequencies::from_config(&cfg);
-        let mut cos = vec![0.0f32; capacity * half];
-        let mut sin = vec![0.0f32; capacity * half];
-        for p in 0..capacity {
-            freqs.cos_sin(p, &mut cos[p * half..(p + 1) * half], &mut sin[p * half..(p + 1) * half]);
-        }
+        let (cos, sin) = RopeFrequencies::from_config(&cfg).table(capacity);
         let rope_cos = upload_vector(&mut gpu, "rope cos", &cos)?;
         let rope_sin = upload_vector(&mut gpu, "rope sin", &sin)?;
         drop((cos, sin));
