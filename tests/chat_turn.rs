@@ -5,10 +5,11 @@ mod common;
 
 use picchio::chat::{
     ChatEvent, Conversation, HarmonyEncoding, Message, ReasoningEffort, SystemContent, TurnOptions, complete,
+    complete_prompt, render_prompt,
 };
 use picchio::engine::{self, OpenOptions, RunOptions};
 use picchio::sample::SamplingParams;
-use picchio::session::Session;
+use picchio::session::{Session, StopReason};
 
 fn session(dir: &std::path::Path) -> Session {
     let model = engine::open(dir, &OpenOptions { ctx: 512, ..Default::default() }).unwrap();
@@ -30,7 +31,7 @@ fn second_turn_reuses_the_prefix_and_matches_a_fresh_session() {
     let model = common::tiny_real_vocab();
     let harmony = HarmonyEncoding::new();
     let opts = TurnOptions {
-        max_tokens: 12,
+        max_tokens: Some(12),
         sampling: SamplingParams { temperature: 0.8, seed: 11, ..Default::default() },
     };
     let mut convo = Conversation::from_messages([system(), Message::user("Hello there")]);
@@ -63,7 +64,7 @@ fn a_stopped_turn_keeps_the_session_consistent() {
     let model = common::tiny_real_vocab();
     let harmony = HarmonyEncoding::new();
     let convo = Conversation::from_messages([system(), Message::user("Count to ten")]);
-    let opts = TurnOptions { max_tokens: 20, sampling: SamplingParams::default() };
+    let opts = TurnOptions { max_tokens: Some(20), sampling: SamplingParams::default() };
     let mut s = session(model.path());
     let mut seen = 0;
     let cut = complete(&mut s, &harmony, &convo, &opts, &mut |_| {
@@ -76,4 +77,72 @@ fn a_stopped_turn_keeps_the_session_consistent() {
     let mut fresh = session(model.path());
     let full = complete(&mut fresh, &harmony, &convo, &opts, &mut |_| true).unwrap();
     assert_eq!(cut.tokens[..], full.tokens[..cut.tokens.len()]);
+}
+
+/// Without a token limit a turn may use whatever the context has left after *its* prompt,
+/// however full the cache was with a previous (here: another, longer) conversation.
+#[test]
+fn the_default_limit_is_the_room_after_the_new_prompt() {
+    let model = common::tiny_real_vocab();
+    let harmony = HarmonyEncoding::new();
+    let mut s = session(model.path());
+    let long = Conversation::from_messages([system(), Message::user("a long question ".repeat(100))]);
+    let one = TurnOptions { max_tokens: Some(1), sampling: SamplingParams::default() };
+    complete(&mut s, &harmony, &long, &one, &mut |_| true).unwrap();
+    let stale_room = s.capacity() - s.pos();
+
+    let short = Conversation::from_messages([system(), Message::user("Hi")]);
+    let opts = TurnOptions { max_tokens: None, sampling: SamplingParams::default() };
+    let turn = complete(&mut s, &harmony, &short, &opts, &mut |_| true).unwrap();
+    assert!(turn.prompt_tokens + stale_room < s.capacity(), "the test needs a short second prompt");
+    assert!(
+        turn.completion_tokens > stale_room || matches!(turn.stop, StopReason::Stop(_)),
+        "{} tokens generated (stop: {:?}): limited by the previous conversation's {} free positions",
+        turn.completion_tokens,
+        turn.stop,
+        stale_room
+    );
+    eprintln!(
+        "second conversation: {} tokens generated (stop: {:?}), {stale_room} positions were free before it",
+        turn.completion_tokens, turn.stop
+    );
+    // The same as on a fresh session, stop reason included.
+    let mut fresh = session(model.path());
+    let again = complete(&mut fresh, &harmony, &short, &opts, &mut |_| true).unwrap();
+    assert_eq!((&turn.tokens, turn.stop), (&again.tokens, again.stop));
+    if !matches!(turn.stop, StopReason::Stop(_)) {
+        assert_eq!(turn.stop, StopReason::ContextFull, "running out of room is a full context");
+        assert_eq!(s.pos(), s.capacity());
+        assert_eq!(turn.completion_tokens, s.capacity() - turn.prompt_tokens);
+    }
+}
+
+/// A requested limit beyond the room is clamped to it and reported as a full context; one
+/// within it ends the turn as `MaxTokens`. `complete_prompt` on a rendered prompt is
+/// `complete`.
+#[test]
+fn a_limit_is_clamped_to_the_room_and_complete_prompt_matches_complete() {
+    let model = common::tiny_real_vocab();
+    let harmony = HarmonyEncoding::new();
+    let convo = Conversation::from_messages([system(), Message::user("Count to ten")]);
+    let prompt = render_prompt(&harmony, &convo).unwrap();
+    let mut s = session(model.path());
+    let room = s.capacity() - prompt.len();
+    let within = TurnOptions { max_tokens: Some(5), sampling: SamplingParams::default() };
+    let a = complete_prompt(&mut s, &harmony, &prompt, &within, &mut |_| true).unwrap();
+    let mut fresh = session(model.path());
+    let b = complete(&mut fresh, &harmony, &convo, &within, &mut |_| true).unwrap();
+    assert_eq!((&a.tokens, a.stop, a.prompt_tokens), (&b.tokens, b.stop, b.prompt_tokens));
+    if !matches!(a.stop, StopReason::Stop(_)) {
+        assert_eq!(a.stop, StopReason::MaxTokens);
+        assert_eq!(a.completion_tokens, 5);
+    }
+
+    let beyond = TurnOptions { max_tokens: Some(room + 1000), sampling: SamplingParams::default() };
+    let c = complete_prompt(&mut s, &harmony, &prompt, &beyond, &mut |_| true).unwrap();
+    assert!(c.completion_tokens <= room);
+    if !matches!(c.stop, StopReason::Stop(_)) {
+        assert_eq!(c.stop, StopReason::ContextFull);
+        assert_eq!(c.completion_tokens, room);
+    }
 }

@@ -37,4 +37,7 @@ pub use message::{
 };
 pub use parser::{ParseOptions, ParserState, StreamParser};
 pub use tokenizer::{StreamDecoder, Tokenizer, VOCAB_SIZE};
-pub use turn::{ChatEvent, TurnOptions, TurnOutcome, complete, today_utc, turn_stop_tokens};
+pub use turn::{
+    ChatEvent, TurnOptions, TurnOutcome, complete, complete_prompt, render_prompt, today_utc,
+    turn_stop_tokens,
+};

@@ -42,8 +42,11 @@ pub enum ChatEvent<'a> {
 /// Settings of one turn.
 #[derive(Clone, Debug)]
 pub struct TurnOptions {
-    /// Most tokens to generate.
-    pub max_tokens: usize,
+    /// Most tokens to generate; `None` means whatever the context has left after the
+    /// prompt. Either way the limit is clamped to that room once the prompt is rendered
+    /// (only then is its length known: re-rendering drops past reasoning, so the previous
+    /// turn's cache position says little about it).
+    pub max_tokens: Option<usize>,
     /// Sampling settings.
     pub sampling: SamplingParams,
 }
@@ -92,9 +95,15 @@ pub fn turn_stop_tokens(vocab: usize) -> Vec<u32> {
     stops
 }
 
-/// Runs one assistant turn for `conversation` on `session`. `on_event` receives the
-/// generated text as it comes; returning false stops the turn (what was generated is kept
-/// and consumed, so the session stays consistent).
+/// Renders `conversation` for the assistant's next message, as [`complete`] does.
+pub fn render_prompt(harmony: &HarmonyEncoding, conversation: &Conversation) -> Result<Vec<u32>> {
+    harmony.render_conversation_for_completion(conversation, Role::Assistant, &RenderConfig::default())
+}
+
+/// Runs one assistant turn for `conversation` on `session`: renders it with
+/// [`render_prompt`] and runs [`complete_prompt`]. `on_event` receives the generated text
+/// as it comes; returning false stops the turn (what was generated is kept and consumed,
+/// so the session stays consistent).
 pub fn complete(
     session: &mut Session,
     harmony: &HarmonyEncoding,
@@ -102,13 +111,27 @@ pub fn complete(
     opts: &TurnOptions,
     on_event: &mut dyn FnMut(ChatEvent<'_>) -> bool,
 ) -> Result<TurnOutcome> {
-    let prompt = harmony.render_conversation_for_completion(
-        conversation,
-        Role::Assistant,
-        &RenderConfig::default(),
-    )?;
+    let prompt = render_prompt(harmony, conversation)?;
+    complete_prompt(session, harmony, &prompt, opts, on_event)
+}
+
+/// Runs one assistant turn for an already rendered `prompt` (the token IDs of
+/// [`render_prompt`]), so a caller that needed the prompt anyway (the HTTP server counts
+/// its tokens before queueing) does not render and tokenize the conversation twice.
+/// Reuses the cached prefix, limits generation to `opts.max_tokens` and to what the
+/// context has left after the prompt, and streams to `on_event` as [`complete`] does.
+/// A turn that stops because the context ran out reports [`StopReason::ContextFull`].
+pub fn complete_prompt(
+    session: &mut Session,
+    harmony: &HarmonyEncoding,
+    prompt: &[u32],
+    opts: &TurnOptions,
+    on_event: &mut dyn FnMut(ChatEvent<'_>) -> bool,
+) -> Result<TurnOutcome> {
+    let room = session.capacity().saturating_sub(prompt.len());
+    let max_new = opts.max_tokens.map_or(room, |m| m.min(room));
     let mut sampler = Sampler::new(opts.sampling.clone())?;
-    let reused = session.reuse_prefix(&prompt)?;
+    let reused = session.reuse_prefix(prompt)?;
     let stops = turn_stop_tokens(session.runner().config().vocab_size);
     let mut parser = harmony.stream_parser(Some(Role::Assistant));
     let mut parse_error = None;
@@ -155,15 +178,19 @@ pub fn complete(
         };
         on_event(event)
     };
-    let generation =
-        session.generate(&prompt[reused..], opts.max_tokens, &mut sampler, &stops, &mut on_token)?;
+    let generation = session.generate(&prompt[reused..], max_new, &mut sampler, &stops, &mut on_token)?;
+    // Reaching the room rather than a smaller requested limit means the context is full.
+    let stop = match generation.stop {
+        StopReason::MaxTokens if opts.max_tokens.is_none_or(|m| m > room) => StopReason::ContextFull,
+        other => other,
+    };
     if let Some(e) = parse_error {
         tracing::warn!("the generated tokens are not valid Harmony from some point on: {e}");
     }
     // A turn cut short leaves a partial message: keep what was said.
     let _ = parser.finish();
     let mut messages = parser.messages().to_vec();
-    if messages.is_empty() || !matches!(generation.stop, StopReason::Stop(_)) {
+    if messages.is_empty() || !matches!(stop, StopReason::Stop(_)) {
         let lenient = harmony.parse_messages_with_options(
             &generation.tokens,
             Some(Role::Assistant),
@@ -177,7 +204,7 @@ pub fn complete(
     }
     Ok(TurnOutcome {
         messages,
-        stop: generation.stop,
+        stop,
         prompt_tokens: prompt.len(),
         reused,
         completion_tokens: generation.tokens.len(),

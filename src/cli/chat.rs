@@ -108,10 +108,11 @@ impl ChatSettings {
         }
     }
 
-    /// Turn options for a session.
-    pub fn turn(&self, session: &Session, turn: u64) -> TurnOptions {
-        let left = session.capacity().saturating_sub(session.pos()).max(1);
-        TurnOptions { max_tokens: self.max_tokens.unwrap_or(left), sampling: self.sampling_with(turn, 1.0) }
+    /// Turn options for turn number `turn`. Without `--max-tokens` the limit is left to
+    /// [`complete`], which knows the rendered prompt's length and so what the context has
+    /// left for the answer.
+    pub fn turn(&self, turn: u64) -> TurnOptions {
+        TurnOptions { max_tokens: self.max_tokens, sampling: self.sampling_with(turn, 1.0) }
     }
 }
 
@@ -263,7 +264,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         conversation.messages.push(Message::user(text));
         interrupted.store(false, Ordering::SeqCst);
         let mut printer = Printer { color, hide_reasoning: args.hide_reasoning, in_reasoning: false };
-        let opts = settings.turn(&session, turns);
+        let opts = settings.turn(turns);
         turns += 1;
         let t0 = Instant::now();
         let result = complete(&mut session, &harmony, &conversation, &opts, &mut |e| {

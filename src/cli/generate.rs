@@ -165,7 +165,7 @@ fn chat_turn(args: &GenerateArgs, text: &str) -> anyhow::Result<()> {
     let mut messages = args.chat.opening();
     messages.push(picchio::chat::Message::user(text));
     let conversation = picchio::chat::Conversation::from_messages(messages);
-    let opts = args.chat.turn(&session, 0);
+    let opts = args.chat.turn(0);
     let t0 = Instant::now();
     let harmony = picchio::chat::HarmonyEncoding::new();
     let mut out = std::io::stdout().lock();

@@ -27,7 +27,7 @@ use super::convert;
 use super::error::{ApiError, ErrorNote};
 use super::stream::{ChunkMeta, ChunkStream};
 use super::worker::{Counters, Failure, Job, Stats, WorkerMsg};
-use crate::chat::{HarmonyEncoding, RenderConfig, Role, TurnOptions, today_utc};
+use crate::chat::{HarmonyEncoding, TurnOptions, render_prompt, today_utc};
 
 /// How often an idle stream sends a comment, so that a vanished client is noticed.
 const KEEP_ALIVE: Duration = Duration::from_secs(10);
@@ -252,21 +252,23 @@ async fn chat_completions(State(app): State<Arc<App>>, headers: HeaderMap, body:
     chat(app, headers, body).await.unwrap_or_else(IntoResponse::into_response)
 }
 
-/// `POST /v1/chat/completions`: checks the request, renders it to count its tokens, queues
+/// `POST /v1/chat/completions`: checks the request, renders it (once: the job carries the
+/// prompt's token IDs to the engine, which also needs them), checks that it fits, queues
 /// it, and answers with one JSON body or a stream of chunks.
 async fn chat(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
     let bytes = read_body(&headers, body, app.max_body_bytes).await?;
     let request = convert::parse_request(&bytes)?;
     let plan = convert::plan(request, &today_utc(), rand::random())?;
     // Rendering tokenizes the whole conversation: keep it off the async workers.
+    // The job carries the prompt's token IDs, so the engine thread does not render it again.
     let harmony = app.harmony;
-    let conversation = plan.conversation.clone();
-    let prompt = tokio::task::spawn_blocking(move || {
-        harmony.render_conversation_for_completion(&conversation, Role::Assistant, &RenderConfig::default())
-    })
-    .await
-    .map_err(|e| ApiError::server(format!("rendering the prompt failed: {e}")))?
-    .map_err(|e| ApiError::invalid(Some("messages"), format!("the conversation cannot be rendered: {e}")))?;
+    let conversation = plan.conversation;
+    let prompt = tokio::task::spawn_blocking(move || render_prompt(&harmony, &conversation))
+        .await
+        .map_err(|e| ApiError::server(format!("rendering the prompt failed: {e}")))?
+        .map_err(|e| {
+            ApiError::invalid(Some("messages"), format!("the conversation cannot be rendered: {e}"))
+        })?;
     if prompt.len() >= app.capacity {
         return Err(ApiError::context_length(format!(
             "the prompt is {} tokens, but the context holds {} tokens and at least one must be left \
@@ -275,12 +277,12 @@ async fn chat(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<Response,
             app.capacity
         )));
     }
-    let room = app.capacity - prompt.len();
-    let max_tokens = plan.max_tokens.map_or(room, |m| m.min(room));
+    let prompt_token_ids = plan.return_token_ids.then(|| prompt.clone());
     let (tx, mut rx) = unbounded_channel();
     app.submit(Job {
-        conversation: plan.conversation,
-        turn: TurnOptions { max_tokens, sampling: plan.sampling },
+        prompt,
+        // The worker clamps the limit to what the context has left after the prompt.
+        turn: TurnOptions { max_tokens: plan.max_tokens, sampling: plan.sampling },
         events: tx,
         queued_at: Instant::now(),
     })?;
@@ -318,7 +320,7 @@ async fn chat(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<Response,
             token_ids: plan.return_token_ids.then_some(finished.tokens),
         }],
         usage,
-        prompt_token_ids: plan.return_token_ids.then_some(prompt),
+        prompt_token_ids,
     };
     let mut response = axum::Json(completion).into_response();
     response.extensions_mut().insert(TokenNote(usage));

@@ -11,14 +11,17 @@ use std::time::Instant;
 use serde::Serialize;
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::chat::{ChatEvent, Conversation, HarmonyEncoding, Message, TurnOptions, complete};
+use crate::chat::{ChatEvent, HarmonyEncoding, Message, TurnOptions, complete_prompt};
 use crate::error::Error;
 use crate::session::{Session, StopReason};
 
 /// One request for the engine.
 pub(crate) struct Job {
-    /// The conversation to complete.
-    pub conversation: Conversation,
+    /// The rendered conversation to complete (token IDs of [`render_prompt`]), rendered by
+    /// the request handler so the engine thread does not render it a second time.
+    ///
+    /// [`render_prompt`]: crate::chat::render_prompt
+    pub prompt: Vec<u32>,
     /// Token limit and sampling.
     pub turn: TurnOptions,
     /// Where the pieces and the outcome go.
@@ -212,7 +215,7 @@ fn run_job(
         true
     };
     let result = catch_unwind(AssertUnwindSafe(|| {
-        complete(session, &harmony, &job.conversation, &job.turn, &mut on_event)
+        complete_prompt(session, &harmony, &job.prompt, &job.turn, &mut on_event)
     }));
     let outcome = match result {
         Ok(Ok(turn)) => {
