@@ -42,10 +42,10 @@ pub enum ChatEvent<'a> {
 /// Settings of one turn.
 #[derive(Clone, Debug)]
 pub struct TurnOptions {
-    /// Most tokens to generate; `None` means whatever the context has left after the
-    /// prompt. Either way the limit is clamped to that room once the prompt is rendered
-    /// (only then is its length known: re-rendering drops past reasoning, so the previous
-    /// turn's cache position says little about it).
+    /// Most tokens to generate; `None` means until the context is full. Either way the
+    /// turn ends when the context is (the room depends on the rendered prompt, known only
+    /// then: re-rendering drops past reasoning, so the previous turn's cache position says
+    /// little about it).
     pub max_tokens: Option<usize>,
     /// Sampling settings.
     pub sampling: SamplingParams,
@@ -118,9 +118,9 @@ pub fn complete(
 /// Runs one assistant turn for an already rendered `prompt` (the token IDs of
 /// [`render_prompt`]), so a caller that needed the prompt anyway (the HTTP server counts
 /// its tokens before queueing) does not render and tokenize the conversation twice.
-/// Reuses the cached prefix, limits generation to `opts.max_tokens` and to what the
-/// context has left after the prompt, and streams to `on_event` as [`complete`] does.
-/// A turn that stops because the context ran out reports [`StopReason::ContextFull`].
+/// Reuses the cached prefix, generates up to `opts.max_tokens` or until the context is full
+/// (then the stop is [`StopReason::ContextFull`]), and streams to `on_event` as
+/// [`complete`] does.
 pub fn complete_prompt(
     session: &mut Session,
     harmony: &HarmonyEncoding,
@@ -128,8 +128,8 @@ pub fn complete_prompt(
     opts: &TurnOptions,
     on_event: &mut dyn FnMut(ChatEvent<'_>) -> bool,
 ) -> Result<TurnOutcome> {
-    let room = session.capacity().saturating_sub(prompt.len());
-    let max_new = opts.max_tokens.map_or(room, |m| m.min(room));
+    // With no limit, or one past the room, the session stops when the context is full.
+    let max_new = opts.max_tokens.unwrap_or(usize::MAX);
     let mut sampler = Sampler::new(opts.sampling.clone())?;
     let reused = session.reuse_prefix(prompt)?;
     let stops = turn_stop_tokens(session.runner().config().vocab_size);
@@ -179,11 +179,7 @@ pub fn complete_prompt(
         on_event(event)
     };
     let generation = session.generate(&prompt[reused..], max_new, &mut sampler, &stops, &mut on_token)?;
-    // Reaching the room rather than a smaller requested limit means the context is full.
-    let stop = match generation.stop {
-        StopReason::MaxTokens if opts.max_tokens.is_none_or(|m| m > room) => StopReason::ContextFull,
-        other => other,
-    };
+    let stop = generation.stop;
     if let Some(e) = parse_error {
         tracing::warn!("the generated tokens are not valid Harmony from some point on: {e}");
     }

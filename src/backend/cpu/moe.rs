@@ -110,14 +110,9 @@ pub fn moe_forward(
             contrib[p * h..(p + 1) * h].copy_from_slice(y);
         }
     };
-    let ids: &[usize] = ids;
-    let group_size = source.batch_limit().max(1);
-    let groups = ids.len().div_ceil(group_size);
-    let group_at = |g: usize| -> &[usize] {
-        if g < groups { &ids[g * group_size..ids.len().min((g + 1) * group_size)] } else { &[] }
-    };
-    for g in 0..groups {
-        let (group, next) = (group_at(g), group_at(g + 1));
+    let mut groups = ids.chunks(source.batch_limit().max(1)).peekable();
+    while let Some(group) = groups.next() {
+        let next: &[usize] = groups.peek().copied().unwrap_or(&[]);
         if completion_driven {
             source.for_each_loaded(layer, group, next, &mut |i, w| {
                 apply(group[i], &w);
