@@ -3,6 +3,10 @@
 //! dequantized `[E, in, out]` layout that `save_pretrained` writes, transposed to rows =
 //! outputs). Every mandatory tensor must be present with the shape the config implies.
 //!
+//! Every weight, bias and decoded MXFP4 value must be finite: a NaN or an infinity is an
+//! error naming the tensor, the position and the value (the converter uses the same
+//! checks, [`check_finite_bytes`] and [`check_finite`]).
+//!
 //! This path decodes every expert into memory, so it suits small models and tests; large
 //! models run from a converted container.
 
@@ -10,6 +14,7 @@ use std::path::Path;
 
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
+use crate::format::container::layout::dense_tensors;
 use crate::format::mxfp4;
 use crate::format::safetensors::Checkpoint;
 use crate::model::weights::{DenseWeights, ExpertWeights};
@@ -39,11 +44,85 @@ pub fn expert_layout(ck: &Checkpoint) -> Result<ExpertLayout> {
     }
 }
 
-/// Loads the dense part of a checkpoint, checking every tensor's presence and shape.
+/// Loads the dense part of a checkpoint, checking every tensor's presence, shape and
+/// dtype, then that every value is finite.
 pub fn load_dense(ck: &Checkpoint, cfg: &ModelConfig) -> Result<DenseWeights> {
-    DenseWeights::assemble(cfg, &|name, rows, cols| ck.matrix(name, rows, cols), &|name, len| {
+    let w = DenseWeights::assemble(cfg, &|name, rows, cols| ck.matrix(name, rows, cols), &|name, len| {
         ck.f32_tensor(name, &[len])
-    })
+    })?;
+    for (name, shape, _) in dense_tensors(cfg) {
+        let t = ck.require_shape(&name, &shape)?;
+        let cols = shape.last().copied().unwrap_or(1);
+        check_finite_bytes(&name, t.dtype, ck.bytes(t), &|i| position(shape.len(), cols, i))?;
+    }
+    Ok(w)
+}
+
+/// Where element `i` of a row-major tensor of `rank` dimensions (1 or 2) and `cols`
+/// columns lies, in words: `row r, column c` or `element i`.
+pub fn position(rank: usize, cols: usize, i: usize) -> String {
+    if rank >= 2 && cols > 0 {
+        format!("row {}, column {}", i / cols, i % cols)
+    } else {
+        format!("element {i}")
+    }
+}
+
+/// The first non-finite value of little-endian F32, BF16 or F16 `bytes`: its element
+/// index and value. Other dtypes hold no floats and are `None`.
+pub fn first_non_finite_bytes(dtype: safetensors::Dtype, bytes: &[u8]) -> Option<(usize, f32)> {
+    use safetensors::Dtype;
+    match dtype {
+        Dtype::F32 => {
+            bytes.chunks_exact(4).position(|c| c[3] & 0x7f == 0x7f && c[2] & 0x80 == 0x80).map(|i| {
+                let c = &bytes[4 * i..4 * i + 4];
+                (i, f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            })
+        }
+        Dtype::BF16 => {
+            bytes.chunks_exact(2).position(|c| c[1] & 0x7f == 0x7f && c[0] & 0x80 == 0x80).map(|i| {
+                (
+                    i,
+                    crate::quant::reference::bf16_to_f32(u16::from_le_bytes([
+                        bytes[2 * i],
+                        bytes[2 * i + 1],
+                    ])),
+                )
+            })
+        }
+        Dtype::F16 => bytes.chunks_exact(2).position(|c| c[1] & 0x7c == 0x7c).map(|i| {
+            (i, half::f16::from_bits(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]])).to_f32())
+        }),
+        _ => None,
+    }
+}
+
+/// Fails if `bytes` (of `dtype`) hold a NaN or an infinity, naming `tensor`, the
+/// position (`at` turns an element index into words) and the value.
+pub fn check_finite_bytes(
+    tensor: &str,
+    dtype: safetensors::Dtype,
+    bytes: &[u8],
+    at: &dyn Fn(usize) -> String,
+) -> Result<()> {
+    match first_non_finite_bytes(dtype, bytes) {
+        Some((i, v)) => Err(non_finite(tensor, &at(i), v)),
+        None => Ok(()),
+    }
+}
+
+/// Fails if `values` hold a NaN or an infinity, naming `tensor`, the position (`at` turns
+/// an element index into words) and the value.
+pub fn check_finite(tensor: &str, values: &[f32], at: &dyn Fn(usize) -> String) -> Result<()> {
+    match values.iter().position(|v| !v.is_finite()) {
+        Some(i) => Err(non_finite(tensor, &at(i), values[i])),
+        None => Ok(()),
+    }
+}
+
+/// The error for a non-finite value `v` of `tensor` at `position`.
+fn non_finite(tensor: &str, position: &str, v: f32) -> Error {
+    Error::tensor(tensor, format!("{position}: {v} is not finite (weights must be finite numbers)"))
 }
 
 /// Decodes one expert of one layer to F32, rows = outputs.
@@ -57,12 +136,15 @@ pub fn load_expert(
     let (h, i, e_count) = (cfg.hidden_size, cfg.intermediate_size, cfg.num_experts);
     let p = format!("model.layers.{layer}.mlp.experts");
     let bias = |name: &str, len: usize| -> Result<Vec<f32>> {
-        ck.f32_range(&format!("{p}.{name}"), &[e_count, len], expert * len, len)
+        let name = format!("{p}.{name}");
+        let b = ck.f32_range(&name, &[e_count, len], expert * len, len)?;
+        check_finite(&name, &b, &|j| format!("expert {expert}, element {j}"))?;
+        Ok(b)
     };
     let (gate_up, down) = match layout {
         ExpertLayout::Mxfp4 => (
-            decode_mxfp4_expert(ck, &format!("{p}.gate_up_proj"), e_count, expert, 2 * i, h)?,
-            decode_mxfp4_expert(ck, &format!("{p}.down_proj"), e_count, expert, h, i)?,
+            decode_mxfp4_expert(ck, &format!("{p}.gate_up_proj"), layer, e_count, expert, 2 * i, h)?,
+            decode_mxfp4_expert(ck, &format!("{p}.down_proj"), layer, e_count, expert, h, i)?,
         ),
         ExpertLayout::Dequantized => (
             transpose_expert(ck, &format!("{p}.gate_up_proj"), e_count, expert, h, 2 * i)?,
@@ -91,6 +173,7 @@ pub fn load_all_experts(ck: &Checkpoint, cfg: &ModelConfig) -> Result<Vec<Vec<Ex
 fn decode_mxfp4_expert(
     ck: &Checkpoint,
     name: &str,
+    layer: usize,
     experts: usize,
     expert: usize,
     rows: usize,
@@ -116,14 +199,21 @@ fn decode_mxfp4_expert(
             &scales[r * groups..(r + 1) * groups],
             &mut out[r * cols..(r + 1) * cols],
         )
-        .map_err(|g| {
-            Error::tensor(
-                format!("{name}_scales"),
-                format!("expert {expert}, row {r}, block {g}: scale byte 255 (NaN)"),
-            )
-        })?;
+        .map_err(|b| mxfp4_error(name, layer, expert, r, b))?;
     }
     Ok(out)
+}
+
+/// The error for an MXFP4 block of expert matrix `name` (without the `_scales` suffix)
+/// that does not decode to finite values.
+pub fn mxfp4_error(name: &str, layer: usize, expert: usize, row: usize, bad: mxfp4::BadBlock) -> Error {
+    Error::tensor(format!("{name}_scales"), format!("layer {layer}, expert {expert}, row {row}, {bad}"))
+}
+
+/// Where element `i` of one expert's `[inputs, outputs]` slice of a dequantized expert
+/// tensor lies, in words.
+pub fn dequantized_position(expert: usize, outputs: usize, i: usize) -> String {
+    format!("expert {expert}, input {}, output {}", i / outputs.max(1), i % outputs.max(1))
 }
 
 /// One expert of a dequantized `[E, in, out]` tensor, transposed to `[out, in]`.
@@ -137,6 +227,7 @@ fn transpose_expert(
 ) -> Result<Vec<f32>> {
     let per = inputs * outputs;
     let src = ck.f32_range(name, &[experts, inputs, outputs], expert * per, per)?;
+    check_finite(name, &src, &|i| dequantized_position(expert, outputs, i))?;
     let mut out = vec![0.0f32; inputs * outputs];
     for r in 0..inputs {
         for c in 0..outputs {
