@@ -33,10 +33,19 @@ pub fn run(args: ConvertArgs) -> anyhow::Result<()> {
     let r = convert(&args.src, &args.out, &opts)
         .with_context(|| format!("converting {} into {}", args.src.display(), args.out.display()))?;
     tracing::info!(
-        "{}: {} items converted{} in {:.1} s, {} read, container {}, peak RSS {}",
+        "{}: {} items converted{}{} in {:.1} s, {} read, container {}, peak RSS {}",
         r.out.display(),
         r.converted,
-        if r.resumed > 0 { format!(" ({} already done, resumed)", r.resumed) } else { String::new() },
+        if r.resumed > 0 {
+            format!(" ({} already done and re-checked, resumed)", r.resumed)
+        } else {
+            String::new()
+        },
+        if r.redone > 0 {
+            format!(" ({} claimed done but wrong on disk, redone)", r.redone)
+        } else {
+            String::new()
+        },
         r.seconds,
         gib(r.bytes_read),
         gib(r.bytes_written),

@@ -1,23 +1,28 @@
 //! `picchio convert`: a Hugging Face checkpoint to a Picchio container, streaming.
 //!
-//! The whole layout is computed first, so every tensor and every expert record has a fixed
-//! place in the output files. Work items (one dense tensor, or all experts of one layer)
-//! are then converted in source order, each in bounded memory (row chunks of at most
-//! [`CHUNK_BYTES`], one expert at a time), written with positioned writes and synced. A
-//! state file lists the finished items, so an interrupted run resumes where it stopped;
-//! `manifest.json` is written last and atomically, so a partial container is never taken
-//! for a complete one.
+//! Before anything is written, the output is checked not to be, contain or alias the
+//! source ([`guard::check_not_aliased`]), and locked so no second conversion writes it
+//! ([`guard::OutputLock`]). The whole layout is computed first, so every tensor and every
+//! expert record has a fixed place in the output files. Work items (one dense tensor, or
+//! all experts of one layer) are then converted in source order, each in bounded memory
+//! (row chunks of at most [`CHUNK_BYTES`], one expert at a time), every value checked to be
+//! finite, written with positioned writes and synced. A state file lists the finished
+//! items, and the finished chunks or experts of the item in progress, so an interrupted
+//! run resumes where it stopped, after re-hashing what the state claims against the
+//! written bytes; `manifest.json` is written last and atomically, so a partial container
+//! is never taken for a complete one.
 
-use std::collections::BTreeMap;
+mod guard;
+mod state;
+
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 use std::time::{Instant, UNIX_EPOCH};
 
-use half::bf16;
+use half::{bf16, f16};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rayon::prelude::*;
 use safetensors::Dtype as SrcDtype;
-use serde::{Deserialize, Serialize};
 
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
@@ -26,11 +31,17 @@ use crate::format::container::manifest::{
     self, DENSE_FILE, Dtype, EXPERTS_FILE, ExpertStoreInfo, FileSizes, MANIFEST_FILE, Manifest, Scheme,
     SourceInfo, TensorRecord, hash_hex,
 };
-use crate::format::hf::{ExpertLayout, expert_layout};
+use crate::format::hf::{
+    ExpertLayout, check_finite, check_finite_bytes, dequantized_position, expert_layout, mxfp4_error,
+    position,
+};
 use crate::format::mxfp4;
 use crate::format::safetensors::{Checkpoint, INDEX_FILE, SINGLE_FILE, TensorEntry, decode_floats};
 use crate::io::{read_exact_at, write_all_at};
 use crate::quant::{int4, int8};
+
+pub use guard::LOCK_FILE;
+use state::{Loaded, Partial, Region, Regions, State, Step, hash_region, temporary, write_atomically};
 
 /// Largest slice of a dense tensor held in memory at once.
 pub const CHUNK_BYTES: usize = 64 << 20;
@@ -50,6 +61,18 @@ pub struct ConvertOptions {
     pub interrupt_after: Option<usize>,
 }
 
+/// Test hooks of a conversion: smaller chunks and interruptions inside an item.
+#[doc(hidden)]
+#[derive(Clone, Debug, Default)]
+pub struct ConvertHooks {
+    /// Source bytes per dense chunk, and expert bytes between progress saves, instead of
+    /// [`CHUNK_BYTES`].
+    pub chunk_bytes: Option<usize>,
+    /// Stop with an error right after this many mid-item progress saves of this run, as an
+    /// interruption inside a long item would.
+    pub interrupt_after_chunks: Option<usize>,
+}
+
 /// What a conversion did.
 #[derive(Clone, Debug)]
 pub struct ConvertReport {
@@ -57,8 +80,12 @@ pub struct ConvertReport {
     pub out: PathBuf,
     /// Items converted by this run.
     pub converted: usize,
-    /// Items found already done (resumed run).
+    /// Items found already done (resumed run), their bytes re-checked.
     pub resumed: usize,
+    /// Items the state claimed done whose written bytes did not match: converted again.
+    pub redone: usize,
+    /// Finished chunks or experts of a part-done item that a resumed run kept (re-checked).
+    pub resumed_steps: usize,
     /// Source bytes read by this run.
     pub bytes_read: u64,
     /// Bytes of the container (dense + experts).
@@ -67,15 +94,6 @@ pub struct ConvertReport {
     pub seconds: f64,
     /// Peak resident memory of the process, if known.
     pub peak_rss: Option<u64>,
-}
-
-/// The progress record kept beside a running conversion.
-#[derive(Clone, Debug, Default, Serialize, Deserialize)]
-struct State {
-    /// Hash of the layout, formats and source identity this state belongs to.
-    plan: String,
-    /// Finished items and the hashes of what they wrote.
-    done: BTreeMap<String, Vec<String>>,
 }
 
 /// A unit of conversion work.
@@ -126,11 +144,24 @@ pub fn source_identity(src: &Path) -> Result<String> {
 
 /// Converts the checkpoint in `src` into a container in `out`.
 pub fn convert(src: &Path, out: &Path, opts: &ConvertOptions) -> Result<ConvertReport> {
+    convert_with_hooks(src, out, opts, &ConvertHooks::default())
+}
+
+/// [`convert`] with test hooks.
+#[doc(hidden)]
+pub fn convert_with_hooks(
+    src: &Path,
+    out: &Path,
+    opts: &ConvertOptions,
+    hooks: &ConvertHooks,
+) -> Result<ConvertReport> {
     let started = Instant::now();
     let cfg = ModelConfig::from_dir(src)?;
     let ck = Checkpoint::open(src)?;
     let layout = expert_layout(&ck)?;
     check_source(&ck, &cfg, layout)?;
+    // From here on, `out` is the resolved path: nothing is created through a `..`.
+    let out = &guard::check_not_aliased(src, out)?;
 
     let is_bf16 = |name: &str| ck.get(name).is_some_and(|t| t.dtype == SrcDtype::BF16);
     let (mut dense, dense_bytes) = plan_dense(&cfg, opts.formats, is_bf16);
@@ -144,30 +175,33 @@ pub fn convert(src: &Path, out: &Path, opts: &ConvertOptions) -> Result<ConvertR
     };
 
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
+    let _lock = guard::OutputLock::acquire(out)?;
+    remove_stale_temporaries(out)?;
     if let Some(report) = already_converted(out, &identity, opts.formats, started)? {
         return Ok(report);
     }
     let state_path = out.join(STATE_FILE);
-    let mut state = read_state(&state_path);
-    let resuming = state.as_ref().is_some_and(|s| s.plan == plan_id);
-    if !resuming {
-        if state.is_some() {
-            tracing::info!(
-                "{}: the previous partial conversion used other options or source; restarting",
-                out.display()
-            );
-        }
-        state = Some(State { plan: plan_id.clone(), done: BTreeMap::new() });
-    }
-    let mut state = state.expect("set above");
+    let (mut state, resuming) = load_state(&state_path, &plan_id, out);
 
-    let dense_file = open_output(&out.join(DENSE_FILE), dense_bytes, resuming)?;
-    let experts_file = open_output(&out.join(EXPERTS_FILE), experts_bytes, resuming)?;
+    let (dense_path, experts_path) = (out.join(DENSE_FILE), out.join(EXPERTS_FILE));
+    let dense_file = open_output(&dense_path, dense_bytes, resuming)?;
+    let experts_file = open_output(&experts_path, experts_bytes, resuming)?;
     let cfg_src = src.join("config.json");
     std::fs::copy(&cfg_src, out.join("config.json")).map_err(|e| Error::io(&cfg_src, e))?;
 
     let reader = SourceReader::open(&ck)?;
     let items = ordered_items(&ck, &cfg, &dense, layout);
+    let outputs = Outputs {
+        dense: &dense,
+        experts: &experts,
+        num_layers: cfg.num_layers,
+        num_experts: cfg.num_experts,
+        dense_file: &dense_file,
+        dense_path: &dense_path,
+        experts_file: &experts_file,
+        experts_path: &experts_path,
+    };
+    let checked = if resuming { recheck(&mut state, &outputs, out)? } else { state::Recheck::default() };
     let total: u64 = items.iter().map(|it| item_source_bytes(&ck, &cfg, &dense, layout, it)).sum();
     let done_bytes: u64 = items
         .iter()
@@ -175,7 +209,8 @@ pub fn convert(src: &Path, out: &Path, opts: &ConvertOptions) -> Result<ConvertR
         .map(|it| item_source_bytes(&ck, &cfg, &dense, layout, it))
         .sum();
     let bar = progress_bar(opts.progress, total, done_bytes);
-    let (mut converted, mut resumed, mut bytes_read) = (0, 0, 0u64);
+    let chunk_bytes = hooks.chunk_bytes.unwrap_or(CHUNK_BYTES).max(1);
+    let (mut converted, mut resumed, mut bytes_read, mut saves) = (0, 0, 0u64, 0usize);
     for item in &items {
         if opts.interrupt_after == Some(converted) {
             return Err(Error::invalid(format!("conversion interrupted after {converted} items")));
@@ -185,22 +220,37 @@ pub fn convert(src: &Path, out: &Path, opts: &ConvertOptions) -> Result<ConvertR
             resumed += 1;
             continue;
         }
+        let item_bytes = item_source_bytes(&ck, &cfg, &dense, layout, item);
+        let mut progress = ItemProgress {
+            state: &mut state,
+            state_path: &state_path,
+            key: key.clone(),
+            saves: &mut saves,
+            interrupt_after: hooks.interrupt_after_chunks,
+        };
         let hashes = match item {
             Item::Dense(i) => {
                 let src_t = ck.require(&dense[*i].name)?;
-                let h = convert_dense(&reader, &dense[*i], src_t, &dense_file, &bar)?;
-                sync(&dense_file, &out.join(DENSE_FILE))?;
+                let target = Target { file: &dense_file, path: &dense_path };
+                let h = convert_dense(&reader, &dense[*i], src_t, target, &bar, chunk_bytes, &mut progress)?;
+                sync(&dense_file, &dense_path)?;
                 h
             }
             Item::Experts(l) => {
-                let h = convert_expert_layer(&reader, &ck, &cfg, layout, &experts, *l, &experts_file, &bar)?;
-                sync(&experts_file, &out.join(EXPERTS_FILE))?;
+                let job =
+                    ExpertJob { reader: &reader, ck: &ck, cfg: &cfg, layout, info: &experts, layer: *l };
+                let target = Target { file: &experts_file, path: &experts_path };
+                let h = convert_expert_layer(&job, target, &bar, chunk_bytes, item_bytes, &mut progress)?;
+                sync(&experts_file, &experts_path)?;
                 h
             }
         };
-        bytes_read += item_source_bytes(&ck, &cfg, &dense, layout, item);
-        state.done.insert(key, hashes);
-        write_atomically(&state_path, &serde_json::to_vec(&state).expect("state serializes"))?;
+        bytes_read += item_bytes;
+        state.done.insert(key.clone(), hashes);
+        if state.partial.as_ref().is_some_and(|p| p.key == key) {
+            state.partial = None;
+        }
+        state::save(&state_path, &state)?;
         converted += 1;
     }
     bar.finish_and_clear();
@@ -222,16 +272,181 @@ pub fn convert(src: &Path, out: &Path, opts: &ConvertOptions) -> Result<ConvertR
         &out.join(MANIFEST_FILE),
         &serde_json::to_vec_pretty(&manifest).expect("manifest serializes"),
     )?;
+    sync_dir(out)?;
     let _ = std::fs::remove_file(&state_path);
     Ok(ConvertReport {
         out: out.to_path_buf(),
         converted,
         resumed,
+        redone: checked.redone,
+        resumed_steps: checked.kept_steps,
         bytes_read,
         bytes_written: dense_bytes + experts_bytes,
         seconds: started.elapsed().as_secs_f64(),
         peak_rss: crate::system::peak_rss(),
     })
+}
+
+/// Removes the temporaries of the state file and the manifest that a killed run may have
+/// left half written (they are never read; this only keeps the directory clean).
+fn remove_stale_temporaries(out: &Path) -> Result<()> {
+    for name in [STATE_FILE, MANIFEST_FILE] {
+        let tmp = temporary(&out.join(name));
+        match std::fs::remove_file(&tmp) {
+            Ok(()) => tracing::info!("{}: removed a temporary left by an interrupted run", tmp.display()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io(&tmp, e)),
+        }
+    }
+    Ok(())
+}
+
+/// The state to continue from and whether it belongs to this plan (resume) or the outputs
+/// start from scratch. A state that cannot be read or parsed could describe bytes that are
+/// wrong, so it is never taken as absent over existing outputs: they are truncated.
+fn load_state(path: &Path, plan_id: &str, out: &Path) -> (State, bool) {
+    let fresh = || State { plan: plan_id.to_string(), ..State::default() };
+    match state::load(path) {
+        Loaded::Absent => (fresh(), false),
+        Loaded::Unreadable(why) => {
+            tracing::info!("{}: {why}; restarting the conversion from scratch", path.display());
+            (fresh(), false)
+        }
+        Loaded::Found(s) if s.plan == plan_id => (s, true),
+        Loaded::Found(_) => {
+            tracing::info!(
+                "{}: the previous partial conversion used other options or source; restarting",
+                out.display()
+            );
+            (fresh(), false)
+        }
+    }
+}
+
+/// Re-hashes the written bytes of everything the state claims and logs what was kept.
+fn recheck(state: &mut State, outputs: &Outputs<'_>, out: &Path) -> Result<state::Recheck> {
+    let r = state::recheck(state, outputs)?;
+    tracing::info!(
+        "{}: resuming; re-checked {} finished items against the written bytes, {} did not match and will be redone",
+        out.display(),
+        r.kept + r.redone,
+        r.redone
+    );
+    if let Some(p) = &state.partial {
+        tracing::info!("{}: continuing {} after {} finished chunks", out.display(), p.key, r.kept_steps);
+    }
+    if r.dropped_steps > 0 {
+        tracing::info!(
+            "{}: {} finished chunks did not match and will be redone",
+            out.display(),
+            r.dropped_steps
+        );
+    }
+    Ok(r)
+}
+
+/// The planned output files, for re-reading what a state claims.
+struct Outputs<'a> {
+    dense: &'a [TensorRecord],
+    experts: &'a ExpertStoreInfo,
+    num_layers: usize,
+    num_experts: usize,
+    dense_file: &'a File,
+    dense_path: &'a Path,
+    experts_file: &'a File,
+    experts_path: &'a Path,
+}
+
+impl Outputs<'_> {
+    fn dense_tensor(&self, key: &str) -> Option<&TensorRecord> {
+        let name = key.strip_prefix("dense:")?;
+        self.dense.iter().find(|t| t.name == name)
+    }
+
+    fn expert_layer(&self, key: &str) -> Option<usize> {
+        key.strip_prefix("experts:")?.parse().ok().filter(|l| *l < self.num_layers)
+    }
+}
+
+impl Regions for Outputs<'_> {
+    fn units(&self, key: &str) -> Option<usize> {
+        if let Some(t) = self.dense_tensor(key) {
+            return rows_cols(t).ok().map(|(rows, _)| rows);
+        }
+        self.expert_layer(key).map(|_| self.num_experts)
+    }
+
+    fn regions(&self, key: &str, start: usize, end: usize) -> Vec<Region<'_>> {
+        if let Some(t) = self.dense_tensor(key) {
+            let Ok((_, cols)) = rows_cols(t) else { return Vec::new() };
+            return t
+                .parts
+                .iter()
+                .zip(part_row_bytes(t, cols))
+                .map(|(p, per_row)| Region {
+                    file: self.dense_file,
+                    path: self.dense_path,
+                    offset: p.offset + (start * per_row) as u64,
+                    len: ((end - start) * per_row) as u64,
+                })
+                .collect();
+        }
+        let Some(layer) = self.expert_layer(key) else { return Vec::new() };
+        self.experts.records[layer * self.num_experts + start..layer * self.num_experts + end]
+            .iter()
+            .map(|r| Region {
+                file: self.experts_file,
+                path: self.experts_path,
+                offset: r.offset,
+                len: r.bytes,
+            })
+            .collect()
+    }
+}
+
+/// Records finished steps of the item being converted in the state file, so an
+/// interrupted run continues inside the item.
+struct ItemProgress<'a> {
+    state: &'a mut State,
+    state_path: &'a Path,
+    key: String,
+    /// Saves made by this run, over all items.
+    saves: &'a mut usize,
+    interrupt_after: Option<usize>,
+}
+
+impl ItemProgress<'_> {
+    /// The re-checked finished steps of this item from an earlier run.
+    fn resumed_steps(&self) -> Vec<Step> {
+        match &self.state.partial {
+            Some(p) if p.key == self.key => p.steps.clone(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Syncs `target` and records `step` as finished.
+    fn save(&mut self, step: Step, target: Target<'_>) -> Result<()> {
+        sync(target.file, target.path)?;
+        if self.state.partial.as_ref().is_none_or(|p| p.key != self.key) {
+            self.state.partial = Some(Partial { key: self.key.clone(), steps: Vec::new() });
+        }
+        if let Some(p) = &mut self.state.partial {
+            p.steps.push(step);
+        }
+        state::save(self.state_path, self.state)?;
+        *self.saves += 1;
+        if self.interrupt_after == Some(*self.saves) {
+            return Err(Error::invalid(format!("conversion interrupted after {} chunks", *self.saves)));
+        }
+        Ok(())
+    }
+}
+
+/// An output file being written.
+#[derive(Clone, Copy)]
+struct Target<'a> {
+    file: &'a File,
+    path: &'a Path,
 }
 
 /// A finished container of the same source and formats needs no work; any other complete
@@ -252,6 +467,8 @@ fn already_converted(
             out: out.to_path_buf(),
             converted: 0,
             resumed: 0,
+            redone: 0,
+            resumed_steps: 0,
             bytes_read: 0,
             bytes_written: m.files.dense + m.files.experts,
             seconds: started.elapsed().as_secs_f64(),
@@ -403,21 +620,13 @@ fn sync(f: &File, path: &Path) -> Result<()> {
     f.sync_data().map_err(|e| Error::io(path, e))
 }
 
-/// Writes `bytes` to `path` via a temporary file and a rename, so readers see either the
-/// old or the new content.
-fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = path.with_extension("tmp");
-    {
-        let f = File::create(&tmp).map_err(|e| Error::io(&tmp, e))?;
-        write_all_at(&f, bytes, 0).map_err(|e| Error::io(&tmp, e))?;
-        f.sync_all().map_err(|e| Error::io(&tmp, e))?;
-    }
-    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
-}
-
-fn read_state(path: &Path) -> Option<State> {
-    let text = std::fs::read(path).ok()?;
-    serde_json::from_slice(&text).ok()
+/// Makes a rename in `dir` durable.
+fn sync_dir(dir: &Path) -> Result<()> {
+    #[cfg(unix)]
+    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| Error::io(dir, e))?;
+    #[cfg(not(unix))]
+    let _ = dir;
+    Ok(())
 }
 
 fn progress_bar(enabled: bool, total: u64, done: u64) -> ProgressBar {
@@ -448,88 +657,144 @@ fn part_row_bytes(t: &TensorRecord, cols: usize) -> Vec<usize> {
         .collect()
 }
 
-/// Converts one dense tensor in row chunks; returns the hash of each part.
+/// Rows and columns of a dense tensor (a vector is one row).
+fn rows_cols(t: &TensorRecord) -> Result<(usize, usize)> {
+    match t.shape[..] {
+        [r, c] => Ok((r, c)),
+        [n] => Ok((1, n)),
+        _ => Err(Error::tensor(&t.name, format!("unexpected shape {:?}", t.shape))),
+    }
+}
+
+/// Converts one dense tensor in row chunks, checking every value is finite; returns the
+/// hash of each part. Chunks finished by an earlier run (re-checked) are skipped; every
+/// chunk but the last is recorded as a step when done. A tensor finished in one run is
+/// hashed as it is written; one resumed mid-way is hashed by re-reading its parts.
 fn convert_dense(
     reader: &SourceReader,
     t: &TensorRecord,
     src: &TensorEntry,
-    out: &File,
+    out: Target<'_>,
     bar: &ProgressBar,
+    chunk_bytes: usize,
+    progress: &mut ItemProgress<'_>,
 ) -> Result<Vec<String>> {
-    let (rows, cols) = match t.shape[..] {
-        [r, c] => (r, c),
-        [n] => (1, n),
-        _ => return Err(Error::tensor(&t.name, format!("unexpected shape {:?}", t.shape))),
-    };
-    let elem = src.len / (rows * cols);
-    let chunk_rows = (CHUNK_BYTES / (cols * elem).max(1)).max(1);
+    let (rows, cols) = rows_cols(t)?;
+    let elems = rows.checked_mul(cols).filter(|n| *n > 0 && src.len.is_multiple_of(*n)).ok_or_else(|| {
+        Error::tensor(&t.name, format!("{} bytes do not divide into {rows} x {cols} elements", src.len))
+    })?;
+    let elem = src.len / elems;
+    let src_row = cols * elem;
+    let chunk_rows = (chunk_bytes / src_row).max(1);
     let row_bytes = part_row_bytes(t, cols);
+    let resumed = progress.resumed_steps();
+    let mut r0 = resumed.last().map_or(0, |s| s.end);
+    bar.inc((r0 * src_row) as u64);
     let mut hashers: Vec<blake3::Hasher> = t.parts.iter().map(|_| blake3::Hasher::new()).collect();
-    let mut r0 = 0;
     while r0 < rows {
         let n = chunk_rows.min(rows - r0);
-        let raw = reader.read(src, r0 * cols * elem, n * cols * elem)?;
+        let raw = reader.read(src, r0 * src_row, n * src_row)?;
+        check_finite_bytes(&t.name, src.dtype, &raw, &|i| position(t.shape.len(), cols, r0 * cols + i))?;
         let raw_len = raw.len() as u64;
-        let encoded: Vec<Vec<u8>> = match (t.scheme, t.parts[0].dtype) {
-            // Already in the target format: written as read.
-            (Scheme::None, Dtype::Bf16) if src.dtype == SrcDtype::BF16 => vec![raw],
-            (Scheme::None, Dtype::F32) if src.dtype == SrcDtype::F32 => vec![raw],
-            (Scheme::None, Dtype::Bf16) => {
-                let f = decode_floats(&t.name, src.dtype, &raw)?;
-                vec![f.iter().flat_map(|v| bf16::from_f32(*v).to_bits().to_le_bytes()).collect()]
-            }
-            (Scheme::None, _) => {
-                let f = decode_floats(&t.name, src.dtype, &raw)?;
-                vec![f.iter().flat_map(|v| v.to_le_bytes()).collect()]
-            }
-            (Scheme::Int8Row, _) => {
-                let f = decode_floats(&t.name, src.dtype, &raw)?;
-                let mut codes = vec![0u8; n * cols];
-                let mut scales = vec![0u8; n * 4];
-                codes.par_chunks_mut(cols).zip(scales.par_chunks_mut(4)).zip(f.par_chunks(cols)).for_each(
-                    |((c, s), x)| {
-                        let scale = int8::quantize_row(x, bytemuck::cast_slice_mut(c));
-                        s.copy_from_slice(&scale.to_le_bytes());
-                    },
-                );
-                vec![codes, scales]
-            }
-            (Scheme::Int4Gs64, _) => {
-                return Err(Error::tensor(&t.name, "dense INT4 is not a conversion target"));
-            }
-        };
+        let encoded = encode_dense_chunk(t, src.dtype, raw, n, cols)?;
+        let mut chunk_hashes = Vec::with_capacity(encoded.len());
         for (((part, data), per_row), hasher) in
             t.parts.iter().zip(&encoded).zip(&row_bytes).zip(&mut hashers)
         {
-            write_all_at(out, data, part.offset + (r0 * per_row) as u64)
-                .map_err(|e| Error::format(DENSE_FILE, format!("writing {}: {e}", t.name)))?;
+            write_all_at(out.file, data, part.offset + (r0 * per_row) as u64)
+                .map_err(|e| Error::format(out.path, format!("writing {}: {e}", t.name)))?;
             hasher.update(data);
+            chunk_hashes.push(hash_hex(data));
         }
         bar.inc(raw_len);
         r0 += n;
+        if r0 < rows {
+            progress.save(Step { end: r0, hashes: chunk_hashes }, out)?;
+        }
     }
-    Ok(hashers.into_iter().map(|h| h.finalize().to_hex().to_string()).collect())
+    if resumed.is_empty() {
+        return Ok(hashers.into_iter().map(|h| h.finalize().to_hex().to_string()).collect());
+    }
+    t.parts
+        .iter()
+        .map(|p| hash_region(&Region { file: out.file, path: out.path, offset: p.offset, len: p.bytes }))
+        .collect()
+}
+
+/// Encodes `n` rows of source bytes `raw` into the parts of `t`.
+fn encode_dense_chunk(
+    t: &TensorRecord,
+    dtype: SrcDtype,
+    raw: Vec<u8>,
+    n: usize,
+    cols: usize,
+) -> Result<Vec<Vec<u8>>> {
+    Ok(match (t.scheme, t.parts[0].dtype) {
+        // Already in the target format: written as read.
+        (Scheme::None, Dtype::Bf16) if dtype == SrcDtype::BF16 => vec![raw],
+        (Scheme::None, Dtype::F32) if dtype == SrcDtype::F32 => vec![raw],
+        (Scheme::None, Dtype::Bf16) => {
+            let f = decode_floats(&t.name, dtype, &raw)?;
+            vec![f.iter().flat_map(|v| bf16::from_f32(*v).to_bits().to_le_bytes()).collect()]
+        }
+        (Scheme::None, _) => {
+            let f = decode_floats(&t.name, dtype, &raw)?;
+            vec![f.iter().flat_map(|v| v.to_le_bytes()).collect()]
+        }
+        (Scheme::Int8Row, _) => {
+            let f = decode_floats(&t.name, dtype, &raw)?;
+            let mut codes = vec![0u8; n * cols];
+            let mut scales = vec![0u8; n * 4];
+            codes
+                .par_chunks_mut(cols)
+                .zip(scales.par_chunks_mut(4))
+                .zip(f.par_chunks(cols))
+                .enumerate()
+                .try_for_each(|(r, ((c, s), x))| {
+                    let scale = int8::quantize_row(x, bytemuck::cast_slice_mut(c));
+                    if !scale.is_finite() {
+                        return Err(Error::tensor(
+                            &t.name,
+                            format!("chunk row {r}: INT8 scale {scale} is not finite"),
+                        ));
+                    }
+                    s.copy_from_slice(&scale.to_le_bytes());
+                    Ok(())
+                })?;
+            vec![codes, scales]
+        }
+        (Scheme::Int4Gs64, _) => {
+            return Err(Error::tensor(&t.name, "dense INT4 is not a conversion target"));
+        }
+    })
+}
+
+/// Which expert matrix is being converted, for errors.
+#[derive(Clone, Copy)]
+struct ExpertAt<'a> {
+    /// Source tensor name without suffix (`model.layers.L.mlp.experts.gate_up_proj`).
+    name: &'a str,
+    layer: usize,
+    expert: usize,
 }
 
 /// Source rows of one expert matrix, decoded to f32 on demand.
-enum ExpertRows {
+enum ExpertRows<'a> {
     /// MXFP4 blocks and scales of this expert, rows = outputs.
-    Mxfp4 { blocks: Vec<u8>, scales: Vec<u8>, groups: usize, name: String },
-    /// A dequantized `[in, out]` slice, transposed on access.
+    Mxfp4 { blocks: Vec<u8>, scales: Vec<u8>, groups: usize, at: ExpertAt<'a> },
+    /// A dequantized `[in, out]` slice (checked finite), transposed on access.
     Transposed { data: Vec<f32>, inputs: usize, outputs: usize },
 }
 
-impl ExpertRows {
+impl ExpertRows<'_> {
     fn row(&self, r: usize, out: &mut [f32]) -> Result<()> {
         match self {
-            ExpertRows::Mxfp4 { blocks, scales, groups, name } => mxfp4::decode_row(
+            ExpertRows::Mxfp4 { blocks, scales, groups, at } => mxfp4::decode_row(
                 &blocks[r * groups * mxfp4::BLOCK_BYTES..(r + 1) * groups * mxfp4::BLOCK_BYTES],
                 &scales[r * groups..(r + 1) * groups],
                 out,
             )
-            .map_err(|g| {
-                Error::tensor(format!("{name}_scales"), format!("row {r}, block {g}: scale byte 255 (NaN)"))
-            }),
+            .map_err(|b| mxfp4_error(at.name, at.layer, at.expert, r, b)),
             ExpertRows::Transposed { data, inputs, outputs } => {
                 for (c, o) in out.iter_mut().enumerate().take(*inputs) {
                     *o = data[c * outputs + r];
@@ -540,67 +805,96 @@ impl ExpertRows {
     }
 }
 
-/// Converts every expert of `layer`; returns the hash of each record, in expert order.
-#[allow(clippy::too_many_arguments)]
-fn convert_expert_layer(
-    reader: &SourceReader,
-    ck: &Checkpoint,
-    cfg: &ModelConfig,
+/// One expert layer to convert and where its source lies.
+struct ExpertJob<'a> {
+    reader: &'a SourceReader,
+    ck: &'a Checkpoint,
+    cfg: &'a ModelConfig,
     layout: ExpertLayout,
-    info: &ExpertStoreInfo,
+    info: &'a ExpertStoreInfo,
     layer: usize,
-    out: &File,
+}
+
+/// Converts every expert of a layer, checking every value is finite; returns the hash of
+/// each record, in expert order. Experts finished by an earlier run (re-checked) are
+/// skipped; progress is recorded after every `chunk_bytes` of records.
+fn convert_expert_layer(
+    job: &ExpertJob<'_>,
+    out: Target<'_>,
     bar: &ProgressBar,
+    chunk_bytes: usize,
+    item_bytes: u64,
+    progress: &mut ItemProgress<'_>,
 ) -> Result<Vec<String>> {
-    let (h, i, e_count) = (cfg.hidden_size, cfg.intermediate_size, cfg.num_experts);
-    let p = format!("model.layers.{layer}.mlp.experts");
-    let mut hashes = Vec::with_capacity(e_count);
-    for expert in 0..e_count {
-        let mut record = vec![0u8; info.payload_bytes as usize];
-        let mut read = 0usize;
-        for (m, rows, cols) in [("gate_up", 2 * i, h), ("down", h, i)] {
-            let src_name = format!("{p}.{m}_proj");
-            let source = match layout {
-                ExpertLayout::Mxfp4 => {
-                    let g = cols / mxfp4::BLOCK;
-                    let bt = ck.require(&format!("{src_name}_blocks"))?;
-                    let st = ck.require(&format!("{src_name}_scales"))?;
-                    let (bb, sb) = (rows * g * mxfp4::BLOCK_BYTES, rows * g);
-                    let blocks = reader.read(bt, expert * bb, bb)?;
-                    let scales = reader.read(st, expert * sb, sb)?;
-                    read += bb + sb;
-                    ExpertRows::Mxfp4 { blocks, scales, groups: g, name: src_name.clone() }
-                }
-                ExpertLayout::Dequantized => {
-                    let t = ck.require(&src_name)?;
-                    let elem = t.len / (e_count * rows * cols);
-                    let per = rows * cols * elem;
-                    let raw = reader.read(t, expert * per, per)?;
-                    read += per;
-                    ExpertRows::Transposed {
-                        data: decode_floats(&src_name, t.dtype, &raw)?,
-                        inputs: cols,
-                        outputs: rows,
-                    }
-                }
-            };
-            encode_matrix(&source, info, m, rows, cols, &mut record)?;
-            let bt = ck.require(&format!("{src_name}_bias"))?;
-            let elem = bt.len / (e_count * rows);
-            let raw = reader.read(bt, expert * rows * elem, rows * elem)?;
-            read += raw.len();
-            let bias = decode_floats(&format!("{src_name}_bias"), bt.dtype, &raw)?;
-            let c = component(info, &format!("{m}.bias"))?;
-            record[c.0..c.0 + c.1].copy_from_slice(bytemuck::cast_slice(&bias));
-        }
-        let rec = &info.records[layer * e_count + expert];
-        write_all_at(out, &record, rec.offset).map_err(|e| {
-            Error::format(EXPERTS_FILE, format!("writing layer {layer} expert {expert}: {e}"))
+    let e_count = job.cfg.num_experts;
+    let resumed = progress.resumed_steps();
+    let first = resumed.last().map_or(0, |s| s.end);
+    let mut hashes: Vec<String> = resumed.into_iter().flat_map(|s| s.hashes).collect();
+    bar.inc(item_bytes * first as u64 / e_count.max(1) as u64);
+    let (mut step, mut unsaved) = (Vec::new(), 0usize);
+    for expert in first..e_count {
+        let (record, read) = convert_expert(job, expert)?;
+        let rec = &job.info.records[job.layer * e_count + expert];
+        write_all_at(out.file, &record, rec.offset).map_err(|e| {
+            Error::format(out.path, format!("writing layer {} expert {expert}: {e}", job.layer))
         })?;
-        hashes.push(hash_hex(&record));
+        let h = hash_hex(&record);
+        hashes.push(h.clone());
+        step.push(h);
         bar.inc(read as u64);
+        unsaved += record.len();
+        if unsaved >= chunk_bytes && expert + 1 < e_count {
+            progress.save(Step { end: expert + 1, hashes: std::mem::take(&mut step) }, out)?;
+            unsaved = 0;
+        }
     }
     Ok(hashes)
+}
+
+/// Builds the record of one expert; returns it and the source bytes read.
+fn convert_expert(job: &ExpertJob<'_>, expert: usize) -> Result<(Vec<u8>, usize)> {
+    let (h, i, e_count) = (job.cfg.hidden_size, job.cfg.intermediate_size, job.cfg.num_experts);
+    let (reader, ck, info) = (job.reader, job.ck, job.info);
+    let p = format!("model.layers.{}.mlp.experts", job.layer);
+    let mut record = vec![0u8; info.payload_bytes as usize];
+    let mut read = 0usize;
+    for (m, rows, cols) in [("gate_up", 2 * i, h), ("down", h, i)] {
+        let src_name = format!("{p}.{m}_proj");
+        let at = ExpertAt { name: &src_name, layer: job.layer, expert };
+        let source = match job.layout {
+            ExpertLayout::Mxfp4 => {
+                let g = cols / mxfp4::BLOCK;
+                let bt = ck.require(&format!("{src_name}_blocks"))?;
+                let st = ck.require(&format!("{src_name}_scales"))?;
+                let (bb, sb) = (rows * g * mxfp4::BLOCK_BYTES, rows * g);
+                let blocks = reader.read(bt, expert * bb, bb)?;
+                let scales = reader.read(st, expert * sb, sb)?;
+                read += bb + sb;
+                ExpertRows::Mxfp4 { blocks, scales, groups: g, at }
+            }
+            ExpertLayout::Dequantized => {
+                let t = ck.require(&src_name)?;
+                let elem = t.len / (e_count * rows * cols);
+                let per = rows * cols * elem;
+                let raw = reader.read(t, expert * per, per)?;
+                read += per;
+                let data = decode_floats(&src_name, t.dtype, &raw)?;
+                check_finite(&src_name, &data, &|k| dequantized_position(expert, rows, k))?;
+                ExpertRows::Transposed { data, inputs: cols, outputs: rows }
+            }
+        };
+        encode_matrix(&source, info, m, rows, cols, at, &mut record)?;
+        let bias_name = format!("{src_name}_bias");
+        let bt = ck.require(&bias_name)?;
+        let elem = bt.len / (e_count * rows);
+        let raw = reader.read(bt, expert * rows * elem, rows * elem)?;
+        read += raw.len();
+        let bias = decode_floats(&bias_name, bt.dtype, &raw)?;
+        check_finite(&bias_name, &bias, &|k| format!("expert {expert}, element {k}"))?;
+        let c = component(info, &format!("{m}.bias"))?;
+        record[c.0..c.0 + c.1].copy_from_slice(bytemuck::cast_slice(&bias));
+    }
+    Ok((record, read))
 }
 
 /// Offset and length of a record component.
@@ -612,13 +906,16 @@ fn component(info: &ExpertStoreInfo, name: &str) -> Result<(usize, usize)> {
         .ok_or_else(|| Error::format(EXPERTS_FILE, format!("layout has no `{name}` component")))
 }
 
-/// Encodes one expert matrix into its record components, rows in parallel.
+/// Encodes one expert matrix into its record components, rows in parallel. An INT4 group
+/// whose scale rounds to infinity in f16 (largest magnitude above about `8 * 65504`) is
+/// an error naming the matrix, layer, expert, row and group.
 fn encode_matrix(
-    src: &ExpertRows,
+    src: &ExpertRows<'_>,
     info: &ExpertStoreInfo,
     m: &str,
     rows: usize,
     cols: usize,
+    at: ExpertAt<'_>,
     record: &mut [u8],
 ) -> Result<()> {
     match info.scheme {
@@ -636,6 +933,7 @@ fn encode_matrix(
                     src.row(r, &mut x)?;
                     let mut sc = vec![0u16; g];
                     int4::quantize_row(&x, c, &mut sc);
+                    check_int4_scales(&x, &sc, at, r)?;
                     for (dst, v) in s.chunks_exact_mut(2).zip(&sc) {
                         dst.copy_from_slice(&v.to_le_bytes());
                     }
@@ -655,6 +953,22 @@ fn encode_matrix(
         }
     }
     Ok(())
+}
+
+/// Fails on the first INT4 group of row `r` whose f16 scale is not finite.
+fn check_int4_scales(x: &[f32], scales: &[u16], at: ExpertAt<'_>, r: usize) -> Result<()> {
+    let Some(g) = scales.iter().position(|s| !f16::from_bits(*s).is_finite()) else { return Ok(()) };
+    let group = &x[g * int4::GROUP..((g + 1) * int4::GROUP).min(x.len())];
+    let max = group.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+    Err(Error::tensor(
+        at.name,
+        format!(
+            "layer {}, expert {}, row {r}, INT4 group {g}: the largest magnitude {max} needs a scale of {} which overflows f16 (largest 65504); convert with --experts f32",
+            at.layer,
+            at.expert,
+            max / 8.0
+        ),
+    ))
 }
 
 /// Copies the hashes recorded in the state into the manifest records.
