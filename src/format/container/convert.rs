@@ -387,12 +387,17 @@ impl Regions for Outputs<'_> {
                     file: self.dense_file,
                     path: self.dense_path,
                     offset: p.offset + (start * per_row) as u64,
-                    len: ((end - start) * per_row) as u64,
+                    len: (end.saturating_sub(start) * per_row) as u64,
                 })
                 .collect();
         }
         let Some(layer) = self.expert_layer(key) else { return Vec::new() };
-        self.experts.records[layer * self.num_experts + start..layer * self.num_experts + end]
+        // An impossible range yields no regions, which matches no hashes: the work is redone.
+        let first = layer * self.num_experts;
+        self.experts
+            .records
+            .get(first + start..first + end)
+            .unwrap_or_default()
             .iter()
             .map(|r| Region {
                 file: self.experts_file,
@@ -697,18 +702,25 @@ fn convert_dense(
         check_finite_bytes(&t.name, src.dtype, &raw, &|i| position(t.shape.len(), cols, r0 * cols + i))?;
         let raw_len = raw.len() as u64;
         let encoded = encode_dense_chunk(t, src.dtype, raw, n, cols)?;
+        // The last chunk completes the item and needs no step hash; a resumed item is
+        // hashed by re-reading, so needs no running hash.
+        let last = r0 + n == rows;
         let mut chunk_hashes = Vec::with_capacity(encoded.len());
         for (((part, data), per_row), hasher) in
             t.parts.iter().zip(&encoded).zip(&row_bytes).zip(&mut hashers)
         {
             write_all_at(out.file, data, part.offset + (r0 * per_row) as u64)
                 .map_err(|e| Error::format(out.path, format!("writing {}: {e}", t.name)))?;
-            hasher.update(data);
-            chunk_hashes.push(hash_hex(data));
+            if resumed.is_empty() {
+                hasher.update(data);
+            }
+            if !last {
+                chunk_hashes.push(hash_hex(data));
+            }
         }
         bar.inc(raw_len);
         r0 += n;
-        if r0 < rows {
+        if !last {
             progress.save(Step { end: r0, hashes: chunk_hashes }, out)?;
         }
     }
