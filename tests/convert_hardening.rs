@@ -621,3 +621,35 @@ fn any_damage_while_interrupted_ends_in_the_same_verified_container() {
         })
         .unwrap();
 }
+
+// ---- real kills ------------------------------------------------------------------------
+
+#[test]
+fn a_conversion_killed_at_any_moment_resumes_to_the_same_container() {
+    use picchio::synth::{SynthShape, SynthSpec, synth};
+    // The real 201088-token vocabulary: a 25 MB embedding and head.
+    let src = tempfile::tempdir().unwrap();
+    synth(&SynthSpec::of(SynthShape::Tiny), src.path(), &mut |_, _| {}).unwrap();
+    let fresh = tempfile::tempdir().unwrap();
+    convert(src.path(), fresh.path(), &opts(DEFAULT, None)).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let args = ["-q".as_ref(), "convert".as_ref(), src.path().as_os_str(), out.path().as_os_str()];
+    let mut interrupted_with_progress = 0;
+    for delay_ms in [30u64, 80, 130, 180, 230, 280, 330, 380] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_picchio")).args(args).spawn().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+        // SIGKILL: no cleanup runs; the lock must still be released and the state usable.
+        let _ = child.kill();
+        let status = child.wait().unwrap();
+        if status.success() {
+            break;
+        }
+        interrupted_with_progress += usize::from(state_path(out.path()).exists());
+    }
+    eprintln!("{interrupted_with_progress} kills left progress to resume from");
+    let o = picchio(&args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(!state_path(out.path()).exists());
+    assert_verifies(out.path());
+    assert_eq!(all_hashes(out.path()), all_hashes(fresh.path()));
+}
