@@ -52,6 +52,9 @@ pub struct Checkpoint {
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
 /// File name of an unsharded checkpoint.
 pub const SINGLE_FILE: &str = "model.safetensors";
+/// Largest shard index read (64 MiB; GPT-OSS-120B's is about 30 KB), so that a damaged or
+/// hostile index is refused before it is read into memory.
+pub const MAX_INDEX_BYTES: u64 = 64 << 20;
 
 impl Checkpoint {
     /// Opens `dir`, through its shard index if present, else `model.safetensors`.
@@ -73,6 +76,13 @@ impl Checkpoint {
     }
 
     fn open_index(dir: &Path, index_path: &Path) -> Result<Self> {
+        let len = std::fs::metadata(index_path).map_err(|e| Error::io(index_path, e))?.len();
+        if len > MAX_INDEX_BYTES {
+            return Err(Error::format(
+                index_path,
+                format!("is {len} bytes; a shard index has at most {MAX_INDEX_BYTES} bytes (64 MiB)"),
+            ));
+        }
         let text = std::fs::read_to_string(index_path).map_err(|e| Error::io(index_path, e))?;
         let json: serde_json::Value = serde_json::from_str(&text)
             .map_err(|e| Error::format(index_path, format!("not valid JSON: {e}")))?;

@@ -253,7 +253,10 @@ fn read_capped(path: &Path) -> Result<Vec<u8>> {
         return Err(Error::format(path, "is not a regular file"));
     }
     let too_big = |len: u64| {
-        Error::format(path, format!("is {len} bytes or more; a manifest has at most {MAX_MANIFEST_BYTES}"))
+        Error::format(
+            path,
+            format!("is {len} bytes or more; a manifest has at most {MAX_MANIFEST_BYTES} bytes (64 MiB)"),
+        )
     };
     if meta.len() > MAX_MANIFEST_BYTES {
         return Err(too_big(meta.len()));
