@@ -27,6 +27,14 @@ fn load_error(dir: &Path) -> String {
     }
 }
 
+/// The error of `r`, which must be one (`what` says what was wrongly accepted).
+fn error_of<T>(r: picchio::Result<T>, what: &str) -> String {
+    match r {
+        Ok(_) => panic!("{what}"),
+        Err(e) => e.to_string(),
+    }
+}
+
 /// `verify`'s error for `dir` (it must refuse it, not report "ok").
 fn verify_error(dir: &Path) -> String {
     match verify(dir, &mut |_, _| {}) {
@@ -263,7 +271,7 @@ fn a_damaged_record_read_through_the_library_names_layer_and_expert() {
     bytes[rec.offset as usize + 7] ^= 1;
     std::fs::write(&path, bytes).unwrap();
     let model = engine::load_container(dir.path(), &opts()).unwrap();
-    let e = model.experts.expert(2, 5).err().expect("a damaged record was accepted").to_string();
+    let e = error_of(model.experts.expert(2, 5), "a damaged record was accepted");
     assert!(e.contains("experts.bin") && e.contains("layer 2 expert 5") && e.contains("BLAKE3"), "{e}");
     // The error is not sticky for other experts, and the same expert fails again.
     model.experts.expert(2, 4).unwrap();
@@ -282,7 +290,7 @@ fn a_damaged_cached_conversion_says_how_to_rebuild_it() {
     // A damaged record: found when read, with the advice to delete the copy.
     flip_layer(&target, 0);
     let model = engine::open(&src, &o).unwrap();
-    let e = model.experts.expert(0, 3).err().expect("damaged record accepted").to_string();
+    let e = error_of(model.experts.expert(0, 3), "damaged record accepted");
     assert!(e.contains("delete") && e.contains(&target.display().to_string()), "{e}");
     drop(model);
     // A truncated file: found at open, with the same advice; nothing is deleted.
@@ -358,7 +366,7 @@ fn a_non_finite_expert_scale_is_refused_when_read() {
     let n = m.experts.records.iter().position(|r| r.layer == 3 && r.expert == 6).unwrap();
     edit_manifest(dir.path(), |v| v["experts"]["records"][n]["hash"] = hash.into());
     let model = engine::load_container(dir.path(), &opts()).unwrap();
-    let e = model.experts.expert(3, 6).err().expect("an infinite scale was accepted").to_string();
+    let e = error_of(model.experts.expert(3, 6), "an infinite scale was accepted");
     assert!(
         e.contains("layer 3 expert 6") && e.contains("down.scales") && e.contains("NaN or infinity"),
         "{e}"

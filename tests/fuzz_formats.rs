@@ -274,9 +274,12 @@ fn get_mut<'a>(v: &'a mut Value, path: &[Step]) -> &'a mut Value {
     })
 }
 
-/// Every path in `v`: (leaves, object members, arrays).
-fn paths(v: &Value) -> (Vec<Vec<Step>>, Vec<Vec<Step>>, Vec<Vec<Step>>) {
-    fn walk(v: &Value, at: &mut Vec<Step>, out: &mut (Vec<Vec<Step>>, Vec<Vec<Step>>, Vec<Vec<Step>>)) {
+/// Paths into a JSON value: (leaves, object members, arrays of two or more).
+type Paths = (Vec<Vec<Step>>, Vec<Vec<Step>>, Vec<Vec<Step>>);
+
+/// Every path in `v`.
+fn paths(v: &Value) -> Paths {
+    fn walk(v: &Value, at: &mut Vec<Step>, out: &mut Paths) {
         match v {
             Value::Object(m) => {
                 for (k, x) in m {
@@ -427,7 +430,7 @@ struct Fixture {
     text: Vec<u8>,
     data: [(String, Vec<u8>); 2],
     /// `paths(&manifest)`.
-    paths: (Vec<Vec<Step>>, Vec<Vec<Step>>, Vec<Vec<Step>>),
+    paths: Paths,
 }
 
 impl Fixture {
@@ -650,7 +653,8 @@ fn a_deeply_nested_or_non_object_manifest_is_refused() {
         b"{\"format\": \"\xff\"}".to_vec(),
     ] {
         std::fs::write(dir.path().join("manifest.json"), &text).unwrap();
-        let e = Container::open(dir.path()).err().expect("a broken manifest opened").to_string();
+        let Err(e) = Container::open(dir.path()).map(|_| ()) else { panic!("a broken manifest opened") };
+        let e = e.to_string();
         assert!(e.contains("manifest.json"), "{e}");
         assert!(verify(dir.path(), &mut |_, _| {}).is_err());
     }
