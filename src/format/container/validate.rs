@@ -380,3 +380,27 @@ fn check_records(m: &Manifest, mpath: &Path, cfg: &ModelConfig) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hashes_are_64_lower_case_hex_digits() {
+        assert!(is_hash_hex(&"0123456789abcdef".repeat(4)));
+        assert!(!is_hash_hex(&"0123456789ABCDEF".repeat(4)));
+        assert!(!is_hash_hex(&"0".repeat(63)));
+        assert!(!is_hash_hex(&"g".repeat(64)));
+        assert!(!is_hash_hex(""));
+    }
+
+    #[test]
+    fn part_sizes_that_overflow_are_none() {
+        let huge = [usize::MAX, usize::MAX];
+        assert_eq!(checked_part_bytes(&huge, Scheme::None, "data", Dtype::F32), None);
+        assert_eq!(checked_part_bytes(&huge, Scheme::Int8Row, "codes", Dtype::I8), None);
+        assert_eq!(checked_part_bytes(&huge, Scheme::Int4Gs64, "scales", Dtype::F16), None);
+        assert_eq!(checked_part_bytes(&[3, 100], Scheme::Int4Gs64, "codes", Dtype::U8), Some(3 * 64));
+        assert_eq!(checked_part_bytes(&[7], Scheme::None, "data", Dtype::F32), Some(28));
+    }
+}
