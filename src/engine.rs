@@ -11,6 +11,7 @@ use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::experts::{CacheOptions, CachedExperts, ExpertSource, ExpertStats, ExpertStore, ResidentExperts};
 use crate::format::container::convert::{STATE_FILE, is_hf_checkpoint};
+use crate::format::container::reader::{cached_copy_advice, cached_copy_damaged};
 use crate::format::container::{
     Container, ConvertOptions, Formats, Manifest, convert, is_container, source_identity,
 };
@@ -232,7 +233,11 @@ pub fn open(path: &Path, opts: &OpenOptions) -> Result<LoadedModel> {
         ));
     }
     let target = converted_copy_dir(path, opts)?;
-    if !is_container(&target) || Manifest::read(&target).is_err() {
+    if is_container(&target) {
+        // A cached copy whose manifest cannot be read is damaged; converting over it would
+        // fail on the same manifest, so the user is told to delete it.
+        Manifest::read(&target).map_err(|e| cached_copy_damaged(&target, e))?;
+    } else {
         tracing::info!("converting {} into {} (first use)", path.display(), target.display());
         let report = convert(
             path,
@@ -270,23 +275,39 @@ pub fn converted_copy_dir(src: &Path, opts: &OpenOptions) -> Result<PathBuf> {
     Ok(root.join(format!("{name}-{}", &key.as_str()[..16])))
 }
 
-/// Loads a container: dense weights mapped, experts through a RAM cache.
+/// Loads a container: dense weights mapped, experts through a RAM cache whose reads are
+/// checked against the records' hashes. A container inside the conversion cache is
+/// Picchio's own copy of a checkpoint: when it fails to load, or a record later fails its
+/// hash, the error says to delete it so that the next run rebuilds it (it is never deleted
+/// here).
 pub fn load_container(dir: &Path, opts: &OpenOptions) -> Result<LoadedModel> {
-    let c = Container::open(dir)?;
+    let cache_root = opts.cache_dir.clone().or_else(|| dirs::cache_dir().map(|d| d.join("picchio")));
+    let cached = cache_root.is_some_and(|root| {
+        matches!((dir.canonicalize(), root.canonicalize()), (Ok(d), Ok(r)) if d.starts_with(&r) && d != r)
+    });
+    let c = Container::open(dir).map_err(|e| if cached { cached_copy_damaged(dir, e) } else { e })?;
     let config = Arc::new(c.config.clone());
-    let dense = c.load_dense()?;
+    let dense = c.load_dense().map_err(|e| if cached { cached_copy_damaged(dir, e) } else { e })?;
     let expert_bytes = c.experts().record_bytes();
     let ram = match opts.ram_bytes {
         Some(b) => b,
         None => default_ram_budget(&config, c.dense_bytes(), expert_bytes, opts.ctx),
     };
-    let all_fit = ram >= expert_bytes * c.experts().records.len() as u64;
+    let all_fit = ram >= expert_bytes.saturating_mul(c.experts().records.len() as u64);
     let direct = opts.direct_io.unwrap_or(!all_fit);
-    let store = ExpertStore::open_with(dir, c.experts(), Arc::clone(&config), direct)?;
+    let mut store = ExpertStore::open_with(dir, c.experts(), Arc::clone(&config), direct)?;
+    if cached {
+        store.set_repair_advice(cached_copy_advice(dir));
+    }
     let usage_file = opts.hot_set.then(|| dir.join(USAGE_FILE));
     let cache = CachedExperts::with_options(
         store,
-        CacheOptions { capacity_bytes: ram, io_threads: opts.io_threads.max(1), usage_file },
+        CacheOptions {
+            capacity_bytes: ram,
+            io_threads: opts.io_threads.max(1),
+            usage_file,
+            verify_reads: true,
+        },
     );
     Ok(LoadedModel { config, dense: Arc::new(dense), experts: Arc::new(cache), dir: dir.to_path_buf() })
 }

@@ -16,7 +16,7 @@ pub fn read_exact_at(file: &File, mut buf: &mut [u8], mut offset: u64) -> io::Re
             }
             Ok(n) => {
                 buf = &mut buf[n..];
-                offset += n as u64;
+                offset = advance(offset, n)?;
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
@@ -32,13 +32,20 @@ pub fn write_all_at(file: &File, mut buf: &[u8], mut offset: u64) -> io::Result<
             Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "write returned zero bytes")),
             Ok(n) => {
                 buf = &buf[n..];
-                offset += n as u64;
+                offset = advance(offset, n)?;
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
     }
     Ok(())
+}
+
+/// `offset + n`, or an error where that passes the largest file offset.
+fn advance(offset: u64, n: usize) -> io::Result<u64> {
+    offset
+        .checked_add(n as u64)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "file offset overflows"))
 }
 
 #[cfg(unix)]

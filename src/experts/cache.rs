@@ -33,12 +33,15 @@ pub struct CacheOptions {
     pub io_threads: usize,
     /// Where usage counts persist between sessions (`None`: not learned).
     pub usage_file: Option<PathBuf>,
+    /// Check every record read against its hash (see [`ExpertStore::set_verify_reads`]).
+    pub verify_reads: bool,
 }
 
 enum Slot {
     Loading,
     Ready(Arc<ExpertWeights>),
-    Failed(String),
+    /// The read or its checks failed; the error goes to the first caller that asks for it.
+    Failed(Error),
 }
 
 struct Entry {
@@ -96,7 +99,8 @@ pub struct CachedExperts {
 impl CachedExperts {
     /// A cache with the given options. It never holds more experts than the store has;
     /// experts pinned by the current call may exceed the bound briefly.
-    pub fn with_options(store: ExpertStore, opts: CacheOptions) -> Self {
+    pub fn with_options(mut store: ExpertStore, opts: CacheOptions) -> Self {
+        store.set_verify_reads(opts.verify_reads);
         let expert_bytes = store.read_bytes().max(1);
         let total = store.len();
         let capacity = ((opts.capacity_bytes / expert_bytes) as usize).min(total);
@@ -190,7 +194,15 @@ impl CachedExperts {
             let victim = st
                 .entries
                 .iter()
-                .filter(|(_, e)| e.pins == 0 && !e.protected && matches!(e.slot, Slot::Ready(_)))
+                .filter(|(_, e)| {
+                    // A failed read nobody waits for may go too: a request reads it again.
+                    e.pins == 0
+                        && match e.slot {
+                            Slot::Ready(_) => !e.protected,
+                            Slot::Failed(_) => true,
+                            Slot::Loading => false,
+                        }
+                })
                 .min_by_key(|(k, e)| (e.last_use, **k))
                 .map(|(k, _)| *k);
             let Some(k) = victim else { break };
@@ -220,13 +232,28 @@ fn reader_loop(shared: &Shared, rx: &Mutex<std::sync::mpsc::Receiver<(usize, usi
             rx.recv()
         };
         let Ok((layer, expert)) = job else { return };
-        let result = shared.store.read_into(layer, expert, shared.buffers.take());
+        // A panic while reading must not leave the slot loading forever (its caller would
+        // wait for ever): it becomes that read's error.
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            shared.store.read_into(layer, expert, shared.buffers.take())
+        }))
+        .unwrap_or_else(|panic| {
+            let why = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            Err(Error::format(
+                shared.store.path(),
+                format!("reading layer {layer} expert {expert} failed: {why}"),
+            ))
+        });
         let mut st = shared.lock();
         st.stats.reads += 1;
         st.stats.bytes_read += shared.store.read_bytes();
         match (result, st.entries.get_mut(&(layer, expert))) {
             (Ok(w), Some(entry)) => entry.slot = Slot::Ready(Arc::new(w)),
-            (Err(e), Some(entry)) => entry.slot = Slot::Failed(e.to_string()),
+            (Err(e), Some(entry)) => entry.slot = Slot::Failed(e),
             // Nobody waits for it any more (cannot happen: loading entries are not evicted).
             (_, None) => {}
         }
@@ -390,19 +417,31 @@ impl CachedExperts {
                 loop {
                     let mut ready = Vec::new();
                     for &i in &pending {
-                        match st.entries.get(&(layer, ids[i])).map(|e| &e.slot) {
+                        let key = (layer, ids[i]);
+                        match st.entries.get(&key).map(|e| &e.slot) {
                             Some(Slot::Ready(w)) => ready.push((i, Arc::clone(w))),
                             Some(Slot::Loading) => {}
-                            Some(Slot::Failed(msg)) => {
-                                let msg = msg.clone();
-                                st.entries.retain(|_, e| !matches!(e.slot, Slot::Failed(_)));
-                                return Err(Error::Backend(format!("reading experts: {msg}")));
+                            Some(Slot::Failed(_)) => {
+                                // The failed entry goes (a later request reads it again); its
+                                // error, with its kind, goes to this caller.
+                                if let Some(Entry { slot: Slot::Failed(e), .. }) = st.entries.remove(&key) {
+                                    return Err(e);
+                                }
                             }
                             None => {
-                                return Err(Error::Backend(format!(
-                                    "layer {layer} expert {} vanished",
-                                    ids[i]
-                                )));
+                                // Another caller took this expert's error; read it again.
+                                let now = st.clock;
+                                st.entries.insert(
+                                    key,
+                                    Entry {
+                                        slot: Slot::Loading,
+                                        last_use: now,
+                                        pins: 1,
+                                        protected: false,
+                                        speculative: false,
+                                    },
+                                );
+                                self.submit(layer, ids[i]);
                             }
                         }
                     }

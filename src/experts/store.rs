@@ -5,6 +5,12 @@
 //! on Windows) reads bypass the page cache, which otherwise holds a second copy of every
 //! expert and competes with the RAM cache for memory. Where the file system refuses it,
 //! the store falls back to buffered reads and says so once.
+//!
+//! Every record read is checked against its BLAKE3 hash from the manifest, on the reader
+//! thread that read it, before any matrix views it: a flipped bit on disk is an error
+//! naming the layer and expert, never different tokens. The check also covers a NaN or
+//! infinity written over a scale; the INT4 scales and the biases are in addition tested for
+//! finiteness as the record is decoded.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -14,6 +20,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::format::container::manifest::{Component, ExpertStoreInfo, Scheme};
+use crate::format::container::reader::{first_non_finite_f16, first_non_finite_f32};
 use crate::io::read_exact_at;
 use crate::model::weights::ExpertWeights;
 use crate::quant::buffer::ByteRegion;
@@ -28,6 +35,12 @@ pub struct ExpertStore {
     direct_failed: AtomicBool,
     info: ExpertStoreInfo,
     cfg: Arc<ModelConfig>,
+    /// Each record's expected BLAKE3, in record order.
+    hashes: Vec<blake3::Hash>,
+    /// Check each record read against its hash.
+    verify_reads: bool,
+    /// What the user should do about a damaged record (appended to the error).
+    repair: String,
 }
 
 impl ExpertStore {
@@ -38,7 +51,8 @@ impl ExpertStore {
     }
 
     /// Opens the store, with direct I/O if `direct` and the platform and file system allow
-    /// it (else buffered, with one log line saying why).
+    /// it (else buffered, with one log line saying why). Every read is checked against the
+    /// record's hash unless [`set_verify_reads`](Self::set_verify_reads) turns that off.
     pub fn open_with(
         dir: &Path,
         info: &ExpertStoreInfo,
@@ -46,6 +60,8 @@ impl ExpertStore {
         direct: bool,
     ) -> Result<Self> {
         let path = dir.join(&info.file);
+        check_info(&path, info, &cfg)?;
+        let hashes = parse_hashes(&path, info)?;
         let file = File::open(&path).map_err(|e| Error::io(&path, e))?;
         let direct = if direct {
             match open_direct(&path) {
@@ -61,7 +77,34 @@ impl ExpertStore {
         } else {
             None
         };
-        Ok(ExpertStore { path, file, direct, direct_failed: AtomicBool::new(false), info: info.clone(), cfg })
+        let repair = format!(
+            "run `picchio verify {}` to list the damage, then convert the source again into a new directory",
+            dir.display()
+        );
+        Ok(ExpertStore {
+            path,
+            file,
+            direct,
+            direct_failed: AtomicBool::new(false),
+            info: info.clone(),
+            cfg,
+            hashes,
+            verify_reads: true,
+            repair,
+        })
+    }
+
+    /// Whether each record read is checked against its hash (on by default). Turning it off
+    /// saves one BLAKE3 pass over every record read, on the reader threads; a damaged record
+    /// then computes with whatever bytes it holds.
+    pub fn set_verify_reads(&mut self, on: bool) {
+        self.verify_reads = on;
+    }
+
+    /// Replaces the advice given when a record fails its hash (e.g. for a cached conversion:
+    /// delete it to have it rebuilt).
+    pub fn set_repair_advice(&mut self, advice: impl Into<String>) {
+        self.repair = advice.into();
     }
 
     /// Whether reads currently bypass the page cache.
@@ -130,11 +173,15 @@ impl ExpertStore {
         B: ByteRegion + AsMut<[u8]> + 'static,
     {
         let e_count = self.cfg.num_experts;
-        if layer >= self.cfg.num_layers || expert >= e_count {
+        let index = (layer < self.cfg.num_layers && expert < e_count)
+            .then(|| layer.checked_mul(e_count)?.checked_add(expert))
+            .flatten();
+        let Some((rec, want_hash)) = index.and_then(|n| self.info.records.get(n).zip(self.hashes.get(n)))
+        else {
             return Err(Error::invalid(format!("no expert {expert} in layer {layer}")));
-        }
-        let rec = &self.info.records[layer * e_count + expert];
-        let len = self.read_bytes() as usize;
+        };
+        let len = usize::try_from(self.read_bytes())
+            .map_err(|_| Error::format(&self.path, "expert records are too large for this machine"))?;
         let dst = buf.as_mut();
         if dst.len() < len {
             return Err(Error::invalid(format!(
@@ -148,6 +195,24 @@ impl ExpertStore {
                 format!("reading layer {layer} expert {expert} at offset {}: {e}", rec.offset),
             )
         })?;
+        if self.verify_reads {
+            let payload = dst.get(..rec.bytes as usize).ok_or_else(|| {
+                Error::format(
+                    &self.path,
+                    format!("layer {layer} expert {expert}: payload exceeds its record"),
+                )
+            })?;
+            if blake3::hash(payload) != *want_hash {
+                return Err(Error::format(
+                    &self.path,
+                    format!(
+                        "layer {layer} expert {expert}: the record at offset {} fails its BLAKE3 check \
+                         (the file was damaged or changed after conversion); {}",
+                        rec.offset, self.repair
+                    ),
+                ));
+            }
+        }
         let region: Arc<dyn ByteRegion> = Arc::new(buf);
         self.decode(&region, layer, expert)
     }
@@ -180,9 +245,28 @@ impl ExpertStore {
             };
             Matrix::new(&format!("{name} {m}"), rows, cols, data)
         };
+        let non_finite = |what: String, i: usize| {
+            Error::format(
+                &self.path,
+                format!("{name}: {what} holds a NaN or infinity at element {i}; {}", self.repair),
+            )
+        };
+        let matrix = |m: &str, rows: usize, cols: usize| -> Result<Matrix> {
+            let w = matrix(m, rows, cols)?;
+            if let MatrixData::Int4G64 { scales, .. } = &w.data
+                && let Some(i) = first_non_finite_f16(scales.as_slice())
+            {
+                return Err(non_finite(format!("{m}.scales"), i));
+            }
+            Ok(w)
+        };
         let bias = |m: &str| -> Result<Vec<f32>> {
             let (o, b) = view(comp(&format!("{m}.bias"))?);
-            Ok(WeightBuf::<f32>::shared(region, o, b).as_slice().to_vec())
+            let v = WeightBuf::<f32>::shared(region, o, b).as_slice().to_vec();
+            match first_non_finite_f32(&v) {
+                Some(i) => Err(non_finite(format!("{m}.bias"), i)),
+                None => Ok(v),
+            }
         };
         let w = ExpertWeights {
             gate_up: matrix("gate_up", 2 * i, h)?,
@@ -193,6 +277,57 @@ impl ExpertStore {
         w.check(&self.cfg, &name)?;
         Ok(w)
     }
+}
+
+/// The few facts about the layout that reads rely on (the full validation is
+/// `Manifest::validate`; a store may also be opened from a hand-made description): one
+/// record per expert, each payload inside its record, each component inside the payload.
+fn check_info(path: &Path, info: &ExpertStoreInfo, cfg: &ModelConfig) -> Result<()> {
+    let bad = |what: String| Err(Error::format(path, format!("expert store layout: {what}")));
+    if cfg.num_layers.checked_mul(cfg.num_experts) != Some(info.records.len()) {
+        return bad(format!(
+            "{} records for {} layers x {} experts",
+            info.records.len(),
+            cfg.num_layers,
+            cfg.num_experts
+        ));
+    }
+    if info.payload_bytes > info.record_bytes() || usize::try_from(info.record_bytes()).is_err() {
+        return bad(format!("payload of {} bytes does not fit a record", info.payload_bytes));
+    }
+    if let Some(c) =
+        info.components.iter().find(|c| c.offset.checked_add(c.bytes).is_none_or(|e| e > info.payload_bytes))
+    {
+        return bad(format!(
+            "component `{}` ({} bytes at {}) lies outside the payload",
+            c.name, c.bytes, c.offset
+        ));
+    }
+    if let Some(r) = info.records.iter().find(|r| r.bytes != info.payload_bytes) {
+        return bad(format!(
+            "layer {} expert {} has {} payload bytes, not {}",
+            r.layer, r.expert, r.bytes, info.payload_bytes
+        ));
+    }
+    Ok(())
+}
+
+/// Each record's hash, parsed once so that a read compares 32 bytes.
+fn parse_hashes(path: &Path, info: &ExpertStoreInfo) -> Result<Vec<blake3::Hash>> {
+    info.records
+        .iter()
+        .map(|r| {
+            blake3::Hash::from_hex(&r.hash).map_err(|e| {
+                Error::format(
+                    path,
+                    format!(
+                        "layer {} expert {}: manifest hash {:?} is not valid: {e}",
+                        r.layer, r.expert, r.hash
+                    ),
+                )
+            })
+        })
+        .collect()
 }
 
 /// Opens `path` read-only bypassing the page cache.

@@ -8,8 +8,9 @@ use crate::error::{Error, Result};
 
 /// Writes a little-endian f32 array of `shape` to `path`.
 pub fn write_f32(path: &Path, shape: &[usize], data: &[f32]) -> Result<()> {
-    let count: usize = shape.iter().product();
-    if count != data.len() {
+    let count = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+    if count != Some(data.len()) {
+        let count = count.map_or("more than usize::MAX".to_string(), |c| c.to_string());
         return Err(Error::invalid(format!("npy: shape {shape:?} holds {count} values, got {}", data.len())));
     }
     let dims = match shape {
@@ -21,9 +22,12 @@ pub fn write_f32(path: &Path, shape: &[usize], data: &[f32]) -> Result<()> {
     let unpadded = 10 + header.len() + 1;
     header.push_str(&" ".repeat((64 - unpadded % 64) % 64));
     header.push('\n');
+    let header_len = u16::try_from(header.len()).map_err(|_| {
+        Error::invalid(format!("npy: shape {shape:?} makes a header longer than 65535 bytes"))
+    })?;
     let mut out = Vec::with_capacity(10 + header.len() + data.len() * 4);
     out.extend_from_slice(b"\x93NUMPY\x01\x00");
-    out.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    out.extend_from_slice(&header_len.to_le_bytes());
     out.extend_from_slice(header.as_bytes());
     for v in data {
         out.extend_from_slice(&v.to_le_bytes());

@@ -52,6 +52,9 @@ pub struct Checkpoint {
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
 /// File name of an unsharded checkpoint.
 pub const SINGLE_FILE: &str = "model.safetensors";
+/// Largest shard index read (64 MiB; GPT-OSS-120B's is about 30 KB), so that a damaged or
+/// hostile index is refused before it is read into memory.
+pub const MAX_INDEX_BYTES: u64 = 64 << 20;
 
 impl Checkpoint {
     /// Opens `dir`, through its shard index if present, else `model.safetensors`.
@@ -73,6 +76,13 @@ impl Checkpoint {
     }
 
     fn open_index(dir: &Path, index_path: &Path) -> Result<Self> {
+        let len = std::fs::metadata(index_path).map_err(|e| Error::io(index_path, e))?.len();
+        if len > MAX_INDEX_BYTES {
+            return Err(Error::format(
+                index_path,
+                format!("is {len} bytes; a shard index has at most {MAX_INDEX_BYTES} bytes (64 MiB)"),
+            ));
+        }
         let text = std::fs::read_to_string(index_path).map_err(|e| Error::io(index_path, e))?;
         let json: serde_json::Value = serde_json::from_str(&text)
             .map_err(|e| Error::format(index_path, format!("not valid JSON: {e}")))?;
@@ -116,25 +126,12 @@ impl Checkpoint {
         let file = File::open(path).map_err(|e| Error::io(path, e))?;
         // SAFETY: the mapping is read-only; checkpoints are not modified while in use.
         let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
-        let (header_len, metadata) =
-            SafeTensors::read_metadata(&map).map_err(|e| describe_header_error(path, &map, e))?;
-        let data_start = 8 + header_len;
         let shard = self.shards.len();
-        for (name, info) in metadata.tensors() {
-            let (start, end) = info.data_offsets;
+        for (name, entry) in parse_header(path, &map, shard)? {
             if self.tensors.contains_key(&name) {
                 return Err(Error::format(path, format!("tensor {name} appears in more than one shard")));
             }
-            self.tensors.insert(
-                name,
-                TensorEntry {
-                    dtype: info.dtype,
-                    shape: info.shape.clone(),
-                    shard,
-                    offset: data_start + start,
-                    len: end - start,
-                },
-            );
+            self.tensors.insert(name, entry);
         }
         if let Some(names) = expected {
             for name in names {
@@ -189,7 +186,8 @@ impl Checkpoint {
         Ok(t)
     }
 
-    /// The raw bytes of a tensor.
+    /// The raw bytes of a tensor. `t` must be an entry of this checkpoint ([`get`](Self::get),
+    /// [`require`](Self::require)): [`parse_header`] checked its range against the shard.
     pub fn bytes(&self, t: &TensorEntry) -> &[u8] {
         &self.shards[t.shard].map[t.offset..t.offset + t.len]
     }
@@ -205,7 +203,17 @@ impl Checkpoint {
     pub fn f32_range(&self, name: &str, shape: &[usize], start: usize, count: usize) -> Result<Vec<f32>> {
         let t = self.require_shape(name, shape)?;
         let elem = float_size(name, t.dtype)?;
-        decode_floats(name, t.dtype, &self.bytes(t)[start * elem..(start + count) * elem])
+        let range = start
+            .checked_mul(elem)
+            .zip(start.checked_add(count).and_then(|end| end.checked_mul(elem)))
+            .filter(|&(a, b)| a <= b && b <= t.len);
+        let Some((a, b)) = range else {
+            return Err(Error::tensor(
+                name,
+                format!("elements {start}..+{count} lie outside its {} bytes", t.len),
+            ));
+        };
+        decode_floats(name, t.dtype, &self.bytes(t)[a..b])
     }
 
     /// A `[rows, cols]` float matrix. F32 and BF16 stay in the mapped file; F16 is widened.
@@ -230,6 +238,80 @@ impl Checkpoint {
             return Err(Error::tensor(name, format!("dtype {:?}, expected U8", t.dtype)));
         }
         Ok(self.bytes(t))
+    }
+}
+
+/// Parses and checks the header of a safetensors file whose bytes are `bytes` (`path` only
+/// names it in errors; `shard` is stored in each entry): the header length, UTF-8 JSON
+/// within the crate's limits (100 MB, nesting), known dtypes, shapes whose element count
+/// matches the byte range, ranges that tile the data section exactly (no gap, no overlap,
+/// nothing past the end) and no tensor name given twice.
+pub fn parse_header(path: &Path, bytes: &[u8], shard: usize) -> Result<Vec<(String, TensorEntry)>> {
+    let (header_len, metadata) =
+        SafeTensors::read_metadata(bytes).map_err(|e| describe_header_error(path, bytes, e))?;
+    let header = 8usize
+        .checked_add(header_len)
+        .and_then(|end| bytes.get(8..end))
+        .ok_or_else(|| Error::format(path, "header length exceeds the file"))?;
+    check_unique_names(path, header)?;
+    let data_start = 8 + header_len;
+    let mut out = Vec::new();
+    for (name, info) in metadata.tensors() {
+        let (start, end) = info.data_offsets;
+        let range = data_start
+            .checked_add(start)
+            .zip(data_start.checked_add(end))
+            .filter(|&(a, b)| a <= b && b <= bytes.len());
+        let Some((offset, stop)) = range else {
+            return Err(Error::format(
+                path,
+                format!("tensor {name}: data offsets [{start}, {end}] lie outside the file"),
+            ));
+        };
+        out.push((
+            name,
+            TensorEntry { dtype: info.dtype, shape: info.shape.clone(), shard, offset, len: stop - offset },
+        ));
+    }
+    Ok(out)
+}
+
+/// Refuses a header naming a tensor twice (JSON parsers keep the last silently).
+fn check_unique_names(path: &Path, header: &[u8]) -> Result<()> {
+    struct Keys(Option<String>);
+    impl<'de> serde::Deserialize<'de> for Keys {
+        fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+            struct V;
+            impl<'de> serde::de::Visitor<'de> for V {
+                type Value = Keys;
+                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                    f.write_str("a JSON object")
+                }
+                fn visit_map<A: serde::de::MapAccess<'de>>(
+                    self,
+                    mut map: A,
+                ) -> std::result::Result<Keys, A::Error> {
+                    // Reads the whole object (the parser checks its end), keeping the first
+                    // name seen twice.
+                    let (mut seen, mut twice) = (std::collections::HashSet::new(), None);
+                    while let Some(k) = map.next_key::<String>()? {
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                        if twice.is_none() && seen.contains(&k) {
+                            twice = Some(k);
+                        } else {
+                            seen.insert(k);
+                        }
+                    }
+                    Ok(Keys(twice))
+                }
+            }
+            d.deserialize_map(V)
+        }
+    }
+    match serde_json::from_slice::<Keys>(header) {
+        Ok(Keys(None)) => Ok(()),
+        Ok(Keys(Some(name))) => Err(Error::format(path, format!("the header names {name} twice"))),
+        Err(e) => Err(Error::format(path, format!("invalid safetensors header: {e}"))),
     }
 }
 
@@ -289,8 +371,8 @@ fn describe_header_error(path: &Path, map: &[u8], e: SafeTensorError) -> Error {
 
 /// Header length and total data length described by a safetensors header, if parseable.
 fn header_data_len(map: &[u8]) -> Option<(usize, usize)> {
-    let n = u64::from_le_bytes(map.get(..8)?.try_into().ok()?) as usize;
-    let header: serde_json::Value = serde_json::from_slice(map.get(8..8 + n)?).ok()?;
+    let n = usize::try_from(u64::from_le_bytes(map.get(..8)?.try_into().ok()?)).ok()?;
+    let header: serde_json::Value = serde_json::from_slice(map.get(8..n.checked_add(8)?)?).ok()?;
     let end = header
         .as_object()?
         .iter()
@@ -298,5 +380,5 @@ fn header_data_len(map: &[u8]) -> Option<(usize, usize)> {
         .filter_map(|(_, v)| v.get("data_offsets")?.get(1)?.as_u64())
         .max()
         .unwrap_or(0);
-    Some((n, end as usize))
+    Some((n, usize::try_from(end).ok()?))
 }

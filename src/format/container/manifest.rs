@@ -26,6 +26,9 @@ pub const EXPERTS_FILE: &str = "experts.bin";
 pub const DENSE_ALIGN: u64 = 256;
 /// Alignment and size granularity of expert records (one direct-I/O read per expert).
 pub const RECORD_ALIGN: u64 = 4096;
+/// Largest `manifest.json` read (64 MiB). GPT-OSS-120B's is about 2 MB; a larger file is
+/// refused before it is read into memory.
+pub const MAX_MANIFEST_BYTES: u64 = 64 << 20;
 
 /// How a tensor's values are stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -209,11 +212,12 @@ pub struct Manifest {
 }
 
 impl Manifest {
-    /// Reads and checks the header fields of `dir/manifest.json`.
+    /// Reads and checks the header fields of `dir/manifest.json` (a regular file of at most
+    /// [`MAX_MANIFEST_BYTES`]). The rest is checked by [`Manifest::validate`].
     pub fn read(dir: &Path) -> Result<Self> {
         let path = dir.join(MANIFEST_FILE);
-        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
-        let m: Manifest = serde_json::from_str(&text)
+        let text = read_capped(&path)?;
+        let m: Manifest = serde_json::from_slice(&text)
             .map_err(|e| Error::format(&path, format!("not a valid manifest: {e}")))?;
         if m.format != FORMAT {
             return Err(Error::format(&path, format!("format is \"{}\", expected \"{FORMAT}\"", m.format)));
@@ -239,12 +243,40 @@ impl Manifest {
     }
 }
 
+/// Reads `path`, a regular file of at most [`MAX_MANIFEST_BYTES`], without ever holding
+/// more than that in memory (the length is checked before reading, and the read stops past
+/// the cap in case the file grows meanwhile).
+fn read_capped(path: &Path) -> Result<Vec<u8>> {
+    use std::io::Read;
+    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    if !meta.is_file() {
+        return Err(Error::format(path, "is not a regular file"));
+    }
+    let too_big = |len: u64| {
+        Error::format(
+            path,
+            format!("is {len} bytes or more; a manifest has at most {MAX_MANIFEST_BYTES} bytes (64 MiB)"),
+        )
+    };
+    if meta.len() > MAX_MANIFEST_BYTES {
+        return Err(too_big(meta.len()));
+    }
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let mut text = Vec::with_capacity(meta.len() as usize);
+    file.take(MAX_MANIFEST_BYTES + 1).read_to_end(&mut text).map_err(|e| Error::io(path, e))?;
+    if text.len() as u64 > MAX_MANIFEST_BYTES {
+        return Err(too_big(text.len() as u64));
+    }
+    Ok(text)
+}
+
 /// Hex BLAKE3 of `bytes`.
 pub fn hash_hex(bytes: &[u8]) -> String {
     blake3::hash(bytes).to_hex().to_string()
 }
 
-/// Rounds `x` up to a multiple of `align`.
+/// Rounds `x` up to a multiple of `align` (saturating at `u64::MAX`, so a size from a
+/// damaged manifest cannot wrap around to a small one).
 pub fn align_up(x: u64, align: u64) -> u64 {
-    x.div_ceil(align) * align
+    x.div_ceil(align).saturating_mul(align)
 }
