@@ -653,3 +653,21 @@ fn a_conversion_killed_at_any_moment_resumes_to_the_same_container() {
     assert_verifies(out.path());
     assert_eq!(all_hashes(out.path()), all_hashes(fresh.path()));
 }
+
+/// A conversion killed after its manifest was renamed into place but before its state file
+/// was removed leaves both; the loader refuses such a directory, and converting again
+/// removes the stale state instead of leaving the container unusable.
+#[test]
+fn a_stale_state_beside_a_complete_manifest_is_removed_by_the_next_conversion() {
+    let src = fixture("tiny-f32");
+    let out = tempfile::tempdir().unwrap();
+    convert(&src, out.path(), &opts(DEFAULT, None)).unwrap();
+    std::fs::write(state_path(out.path()), b"{\"plan\": \"stale\", \"done\": {}}").unwrap();
+    let refused = picchio::format::container::Container::open(out.path()).err().expect("refused");
+    assert!(refused.to_string().contains("convert.state.json"), "{refused}");
+    let again = convert(&src, out.path(), &opts(DEFAULT, None)).unwrap();
+    assert_eq!((again.converted, again.resumed), (0, 0));
+    assert!(!state_path(out.path()).exists());
+    picchio::format::container::Container::open(out.path()).unwrap();
+    assert_verifies(out.path());
+}

@@ -468,6 +468,15 @@ fn already_converted(
     let m = Manifest::read(out)?;
     if m.source.identity == identity && m.formats == formats {
         tracing::info!("{} is already a complete conversion of this source", out.display());
+        // A conversion stopped between renaming the manifest into place and removing its
+        // state file leaves both; the manifest is the later of the two, so the state is stale
+        // (the caller holds the output lock, so no conversion is writing it).
+        let state = out.join(STATE_FILE);
+        match std::fs::remove_file(&state) {
+            Ok(()) => tracing::info!("removed the stale {}", state.display()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io(&state, e)),
+        }
         return Ok(Some(ConvertReport {
             out: out.to_path_buf(),
             converted: 0,
