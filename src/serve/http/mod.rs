@@ -339,3 +339,20 @@ pub fn start(listener: TcpListener, options: HttpOptions) -> Result<ServerHandle
         stopping,
     })
 }
+
+/// Checks a `POST /v1/chat/completions` body as the server does before it queues a request
+/// (the JSON, every field, the rendering of the conversation), without a model, and returns
+/// the rendered prompt's length in tokens. The error is the 400 answer's message, prefixed
+/// by the field at fault when there is one. For fuzzing, and for tools that check requests
+/// offline.
+pub fn check_request(body: &[u8]) -> Result<usize> {
+    let refused = |e: error::ApiError| match e.param {
+        Some(param) => Error::invalid(format!("{param}: {}", e.message)),
+        None => Error::invalid(e.message),
+    };
+    let request = convert::parse_request(body).map_err(refused)?;
+    let plan = convert::plan(request, "2026-01-01", 0).map_err(refused)?;
+    let prompt = crate::chat::render_prompt(&HarmonyEncoding::new(), &plan.conversation)
+        .map_err(|e| Error::invalid(format!("messages: the conversation cannot be rendered: {e}")))?;
+    Ok(prompt.len())
+}
