@@ -318,7 +318,8 @@ fn valid_request() -> Value {
     })
 }
 
-/// Replaces, removes or adds a value at a random place of `v`, `choice` steering the walk.
+/// Replaces, removes or adds a value at a random place of `v`: `path` steers the walk,
+/// `action` picks what happens at its end.
 fn mutate(v: &mut Value, path: &[prop::sample::Index], action: u8, new: Value) {
     let Some((step, rest)) = path.split_first() else {
         *v = new;
@@ -327,7 +328,7 @@ fn mutate(v: &mut Value, path: &[prop::sample::Index], action: u8, new: Value) {
     match v {
         Value::Object(map) if !map.is_empty() => {
             let key = map.keys().nth(step.index(map.len())).cloned().expect("index within the map");
-            if rest.is_empty() && action % 3 == 0 {
+            if rest.is_empty() && action.is_multiple_of(3) {
                 map.remove(&key);
             } else if rest.is_empty() && action % 3 == 1 {
                 map.insert(KEYS[step.index(KEYS.len())].to_string(), new);
@@ -337,7 +338,7 @@ fn mutate(v: &mut Value, path: &[prop::sample::Index], action: u8, new: Value) {
         }
         Value::Array(items) if !items.is_empty() => {
             let i = step.index(items.len());
-            if rest.is_empty() && action % 3 == 0 {
+            if rest.is_empty() && action.is_multiple_of(3) {
                 items.remove(i);
             } else {
                 mutate(&mut items[i], rest, action, new);

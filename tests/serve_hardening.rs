@@ -400,7 +400,8 @@ fn health_is_503_while_the_model_loads() {
 #[test]
 fn out_of_range_options_are_refused() {
     let listener = || std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let cases: [(&str, fn(&mut HttpOptions)); 4] = [
+    type Setter = fn(&mut HttpOptions);
+    let cases: [(&str, Setter); 4] = [
         ("max_connections", |o| o.max_connections = 0),
         ("header_timeout", |o| o.header_timeout = Duration::ZERO),
         ("body_timeout", |o| o.body_timeout = Duration::ZERO),
