@@ -24,6 +24,9 @@ pub(crate) const MAX_CONNECTIONS: usize = 1 << 20;
 /// 503.
 const REFUSAL_TIME: Duration = Duration::from_secs(1);
 
+/// How often a refused connection is logged as a warning.
+const REFUSAL_WARNING_EVERY: Duration = Duration::from_secs(10);
+
 /// How long to wait before accepting again after `accept` failed (out of descriptors).
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
@@ -133,5 +136,27 @@ async fn refuse(stream: TcpStream, max: usize, _permit: OwnedSemaphorePermit) {
     builder.timer(TokioTimer::new()).header_read_timeout(REFUSAL_TIME).keep_alive(false);
     let connection = builder.serve_connection(TokioIo::new(stream), service);
     let _ = tokio::time::timeout(REFUSAL_TIME.saturating_mul(2), connection).await;
-    tracing::info!("a connection was refused: {max} connections are open");
+    warn_refusal(max);
+}
+
+/// Logs a refused connection: a warning at most every [`REFUSAL_WARNING_EVERY`] (a flood of
+/// connections must not flood the log), the others at debug level.
+fn warn_refusal(max: usize) {
+    static LAST: std::sync::Mutex<Option<std::time::Instant>> = std::sync::Mutex::new(None);
+    let now = std::time::Instant::now();
+    let due = match LAST.lock() {
+        Ok(mut last) => {
+            let due = last.is_none_or(|t| now.duration_since(t) >= REFUSAL_WARNING_EVERY);
+            if due {
+                *last = Some(now);
+            }
+            due
+        }
+        Err(_) => true,
+    };
+    if due {
+        tracing::warn!("connections refused with 503: {max} connections are open (--max-connections)");
+    } else {
+        tracing::debug!("a connection was refused: {max} connections are open");
+    }
 }

@@ -30,6 +30,9 @@ use super::stream::{ChunkMeta, ChunkStream};
 use super::worker::{Counters, Failure, Job, Stats, WorkerMsg};
 use crate::chat::{HarmonyEncoding, TurnOptions, render_prompt, today_utc};
 
+/// The most bytes reserved for a body before its bytes arrive.
+const PREALLOCATE: usize = 64 << 10;
+
 /// How often an idle stream sends a comment, so that a vanished client is noticed.
 const KEEP_ALIVE: Duration = Duration::from_secs(10);
 
@@ -301,7 +304,10 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Byte
         return Err(ApiError::too_large(limit));
     }
     let mut stream = body.into_data_stream();
-    let mut data = Vec::with_capacity(declared.map_or(0, |n| n.min(limit as u64) as usize));
+    // Grown as the bytes arrive: a declared length alone reserves at most PREALLOCATE bytes,
+    // so that connections that announce big bodies and send nothing cost no memory.
+    let reserve = declared.unwrap_or(0).min(limit as u64).min(PREALLOCATE as u64);
+    let mut data = Vec::with_capacity(usize::try_from(reserve).unwrap_or(PREALLOCATE));
     let mut total = 0usize;
     while let Some(chunk) = poll_fn(|cx| Pin::new(&mut stream).poll_next(cx)).await {
         let chunk =
