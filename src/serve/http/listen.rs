@@ -24,6 +24,9 @@ pub(crate) const MAX_CONNECTIONS: usize = 1 << 20;
 /// 503.
 const REFUSAL_TIME: Duration = Duration::from_secs(1);
 
+/// Refusals answered at once even under a small connection limit.
+const MIN_REFUSALS: usize = 64;
+
 /// How often a refused connection is logged as a warning.
 const REFUSAL_WARNING_EVERY: Duration = Duration::from_secs(10);
 
@@ -51,7 +54,7 @@ pub(crate) async fn run(
     let max = limits.max_connections.clamp(1, MAX_CONNECTIONS);
     let permits = Arc::new(Semaphore::new(max));
     // Refused connections hold a descriptor for up to 2 x REFUSAL_TIME: bounded too.
-    let refusals = Arc::new(Semaphore::new(max));
+    let refusals = Arc::new(Semaphore::new(max.max(MIN_REFUSALS)));
     let (closing, closed) = watch::channel(false);
     let mut signal = std::pin::pin!(signal);
     loop {
