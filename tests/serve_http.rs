@@ -589,6 +589,7 @@ fn a_disconnected_non_streaming_request_is_cancelled_too() {
 fn bad_requests_get_openai_errors_and_never_reach_the_engine() {
     let mut options = HttpOptions::new("s");
     options.api_key = Some("sekret".into());
+    options.max_body_bytes = 4 << 20;
     let server = scripted_server(200, Duration::ZERO, options);
     let key = Some("sekret");
     let good = json!({"messages": [user("Hi")]});
@@ -727,7 +728,15 @@ fn the_binary_serves_http() {
     stdout.read_line(&mut line).unwrap();
     let url = line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("{line}")).to_string();
     let agent = agent();
-    let mut resp = agent.get(format!("{url}/health")).call().unwrap();
+    // The server listens before the model is loaded: /health is 503 until it is ready.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut resp = loop {
+        let resp = agent.get(format!("{url}/health")).call().unwrap();
+        if resp.status().as_u16() != 503 || Instant::now() > deadline {
+            break resp;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     assert_eq!(resp.status().as_u16(), 200);
     let health: Value = serde_json::from_str(&resp.body_mut().read_to_string().unwrap()).unwrap();
     assert_eq!((health["model"].as_str(), health["context_length"].as_u64()), (Some("tiny-bin"), Some(256)));

@@ -3,10 +3,12 @@
 
 use std::io::Write;
 use std::net::{SocketAddr, TcpListener};
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
 use picchio::engine;
+use picchio::serve::http::{self, HttpOptions, ServerHandle};
 use picchio::session::Session;
 
 use super::ModelArgs;
@@ -23,53 +25,106 @@ pub struct ServeArgs {
     /// default 127.0.0.1:8080).
     #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = "127.0.0.1:8080")]
     http: Option<String>,
-    /// HTTP: require `Authorization: Bearer KEY` on /v1 requests.
+    /// HTTP: require `Authorization: Bearer KEY` on every request but /health.
     #[arg(long, value_name = "KEY", env = "PICCHIO_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
     /// HTTP: the model ID in /v1/models and responses (default: the model directory's name).
     #[arg(long, value_name = "NAME")]
     model_name: Option<String>,
+    /// HTTP: seconds a connection has to send a request head; an idle keep-alive
+    /// connection is closed after as long.
+    #[arg(long, value_name = "SECS", default_value_t = http::DEFAULT_HEADER_TIMEOUT.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    header_timeout: u64,
+    /// HTTP: seconds a request has to send its whole body (else 408).
+    #[arg(long, value_name = "SECS", default_value_t = http::DEFAULT_BODY_TIMEOUT.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    body_timeout: u64,
+    /// HTTP: connections served at once; one more gets an immediate 503.
+    #[arg(long, value_name = "N", default_value_t = http::DEFAULT_MAX_CONNECTIONS as u64,
+          value_parser = clap::value_parser!(u64).range(1..=65_536))]
+    max_connections: u64,
+    /// HTTP: largest request body in MiB (else 413).
+    #[arg(long, value_name = "MIB", default_value_t = (http::DEFAULT_MAX_BODY_BYTES >> 20) as u64,
+          value_parser = clap::value_parser!(u64).range(1..=4096))]
+    max_body_mb: u64,
 }
 
 /// Runs `picchio serve`.
 pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.stdio || args.http.is_some(), "choose a transport: --stdio or --http [ADDR]");
     args.model.apply_threads()?;
-    // Bind first: a taken port is reported before the model loads.
-    let listener = match &args.http {
-        Some(addr) => Some(bind(addr)?),
-        None => None,
-    };
-    let model = args.model.open(args.model.ctx)?;
-    let ctx = args.model.ctx.unwrap_or_else(|| engine::default_ctx(&model.config));
-    let runner = args.model.runner(&model, ctx)?;
-    let Some(listener) = listener else {
-        tracing::info!("serving {} on stdio; {}", model.dir.display(), runner.describe());
-        let mut session = Session::new(runner);
-        let stdin = std::io::stdin();
-        picchio::serve::stdio::serve(&mut session, stdin.lock(), std::io::stdout().lock())?;
-        return Ok(());
-    };
-    tracing::info!("{}", runner.describe());
+    match &args.http {
+        Some(addr) => run_http(&args, addr),
+        None => run_stdio(&args),
+    }
+}
+
+/// Loads the model and puts it in a session.
+fn load_session(model_args: &ModelArgs) -> anyhow::Result<Session> {
+    let model = model_args.open(model_args.ctx)?;
+    let ctx = model_args.ctx.unwrap_or_else(|| engine::default_ctx(&model.config));
+    let runner = model_args.runner(&model, ctx)?;
+    tracing::info!("{}: {}", model.dir.display(), runner.describe());
+    Ok(Session::new(runner))
+}
+
+/// Serves the line protocol on stdin/stdout.
+fn run_stdio(args: &ServeArgs) -> anyhow::Result<()> {
+    let mut session = load_session(&args.model)?;
+    tracing::info!("serving on stdio");
+    let stdin = std::io::stdin();
+    picchio::serve::stdio::serve(&mut session, stdin.lock(), std::io::stdout().lock())?;
+    Ok(())
+}
+
+/// The HTTP settings these flags ask for.
+fn http_options(args: &ServeArgs) -> anyhow::Result<HttpOptions> {
     let model_id = args.model_name.clone().unwrap_or_else(|| {
         let dir = args.model.model_dir();
         let dir = dir.canonicalize().unwrap_or(dir);
         dir.file_name().map_or_else(|| "gpt-oss".to_string(), |n| n.to_string_lossy().into_owned())
     });
-    let addr = listener.local_addr()?;
-    if !addr.ip().is_loopback() && args.api_key.is_none() {
-        tracing::warn!("listening on {addr}, reachable from other machines, without --api-key");
-    }
-    let mut options = picchio::serve::http::HttpOptions::new(model_id);
+    let mut options = HttpOptions::new(model_id);
     options.api_key = args.api_key.clone();
     options.stop_on_ctrl_c = true;
-    let server = picchio::serve::http::serve(listener, Session::new(runner), options)?;
-    // The address on stdout, for scripts that bind port 0.
+    options.header_timeout = Duration::from_secs(args.header_timeout);
+    options.body_timeout = Duration::from_secs(args.body_timeout);
+    options.max_connections = usize::try_from(args.max_connections).context("--max-connections")?;
+    options.max_body_bytes = args
+        .max_body_mb
+        .checked_mul(1 << 20)
+        .and_then(|b| usize::try_from(b).ok())
+        .with_context(|| format!("--max-body-mb {} does not fit in memory sizes", args.max_body_mb))?;
+    Ok(options)
+}
+
+/// Serves HTTP: binds and answers (`/health` 503 "loading") while the model loads or
+/// converts, then serves it until Ctrl-C.
+fn run_http(args: &ServeArgs, addr: &str) -> anyhow::Result<()> {
+    let listener = bind(addr)?;
+    let options = http_options(args)?;
+    let local = listener.local_addr()?;
+    if !local.ip().is_loopback() && args.api_key.is_none() {
+        tracing::warn!("listening on {local}, reachable from other machines, without --api-key");
+    }
+    let mut server = http::start(listener, options)?;
+    // The address on stdout, for scripts that bind port 0 (and then poll /health).
     let mut out = std::io::stdout().lock();
     writeln!(out, "listening on {}", server.url())?;
     out.flush()?;
     drop(out);
+    if let Err(e) = load_session(&args.model).and_then(|s| attach(&mut server, s)) {
+        server.shutdown();
+        return Err(e);
+    }
     server.wait();
+    Ok(())
+}
+
+/// Gives the server its session.
+fn attach(server: &mut ServerHandle, session: Session) -> anyhow::Result<()> {
+    server.attach(session)?;
     Ok(())
 }
 

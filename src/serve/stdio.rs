@@ -1,6 +1,10 @@
 //! The line protocol of `picchio serve --stdio` (specified in `docs/protocol.md`): raw token
 //! IDs in, raw token IDs out, one persistent session, every request validated before the
 //! cache changes.
+//!
+//! Lines are read as bytes with a bounded reader ([`max_line_bytes`]): an over-long line is
+//! skipped up to its newline without being buffered, and a line that is not UTF-8 is refused,
+//! both with a non-fatal `ERROR` that leaves the session as it was.
 
 use std::io::{BufRead, Write};
 
@@ -25,6 +29,10 @@ pub enum ErrorCode {
     ContextFull,
     /// The engine failed (I/O or device); the session was reset.
     Internal,
+    /// The line is longer than [`max_line_bytes`]; it was skipped.
+    LineTooLong,
+    /// The line is not valid UTF-8.
+    BadUtf8,
 }
 
 impl ErrorCode {
@@ -36,6 +44,8 @@ impl ErrorCode {
             ErrorCode::KeepRange => "KEEP_RANGE",
             ErrorCode::ContextFull => "CONTEXT_FULL",
             ErrorCode::Internal => "INTERNAL",
+            ErrorCode::LineTooLong => "LINE_TOO_LONG",
+            ErrorCode::BadUtf8 => "BAD_UTF8",
         }
     }
 }
@@ -76,15 +86,15 @@ fn parse_turn(fields: &[&str]) -> std::result::Result<Turn, Refusal> {
     let top_k = parse_num("top_k", it.next())?;
     let n: usize = parse_num("n_ids", it.next())?;
     let rest: Vec<&str> = it.collect();
-    if rest.len() < n {
+    let Some((id_words, options)) = rest.split_at_checked(n) else {
         return Err(refuse(ErrorCode::BadArgument, format!("n_ids is {n} but {} IDs follow", rest.len())));
-    }
-    let ids = rest[..n]
+    };
+    let ids = id_words
         .iter()
         .map(|w| w.parse::<u32>().map_err(|_| refuse(ErrorCode::BadId, format!("`{w}` is not a token ID"))))
         .collect::<std::result::Result<Vec<_>, _>>()?;
     let mut params = SamplingParams { temperature, top_p, top_k, ..Default::default() };
-    for opt in &rest[n..] {
+    for opt in options {
         let (k, v) = opt.split_once('=').ok_or_else(|| {
             refuse(ErrorCode::BadArgument, format!("`{opt}` after the IDs is not key=value"))
         })?;
@@ -100,10 +110,93 @@ fn parse_turn(fields: &[&str]) -> std::result::Result<Turn, Refusal> {
     Ok(Turn { max_new, keep, params, ids })
 }
 
-/// Serves the protocol on `input`/`output` until `SHUTDOWN` or end of input.
-pub fn serve(session: &mut Session, input: impl BufRead, mut output: impl Write) -> Result<()> {
+/// Bytes allowed per ID on a request line: up to 6 digits and a separator make 7; 16 leaves
+/// room for leading zeros, runs of blanks and a `\r`.
+const LINE_BYTES_PER_ID: usize = 16;
+
+/// Bytes allowed on a request line besides its IDs: the command, the numeric fields and the
+/// `key=value` options.
+const LINE_HEADER_BYTES: usize = 64 << 10;
+
+/// The longest request line accepted for a context of `capacity` positions, in bytes (without
+/// the newline): room for a `TURN` with `capacity` IDs ([`LINE_BYTES_PER_ID`] bytes each)
+/// plus 64 KiB for the other fields. A longer line cannot be a valid request (it would not fit
+/// the context), so it is skipped unread and answered with `ERROR LINE_TOO_LONG`; the cap is
+/// what bounds the memory one line can take.
+pub fn max_line_bytes(capacity: usize) -> usize {
+    capacity.saturating_mul(LINE_BYTES_PER_ID).saturating_add(LINE_HEADER_BYTES)
+}
+
+/// One line read by [`read_line`].
+#[derive(Debug, PartialEq, Eq)]
+enum LineRead {
+    /// A whole line, now in the buffer (without its `\n` or `\r\n`).
+    Line,
+    /// A line of this many bytes, over the cap: dropped as it was read.
+    TooLong(u64),
+}
+
+/// Reads one line of at most `cap` bytes into `buf`, a chunk at a time. The bytes of a longer
+/// line are dropped as they arrive, up to its newline, so that memory stays within `cap` plus
+/// the reader's buffer. `None` at end of input; a last line without a newline counts.
+fn read_line(input: &mut impl BufRead, cap: usize, buf: &mut Vec<u8>) -> std::io::Result<Option<LineRead>> {
+    buf.clear();
+    let mut total: u64 = 0;
+    let mut started = false;
+    loop {
+        let chunk = match input.fill_buf() {
+            Ok(chunk) => chunk,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if chunk.is_empty() {
+            if !started {
+                return Ok(None);
+            }
+            break;
+        }
+        started = true;
+        let newline = chunk.iter().position(|&b| b == b'\n');
+        let part = &chunk[..newline.unwrap_or(chunk.len())];
+        total = total.saturating_add(part.len() as u64);
+        if total <= cap as u64 {
+            buf.extend_from_slice(part);
+        } else {
+            buf.clear();
+        }
+        let used = part.len() + usize::from(newline.is_some());
+        input.consume(used);
+        if newline.is_some() {
+            break;
+        }
+    }
+    if total > cap as u64 {
+        return Ok(Some(LineRead::TooLong(total)));
+    }
+    if buf.last() == Some(&b'\r') {
+        buf.pop();
+    }
+    Ok(Some(LineRead::Line))
+}
+
+/// The text of line `number` of `bytes`, or the refusal of a line that is not UTF-8.
+fn line_text(bytes: &[u8], number: u64) -> std::result::Result<&str, Refusal> {
+    std::str::from_utf8(bytes).map_err(|e| {
+        refuse(
+            ErrorCode::BadUtf8,
+            format!("line {number} is not valid UTF-8 (bad byte at offset {})", e.valid_up_to()),
+        )
+    })
+}
+
+/// Serves the protocol on `input`/`output` until `SHUTDOWN` or end of input. Lines longer
+/// than [`max_line_bytes`] of the session's capacity, lines that are not UTF-8 and malformed
+/// requests get a non-fatal `ERROR` line and leave the session as it was; blank lines are
+/// ignored.
+pub fn serve(session: &mut Session, mut input: impl BufRead, mut output: impl Write) -> Result<()> {
     let vocab = session.runner().config().vocab_size;
     let stops = turn_stop_tokens(vocab);
+    let cap = max_line_bytes(session.capacity());
     let io = |e: std::io::Error| Error::io("<stdout>", e);
     let ready = |session: &Session| {
         let stop_list: Vec<String> = stops.iter().map(u32::to_string).collect();
@@ -111,33 +204,61 @@ pub fn serve(session: &mut Session, input: impl BufRead, mut output: impl Write)
     };
     writeln!(output, "{}", ready(session)).map_err(io)?;
     output.flush().map_err(io)?;
-    for line in input.lines() {
-        let line = line.map_err(|e| Error::io("<stdin>", e))?;
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        let Some((&cmd, args)) = fields.split_first() else { continue };
-        let outcome = match cmd {
-            "TURN" => match parse_turn(args) {
-                Ok(turn) => run_turn(session, &turn, &stops, &mut output),
+    let mut buf = Vec::new();
+    let mut number: u64 = 0;
+    while let Some(read) = read_line(&mut input, cap, &mut buf).map_err(|e| Error::io("<stdin>", e))? {
+        number = number.saturating_add(1);
+        let outcome = match read {
+            LineRead::TooLong(len) => Err(refuse(
+                ErrorCode::LineTooLong,
+                format!("line {number} has {len} bytes, over the limit of {cap} bytes; it was skipped"),
+            )),
+            LineRead::Line => match line_text(&buf, number) {
                 Err(r) => Err(r),
+                Ok(line) => {
+                    let fields: Vec<&str> = line.split_whitespace().collect();
+                    // Blank lines are ignored (documented in docs/protocol.md).
+                    let Some((&cmd, args)) = fields.split_first() else { continue };
+                    match cmd {
+                        "TURN" => match parse_turn(args) {
+                            Ok(turn) => run_turn(session, &turn, &stops, &mut output),
+                            Err(r) => Err(r),
+                        },
+                        // Keeps the model and its caches, drops the positions.
+                        "RESET" => match session.rewind(0) {
+                            Ok(()) => {
+                                writeln!(output, "{}", ready(session)).map_err(io)?;
+                                Ok(())
+                            }
+                            Err(e) => Err(refuse(ErrorCode::Internal, e.to_string())),
+                        },
+                        "SHUTDOWN" => {
+                            writeln!(output, "BYE").map_err(io)?;
+                            output.flush().map_err(io)?;
+                            return Ok(());
+                        }
+                        other => Err(refuse(ErrorCode::BadCommand, format!("unknown command `{other}`"))),
+                    }
+                }
             },
-            // Keeps the model and its caches, drops the positions.
-            "RESET" => match session.rewind(0) {
-                Ok(()) => writeln!(output, "{}", ready(session)).map_err(io).map(|_| Ok(()))?,
-                Err(e) => Err(refuse(ErrorCode::Internal, e.to_string())),
-            },
-            "SHUTDOWN" => {
-                writeln!(output, "BYE").map_err(io)?;
-                output.flush().map_err(io)?;
-                return Ok(());
-            }
-            other => Err(refuse(ErrorCode::BadCommand, format!("unknown command `{other}`"))),
         };
         if let Err(r) = outcome {
-            writeln!(output, "ERROR {} {} {}", r.code.as_str(), u8::from(r.fatal), r.message).map_err(io)?;
+            writeln!(output, "{}", error_line(&r)).map_err(io)?;
         }
         output.flush().map_err(io)?;
     }
     Ok(())
+}
+
+/// The most characters of a message an `ERROR` line shows (a message can quote a field).
+const MAX_MESSAGE_CHARS: usize = 1024;
+
+/// `ERROR <code> <fatal> <message>`, on one line whatever the message holds, and at most
+/// [`MAX_MESSAGE_CHARS`] characters of it.
+fn error_line(r: &Refusal) -> String {
+    let message: String =
+        r.message.chars().take(MAX_MESSAGE_CHARS).map(|c| if c.is_control() { ' ' } else { c }).collect();
+    format!("ERROR {} {} {}", r.code.as_str(), u8::from(r.fatal), message)
 }
 
 /// Validates and runs one turn, streaming `TOKEN` lines and a final `DONE`.
@@ -155,7 +276,7 @@ fn run_turn(
         ));
     }
     session.check_ids(&turn.ids).map_err(|e| refuse(ErrorCode::BadId, e.to_string()))?;
-    if turn.keep + turn.ids.len() > session.capacity() {
+    if turn.keep.saturating_add(turn.ids.len()) > session.capacity() {
         return Err(refuse(
             ErrorCode::ContextFull,
             format!(
@@ -211,6 +332,42 @@ mod tests {
         assert_eq!((t.max_new, t.keep, t.ids.clone()), (5, 0, vec![1, 2, 3]));
         assert_eq!((t.params.temperature, t.params.top_p, t.params.top_k), (0.7, 0.9, 40));
         assert_eq!((t.params.seed, t.params.min_p), (9, 0.05));
+    }
+
+    #[test]
+    fn lines_are_read_within_the_cap() {
+        // A reader with a 4-byte buffer, so that lines span many chunks.
+        let text: &[u8] = b"TURN 1\r\n0123456789abcdef\nok\n\xff\n\nlast";
+        let mut input = std::io::BufReader::with_capacity(4, text);
+        let mut buf = Vec::new();
+        let mut next = || {
+            let r = read_line(&mut input, 8, &mut buf).unwrap();
+            (r, buf.clone())
+        };
+        assert_eq!(next(), (Some(LineRead::Line), b"TURN 1".to_vec()));
+        assert_eq!(next().0, Some(LineRead::TooLong(16)));
+        assert_eq!(next(), (Some(LineRead::Line), b"ok".to_vec()));
+        assert_eq!(next(), (Some(LineRead::Line), vec![0xff]));
+        assert_eq!(next(), (Some(LineRead::Line), Vec::new()));
+        assert_eq!(next(), (Some(LineRead::Line), b"last".to_vec()));
+        assert_eq!(next().0, None);
+        assert!(line_text(&[b'a', 0xff], 3).unwrap_err().message.contains("line 3"));
+    }
+
+    #[test]
+    fn error_lines_stay_on_one_line() {
+        let r = refuse(ErrorCode::BadCommand, format!("a\nb\r{}", "x".repeat(5000)));
+        let line = error_line(&r);
+        assert!(line.starts_with("ERROR BAD_COMMAND 0 a b "), "{line}");
+        assert!(!line.contains('\n') && line.len() < 1100);
+    }
+
+    #[test]
+    fn the_line_cap_fits_a_full_context_of_ids() {
+        let cap = max_line_bytes(131_072);
+        let header = "TURN 4294967295 131072 0.7 0.95 40 131072 ";
+        assert!(cap >= header.len() + 131_072 * "201087 ".len() + "seed=18446744073709551615".len());
+        assert_eq!(max_line_bytes(usize::MAX), usize::MAX);
     }
 
     #[test]

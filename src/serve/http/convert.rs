@@ -35,7 +35,7 @@ const FUNCTIONS: &str = "functions";
 /// Parses a request body, naming the field at fault on error.
 pub(crate) fn parse_request(body: &[u8]) -> Result<ChatRequest, ApiError> {
     let de = &mut serde_json::Deserializer::from_slice(body);
-    let request: ChatRequest = serde_path_to_error::deserialize(de).map_err(|e| {
+    let request: ChatRequest = serde_path_to_error::deserialize(&mut *de).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
         // serde_path_to_error writes `.` for the root and `?` where it lost track.
@@ -50,6 +50,10 @@ pub(crate) fn parse_request(body: &[u8]) -> Result<ChatRequest, ApiError> {
             }
         };
         ApiError::invalid(param.as_deref(), message)
+    })?;
+    // One JSON value, then only whitespace: `{...}garbage` or two objects are refused.
+    de.end().map_err(|e| {
+        ApiError::invalid(None, format!("the body is not valid JSON: characters after the JSON value ({e})"))
     })?;
     Ok(request)
 }

@@ -93,6 +93,18 @@ impl ApiError {
         }
     }
 
+    /// A 408: the body did not arrive within `limit`.
+    pub fn timeout(limit: std::time::Duration) -> Self {
+        ApiError {
+            status: StatusCode::REQUEST_TIMEOUT,
+            code: Some("request_timeout"),
+            ..Self::invalid(
+                None,
+                format!("the request body did not arrive within {:.1} s", limit.as_secs_f64()),
+            )
+        }
+    }
+
     /// A 500 `server_error`: the engine failed.
     pub fn server(message: impl Into<String>) -> Self {
         ApiError {
@@ -104,7 +116,7 @@ impl ApiError {
         }
     }
 
-    /// A 503: the engine is shutting down or gone.
+    /// A 503: the model is loading, or the engine is shutting down or gone.
     pub fn unavailable(message: impl Into<String>) -> Self {
         ApiError { status: StatusCode::SERVICE_UNAVAILABLE, ..Self::server(message) }
     }
@@ -129,6 +141,12 @@ impl IntoResponse for ApiError {
         let mut response =
             (self.status, [(axum::http::header::CONTENT_TYPE, "application/json")], body).into_response();
         response.extensions_mut().insert(ErrorNote(self.message));
+        if matches!(self.status, StatusCode::REQUEST_TIMEOUT | StatusCode::PAYLOAD_TOO_LARGE) {
+            // The rest of the body was not read: the connection cannot carry another request.
+            response
+                .headers_mut()
+                .insert(axum::http::header::CONNECTION, axum::http::HeaderValue::from_static("close"));
+        }
         if self.status == StatusCode::UNAUTHORIZED {
             response
                 .headers_mut()

@@ -8,6 +8,15 @@
 //! generation. Every request is checked before it is queued, so the engine never sees an
 //! invalid one.
 //!
+//! Connections are accepted by the server's own loop: at most
+//! [`HttpOptions::max_connections`] at a time (one more gets an immediate 503 and is closed,
+//! so idle connections cannot starve real requests), each closed when its request head does
+//! not arrive within [`HttpOptions::header_timeout`] (idle keep-alive connections included);
+//! bodies are limited in size ([`HttpOptions::max_body_bytes`], 413) and in time
+//! ([`HttpOptions::body_timeout`], 408). [`start`] serves before the model is ready:
+//! `/health` and every other route answer 503 until [`ServerHandle::attach`] gives it the
+//! session.
+//!
 //! ```no_run
 //! # fn run(session: picchio::session::Session) -> picchio::Result<()> {
 //! use picchio::serve::http::{HttpOptions, serve};
@@ -22,6 +31,7 @@
 mod api;
 mod convert;
 mod error;
+mod listen;
 mod routes;
 mod stream;
 mod worker;
@@ -30,6 +40,7 @@ use std::net::{SocketAddr, TcpListener};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use tokio::sync::oneshot;
 
@@ -39,32 +50,74 @@ use crate::chat::{HarmonyEncoding, VOCAB_SIZE};
 use crate::error::{Error, Result};
 use crate::session::Session;
 
-/// The default largest request body: 4 MiB.
-pub const DEFAULT_MAX_BODY_BYTES: usize = 4 << 20;
+/// The default largest request body: 16 MiB, 128 bytes of JSON per token of a 131072-token
+/// context (GPT-OSS's longest), which covers text that is all `\u` escapes.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 16 << 20;
+
+/// The default time a client has to send a request head (and an idle keep-alive connection
+/// has to start its next request): 10 s.
+pub const DEFAULT_HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The default time a client has to send a whole request body: 60 s.
+pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The default number of connections served at once: 256.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
 
 /// Settings of the server.
 #[derive(Clone)]
 pub struct HttpOptions {
     /// The model ID reported by `/v1/models` and in every response.
     pub model_id: String,
-    /// When set, every `/v1` request needs `Authorization: Bearer <key>` (`/health` does not).
+    /// When set, every request needs `Authorization: Bearer <key>` (`/health` does not).
     pub api_key: Option<String>,
     /// Largest request body in bytes; larger ones get 413.
     pub max_body_bytes: usize,
+    /// How long a connection may take to send a request head, counted from when the server
+    /// is ready to read one (so an idle keep-alive connection is closed after this long too).
+    pub header_timeout: Duration,
+    /// How long a request may take to send its whole body; a slower one gets 408.
+    pub body_timeout: Duration,
+    /// Connections served at once; one more gets an immediate 503 and is closed.
+    pub max_connections: usize,
     /// Shut down gracefully on Ctrl-C (for the command line; a library user stops the
-    /// server with [`ServerHandle::shutdown`]).
+    /// server with [`ServerHandle::shutdown`]). While no session is attached, Ctrl-C exits
+    /// the process at once (status 130): there is nothing to drain.
     pub stop_on_ctrl_c: bool,
 }
 
 impl HttpOptions {
-    /// Defaults for a model called `model_id`: no key, 4 MiB bodies, no signal handling.
+    /// Defaults for a model called `model_id`: no key, 16 MiB bodies, 10 s to send a request
+    /// head, 60 s to send a body, 256 connections, no signal handling.
     pub fn new(model_id: impl Into<String>) -> Self {
         HttpOptions {
             model_id: model_id.into(),
             api_key: None,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            header_timeout: DEFAULT_HEADER_TIMEOUT,
+            body_timeout: DEFAULT_BODY_TIMEOUT,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
             stop_on_ctrl_c: false,
         }
+    }
+
+    /// Refuses settings the server cannot run with, naming the setting.
+    fn check(&self) -> Result<()> {
+        let positive = |name: &str, ok: bool| {
+            if ok { Ok(()) } else { Err(Error::invalid(format!("HttpOptions::{name} must be positive"))) }
+        };
+        positive("max_body_bytes", self.max_body_bytes > 0)?;
+        positive("header_timeout", !self.header_timeout.is_zero())?;
+        positive("body_timeout", !self.body_timeout.is_zero())?;
+        positive("max_connections", self.max_connections > 0)?;
+        if self.max_connections > listen::MAX_CONNECTIONS {
+            return Err(Error::invalid(format!(
+                "HttpOptions::max_connections {} is over the limit of {}",
+                self.max_connections,
+                listen::MAX_CONNECTIONS
+            )));
+        }
+        Ok(())
     }
 }
 
@@ -75,6 +128,9 @@ impl std::fmt::Debug for HttpOptions {
             .field("model_id", &self.model_id)
             .field("api_key", &self.api_key.as_ref().map(|_| "<redacted>"))
             .field("max_body_bytes", &self.max_body_bytes)
+            .field("header_timeout", &self.header_timeout)
+            .field("body_timeout", &self.body_timeout)
+            .field("max_connections", &self.max_connections)
             .field("stop_on_ctrl_c", &self.stop_on_ctrl_c)
             .finish()
     }
@@ -86,6 +142,9 @@ pub struct ServerHandle {
     shutdown: Option<oneshot::Sender<()>>,
     server: Option<JoinHandle<()>>,
     engine: Option<JoinHandle<()>>,
+    /// The handlers' shared state: the handle attaches the session to it. Dropped before the
+    /// engine thread is joined, since that thread ends when the last queue sender is gone.
+    app: Option<Arc<routes::App>>,
     counters: Arc<worker::Counters>,
     stopping: Arc<AtomicBool>,
 }
@@ -106,6 +165,39 @@ impl ServerHandle {
         self.counters.snapshot()
     }
 
+    /// Whether a session is attached (`/health` answers 200 rather than 503 "loading").
+    pub fn is_ready(&self) -> bool {
+        self.app.as_ref().is_some_and(|app| app.engine().is_ok())
+    }
+
+    /// Gives the server its session: an engine thread starts on it, and `/health` and the
+    /// API answer from then on. Fails if the model's vocabulary is not o200k_harmony's, if a
+    /// session is already attached, or if the thread cannot start.
+    pub fn attach(&mut self, session: Session) -> Result<()> {
+        check_vocab(&session)?;
+        let Some(app) = &self.app else {
+            return Err(Error::invalid("the server has stopped: no session can be attached"));
+        };
+        if app.engine().is_ok() {
+            return Err(Error::invalid("the server already has a session"));
+        }
+        let capacity = session.capacity();
+        let (jobs, queue) = std::sync::mpsc::channel();
+        let engine = routes::Engine { model: app.model_card(capacity), capacity, jobs };
+        if app.set_engine(engine).is_err() {
+            return Err(Error::invalid("the server already has a session"));
+        }
+        let (counters, stopping, harmony) =
+            (Arc::clone(&self.counters), Arc::clone(&self.stopping), app.harmony);
+        let thread = std::thread::Builder::new()
+            .name("picchio-engine".into())
+            .spawn(move || worker::run(session, harmony, queue, counters, stopping))
+            .map_err(|e| Error::io("<engine thread>", e))?;
+        self.engine = Some(thread);
+        tracing::info!("the model is ready: {capacity}-token context");
+        Ok(())
+    }
+
     fn signal(&mut self) {
         self.stopping.store(true, Ordering::SeqCst);
         if let Some(tx) = self.shutdown.take() {
@@ -114,10 +206,17 @@ impl ServerHandle {
     }
 
     fn join(&mut self) {
-        for thread in [self.server.take(), self.engine.take()].into_iter().flatten() {
-            if thread.join().is_err() {
-                tracing::error!("a server thread panicked");
-            }
+        if let Some(thread) = self.server.take()
+            && thread.join().is_err()
+        {
+            tracing::error!("the HTTP server thread panicked");
+        }
+        // The engine thread ends once the last sender of its queue (held by `app`) is gone.
+        self.app = None;
+        if let Some(thread) = self.engine.take()
+            && thread.join().is_err()
+        {
+            tracing::error!("the engine thread panicked");
         }
     }
 
@@ -140,11 +239,8 @@ impl Drop for ServerHandle {
     }
 }
 
-/// Serves `session` over HTTP on `listener` (already bound, so that port 0 works) from
-/// background threads: an async runtime for the connections and one engine thread that
-/// owns the session. Fails if the model's vocabulary is not o200k_harmony's or the runtime
-/// cannot start.
-pub fn serve(listener: TcpListener, session: Session, options: HttpOptions) -> Result<ServerHandle> {
+/// Refuses a session whose vocabulary is not o200k_harmony's.
+fn check_vocab(session: &Session) -> Result<()> {
     let vocab = session.runner().config().vocab_size;
     if vocab < VOCAB_SIZE {
         return Err(Error::invalid(format!(
@@ -152,6 +248,29 @@ pub fn serve(listener: TcpListener, session: Session, options: HttpOptions) -> R
              vocabulary ({VOCAB_SIZE} tokens) of GPT-OSS"
         )));
     }
+    Ok(())
+}
+
+/// Serves `session` over HTTP on `listener` (already bound, so that port 0 works) from
+/// background threads: an async runtime for the connections and one engine thread that
+/// owns the session. Fails if the model's vocabulary is not o200k_harmony's, the options
+/// are out of range, or the runtime cannot start.
+pub fn serve(listener: TcpListener, session: Session, options: HttpOptions) -> Result<ServerHandle> {
+    check_vocab(&session)?;
+    let mut server = start(listener, options)?;
+    if let Err(e) = server.attach(session) {
+        server.shutdown();
+        return Err(e);
+    }
+    Ok(server)
+}
+
+/// Starts serving on `listener` before the model is ready: `/health` answers 503
+/// `{"status": "loading"}` and every other route 503 (after the API key check) until
+/// [`ServerHandle::attach`] gives the server its session. So a client (or a supervisor) can
+/// tell a server that loads or converts a model from one that is down.
+pub fn start(listener: TcpListener, options: HttpOptions) -> Result<ServerHandle> {
+    options.check()?;
     let addr = listener.local_addr().map_err(|e| Error::io("<http listener>", e))?;
     listener.set_nonblocking(true).map_err(|e| Error::io(format!("http://{addr}"), e))?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -165,49 +284,38 @@ pub fn serve(listener: TcpListener, session: Session, options: HttpOptions) -> R
         tokio::net::TcpListener::from_std(listener).map_err(|e| Error::io(format!("http://{addr}"), e))?
     };
 
-    let harmony = HarmonyEncoding::new();
     let counters = Arc::new(worker::Counters::default());
     let stopping = Arc::new(AtomicBool::new(false));
-    let capacity = session.capacity();
-    let (jobs, queue) = std::sync::mpsc::channel();
-    let engine = {
-        let (counters, stopping) = (Arc::clone(&counters), Arc::clone(&stopping));
-        std::thread::Builder::new()
-            .name("picchio-engine".into())
-            .spawn(move || worker::run(session, harmony, queue, counters, stopping))
-            .map_err(|e| Error::io("<engine thread>", e))?
-    };
-    let created =
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-    let app = Arc::new(routes::App {
-        harmony,
-        model: api::ModelCard {
-            id: options.model_id.clone(),
-            object: "model",
-            created,
-            owned_by: "picchio",
-            context_length: capacity,
-        },
-        capacity,
-        api_key: options.api_key.clone(),
-        max_body_bytes: options.max_body_bytes,
-        jobs,
-        counters: Arc::clone(&counters),
-        stopping: Arc::clone(&stopping),
-    });
+    let app = Arc::new(routes::App::new(
+        HarmonyEncoding::new(),
+        &options,
+        Arc::clone(&counters),
+        Arc::clone(&stopping),
+    ));
+    let limits =
+        listen::Limits { header_timeout: options.header_timeout, max_connections: options.max_connections };
     let (shutdown, shutdown_rx) = oneshot::channel::<()>();
     let server = {
         let stopping = Arc::clone(&stopping);
         let ctrl_c = options.stop_on_ctrl_c;
+        let app = Arc::clone(&app);
         std::thread::Builder::new()
             .name("picchio-http-main".into())
             .spawn(move || {
                 runtime.block_on(async move {
+                    let ready = Arc::clone(&app);
                     let signal = async move {
                         if ctrl_c {
                             tokio::select! {
                                 _ = shutdown_rx => {}
-                                _ = tokio::signal::ctrl_c() => tracing::info!("interrupted: shutting down"),
+                                _ = tokio::signal::ctrl_c() => {
+                                    if ready.engine().is_err() {
+                                        // Loading: no request can be in flight, nothing to drain.
+                                        tracing::info!("interrupted while the model loads: exiting");
+                                        std::process::exit(130);
+                                    }
+                                    tracing::info!("interrupted: shutting down");
+                                }
                             }
                         } else {
                             let _ = shutdown_rx.await;
@@ -215,21 +323,36 @@ pub fn serve(listener: TcpListener, session: Session, options: HttpOptions) -> R
                         // Cancel the generation in progress so that streams end.
                         stopping.store(true, Ordering::SeqCst);
                     };
-                    let app = routes::router(app);
-                    if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(signal).await {
-                        tracing::error!("the HTTP server failed: {e}");
-                    }
+                    listen::run(listener, routes::router(app), limits, signal).await;
                 });
             })
             .map_err(|e| Error::io("<http thread>", e))?
     };
-    tracing::info!("serving {} on http://{addr} ({capacity}-token context)", options.model_id);
+    tracing::info!("serving {} on http://{addr}", options.model_id);
     Ok(ServerHandle {
         addr,
         shutdown: Some(shutdown),
         server: Some(server),
-        engine: Some(engine),
+        engine: None,
+        app: Some(app),
         counters,
         stopping,
     })
+}
+
+/// Checks a `POST /v1/chat/completions` body as the server does before it queues a request
+/// (the JSON, every field, the rendering of the conversation), without a model, and returns
+/// the rendered prompt's length in tokens. The error is the 400 answer's message, prefixed
+/// by the field at fault when there is one. For fuzzing, and for tools that check requests
+/// offline.
+pub fn check_request(body: &[u8]) -> Result<usize> {
+    let refused = |e: error::ApiError| match e.param {
+        Some(param) => Error::invalid(format!("{param}: {}", e.message)),
+        None => Error::invalid(e.message),
+    };
+    let request = convert::parse_request(body).map_err(refused)?;
+    let plan = convert::plan(request, "2026-01-01", 0).map_err(refused)?;
+    let prompt = crate::chat::render_prompt(&HarmonyEncoding::new(), &plan.conversation)
+        .map_err(|e| Error::invalid(format!("messages: the conversation cannot be rendered: {e}")))?;
+    Ok(prompt.len())
 }

@@ -1,18 +1,18 @@
 //! The routes: `POST /v1/chat/completions`, `GET /v1/models`, `GET /v1/models/{id}`,
-//! `GET /health`; the API key check, the body limit, request logging, and OpenAI-shaped
-//! 404 and 405 answers.
+//! `GET /health`; the API key check (before routing), the body size and time limits, the
+//! 503 answers while the model loads, request logging, and OpenAI-shaped 404 and 405 answers.
 
 use std::future::poll_fn;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
+use std::sync::{OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Request, State};
-use axum::http::{HeaderMap, Method, header};
+use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::sse::{KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -22,6 +22,7 @@ use rand::Rng;
 use serde::Serialize;
 use tokio::sync::mpsc::unbounded_channel;
 
+use super::HttpOptions;
 use super::api::{ChatCompletion, Choice, ModelCard, ModelList, Usage};
 use super::convert;
 use super::error::{ApiError, ErrorNote};
@@ -29,23 +30,36 @@ use super::stream::{ChunkMeta, ChunkStream};
 use super::worker::{Counters, Failure, Job, Stats, WorkerMsg};
 use crate::chat::{HarmonyEncoding, TurnOptions, render_prompt, today_utc};
 
+/// The most bytes reserved for a body before its bytes arrive.
+const PREALLOCATE: usize = 64 << 10;
+
 /// How often an idle stream sends a comment, so that a vanished client is noticed.
 const KEEP_ALIVE: Duration = Duration::from_secs(10);
+
+/// The engine side of the server, set once the session is attached.
+pub(crate) struct Engine {
+    /// The served model.
+    pub model: ModelCard,
+    /// Context capacity in tokens.
+    pub capacity: usize,
+    /// The engine's queue.
+    pub jobs: mpsc::Sender<Job>,
+}
 
 /// What the handlers share.
 pub(crate) struct App {
     /// The chat format.
     pub harmony: HarmonyEncoding,
-    /// The served model.
-    pub model: ModelCard,
-    /// Context capacity in tokens.
-    pub capacity: usize,
-    /// The key every `/v1` request must bear, if any.
+    /// The served model's ID.
+    pub model_id: String,
+    /// The key every request but `/health` must bear, if any.
     pub api_key: Option<String>,
     /// Largest request body in bytes.
     pub max_body_bytes: usize,
-    /// The engine's queue.
-    pub jobs: mpsc::Sender<Job>,
+    /// How long a request may take to send its body.
+    pub body_timeout: Duration,
+    /// The engine, once the model is loaded; until then every route answers 503.
+    engine: OnceLock<Engine>,
     /// Counters.
     pub counters: Arc<Counters>,
     /// Set when the server shuts down.
@@ -53,12 +67,55 @@ pub(crate) struct App {
 }
 
 impl App {
+    /// The shared state of a server with `options` and no engine yet.
+    pub fn new(
+        harmony: HarmonyEncoding,
+        options: &HttpOptions,
+        counters: Arc<Counters>,
+        stopping: Arc<AtomicBool>,
+    ) -> Self {
+        App {
+            harmony,
+            model_id: options.model_id.clone(),
+            api_key: options.api_key.clone(),
+            max_body_bytes: options.max_body_bytes,
+            body_timeout: options.body_timeout,
+            engine: OnceLock::new(),
+            counters,
+            stopping,
+        }
+    }
+
+    /// The model card of this server for a context of `capacity` tokens, created now.
+    pub fn model_card(&self, capacity: usize) -> ModelCard {
+        ModelCard {
+            id: self.model_id.clone(),
+            object: "model",
+            created: unix_now(),
+            owned_by: "picchio",
+            context_length: capacity,
+        }
+    }
+
+    /// Sets the engine; gives it back if one is set already.
+    pub fn set_engine(&self, engine: Engine) -> Result<(), Engine> {
+        self.engine.set(engine)
+    }
+
+    /// The engine, or a 503 while the model loads.
+    pub fn engine(&self) -> Result<&Engine, ApiError> {
+        self.engine
+            .get()
+            .ok_or_else(|| ApiError::unavailable("the model is loading; retry when GET /health answers 200"))
+    }
+
     fn submit(&self, job: Job) -> Result<(), ApiError> {
         if self.stopping.load(Ordering::SeqCst) {
             return Err(ApiError::unavailable("the server is shutting down"));
         }
+        let engine = self.engine()?;
         self.counters.enqueued();
-        if self.jobs.send(job).is_err() {
+        if engine.jobs.send(job).is_err() {
             self.counters.unqueued();
             return Err(ApiError::unavailable("the engine has stopped"));
         }
@@ -74,21 +131,23 @@ struct TokenNote(Usage);
 #[derive(Clone, Copy, Debug)]
 struct StreamNote;
 
-/// The application.
+/// The application. The key check wraps every route and the fallbacks, so that without a
+/// valid key an unknown route is a 401, not a 404 (only `/health` needs no key).
 pub(crate) fn router(app: Arc<App>) -> Router {
-    let v1 = Router::new()
+    Router::new()
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(list_models))
         .route("/v1/models/{id}", get(get_model))
-        .route_layer(middleware::from_fn_with_state(Arc::clone(&app), require_key));
-    Router::new()
-        .merge(v1)
         .route("/health", get(health))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
+        .layer(middleware::from_fn_with_state(Arc::clone(&app), require_key))
         .layer(middleware::from_fn(log_requests))
         .with_state(app)
 }
+
+/// The one path that needs no key.
+const HEALTH: &str = "/health";
 
 /// Logs every request: method, path, status, time, and token counts when known.
 async fn log_requests(req: Request, next: Next) -> Response {
@@ -121,9 +180,12 @@ fn same_key(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// Requires `Authorization: Bearer KEY` when a key is set.
+/// Requires `Authorization: Bearer KEY` when a key is set, on every path but `/health`,
+/// before routing.
 async fn require_key(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
-    if let Some(key) = &app.api_key {
+    if let Some(key) = &app.api_key
+        && req.uri().path() != HEALTH
+    {
         let given = req
             .headers()
             .get(header::AUTHORIZATION)
@@ -155,7 +217,8 @@ async fn method_not_allowed(method: Method, uri: axum::http::Uri) -> ApiError {
     ApiError::method_not_allowed(format!("{} does not accept {method}", uri.path()))
 }
 
-/// `GET /health`: liveness, the model, and the counters.
+/// `GET /health`: liveness, the model, and the counters; 503 `{"status": "loading"}` until
+/// the model is ready.
 async fn health(State(app): State<Arc<App>>) -> Response {
     #[derive(Serialize)]
     struct Health<'a> {
@@ -165,30 +228,62 @@ async fn health(State(app): State<Arc<App>>) -> Response {
         #[serde(flatten)]
         stats: Stats,
     }
+    #[derive(Serialize)]
+    struct Loading<'a> {
+        status: &'static str,
+        model: &'a str,
+    }
+    let Ok(engine) = app.engine() else {
+        let body = Loading { status: "loading", model: &app.model_id };
+        return (StatusCode::SERVICE_UNAVAILABLE, [(header::RETRY_AFTER, "1")], axum::Json(body))
+            .into_response();
+    };
     let body = Health {
         status: "ok",
-        model: &app.model.id,
-        context_length: app.capacity,
+        model: &app.model_id,
+        context_length: engine.capacity,
         stats: app.counters.snapshot(),
     };
     axum::Json(body).into_response()
 }
 
 async fn list_models(State(app): State<Arc<App>>) -> Response {
-    axum::Json(ModelList { object: "list", data: vec![app.model.clone()] }).into_response()
+    match app.engine() {
+        Ok(engine) => {
+            axum::Json(ModelList { object: "list", data: vec![engine.model.clone()] }).into_response()
+        }
+        Err(e) => e.into_response(),
+    }
 }
 
 async fn get_model(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
-    if id == app.model.id {
-        axum::Json(app.model.clone()).into_response()
+    let engine = match app.engine() {
+        Ok(engine) => engine,
+        Err(e) => return e.into_response(),
+    };
+    if id == engine.model.id {
+        axum::Json(engine.model.clone()).into_response()
     } else {
         let mut e = ApiError::not_found(format!(
             "the model {id:?} does not exist; this server has {:?}",
-            app.model.id
+            engine.model.id
         ));
         e.param = Some("model".into());
         e.code = Some("model_not_found");
         e.into_response()
+    }
+}
+
+/// Reads the body within `timeout` (else 408) and `limit` bytes (else 413).
+async fn read_body_in_time(
+    headers: &HeaderMap,
+    body: Body,
+    limit: usize,
+    timeout: Duration,
+) -> Result<Bytes, ApiError> {
+    match tokio::time::timeout(timeout, read_body(headers, body, limit)).await {
+        Ok(result) => result,
+        Err(_) => Err(ApiError::timeout(timeout)),
     }
 }
 
@@ -209,7 +304,10 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Byte
         return Err(ApiError::too_large(limit));
     }
     let mut stream = body.into_data_stream();
-    let mut data = Vec::with_capacity(declared.map_or(0, |n| n.min(limit as u64) as usize));
+    // Grown as the bytes arrive: a declared length alone reserves at most PREALLOCATE bytes,
+    // so that connections that announce big bodies and send nothing cost no memory.
+    let reserve = declared.unwrap_or(0).min(limit as u64).min(PREALLOCATE as u64);
+    let mut data = Vec::with_capacity(usize::try_from(reserve).unwrap_or(PREALLOCATE));
     let mut total = 0usize;
     while let Some(chunk) = poll_fn(|cx| Pin::new(&mut stream).poll_next(cx)).await {
         let chunk =
@@ -256,7 +354,8 @@ async fn chat_completions(State(app): State<Arc<App>>, headers: HeaderMap, body:
 /// prompt's token IDs to the engine, which also needs them), checks that it fits, queues
 /// it, and answers with one JSON body or a stream of chunks.
 async fn chat(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
-    let bytes = read_body(&headers, body, app.max_body_bytes).await?;
+    let capacity = app.engine()?.capacity;
+    let bytes = read_body_in_time(&headers, body, app.max_body_bytes, app.body_timeout).await?;
     let request = convert::parse_request(&bytes)?;
     let plan = convert::plan(request, &today_utc(), rand::random())?;
     // Rendering tokenizes the whole conversation: keep it off the async workers.
@@ -269,12 +368,12 @@ async fn chat(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<Response,
         .map_err(|e| {
             ApiError::invalid(Some("messages"), format!("the conversation cannot be rendered: {e}"))
         })?;
-    if prompt.len() >= app.capacity {
+    if prompt.len() >= capacity {
         return Err(ApiError::context_length(format!(
             "the prompt is {} tokens, but the context holds {} tokens and at least one must be left \
              for the answer",
             prompt.len(),
-            app.capacity
+            capacity
         )));
     }
     let prompt_token_ids = plan.return_token_ids.then(|| prompt.clone());
@@ -289,7 +388,7 @@ async fn chat(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<Response,
     let meta = ChunkMeta {
         id: new_id("chatcmpl-"),
         created: unix_now(),
-        model: app.model.id.clone(),
+        model: app.model_id.clone(),
         include_usage: plan.include_usage,
     };
     if plan.stream {
