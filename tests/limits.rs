@@ -337,3 +337,16 @@ fn a_huge_layer_count_without_layer_types_is_refused_without_allocating() {
     let e = parse(&cfg).unwrap_err().to_string();
     assert!(e.contains("num_hidden_layers is 18446744073709551615"), "{e}");
 }
+
+#[test]
+fn generate_on_a_checkpoint_with_nan_weights_exits_with_a_clear_message() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = edited_copy(tmp.path(), |_| {});
+    poison_tensor(&model.join("model.safetensors"), "model.norm.weight");
+    // Whether conversion refuses the weight or the sampler refuses the logits, the run ends
+    // with a clean error that says what is non-finite, and no token on stdout.
+    let out = generate(&model, &tmp.path().join("cache"), &[]);
+    let stderr = assert_clean_error(&out, &[]);
+    assert!(stderr.contains("non-finite") || stderr.contains("NaN"), "{stderr}");
+    assert!(String::from_utf8_lossy(&out.stdout).trim().is_empty(), "tokens were printed");
+}
