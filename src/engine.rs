@@ -336,16 +336,24 @@ pub enum KvPlacement {
 }
 
 fn check_run_options(model: &LoadedModel, opts: &RunOptions, kv: KvPlacement) -> Result<()> {
-    if opts.ctx == 0 {
+    check_context(&model.config, opts.ctx, kv)
+}
+
+/// Checks a context capacity against a model: at least 1, at most its
+/// `max_position_embeddings`, and within memory ([`check_context_memory`]). Front-ends call
+/// it before loading (so a bad `--ctx` is refused before a conversion); putting a model on
+/// a backend calls it again.
+pub fn check_context(cfg: &ModelConfig, ctx: usize, kv: KvPlacement) -> Result<()> {
+    if ctx == 0 {
         return Err(Error::invalid("--ctx must be at least 1"));
     }
-    if opts.ctx > model.config.max_position_embeddings {
+    if ctx > cfg.max_position_embeddings {
         return Err(Error::invalid(format!(
-            "--ctx {} exceeds the model's max_position_embeddings {}",
-            opts.ctx, model.config.max_position_embeddings
+            "--ctx {ctx} exceeds the model's max_position_embeddings {}",
+            cfg.max_position_embeddings
         )));
     }
-    check_context_memory(&model.config, opts.ctx, kv)
+    check_context_memory(cfg, ctx, kv)
 }
 
 /// Refuses, before anything is allocated, a context of `ctx` positions whose host buffers
@@ -365,13 +373,13 @@ pub fn check_context_memory(cfg: &ModelConfig, ctx: usize, kv: KvPlacement) -> R
     if need.is_some_and(|n| n <= total) {
         return Ok(());
     }
-    let what = match kv {
-        KvPlacement::Host => "KV cache",
-        KvPlacement::Device => "RoPE tables",
+    let (what, verb) = match kv {
+        KvPlacement::Host => ("KV cache", "needs"),
+        KvPlacement::Device => ("RoPE tables", "need"),
     };
     let available = crate::system::available_memory().map_or_else(|| "an unknown amount".to_string(), gib);
     Err(Error::invalid(format!(
-        "{what} for --ctx {ctx} needs {}; this machine has {available} available ({} of physical memory); \
+        "{what} for --ctx {ctx} {verb} {}; this machine has {available} available ({} of physical memory); \
          choose a smaller --ctx",
         need.map_or_else(|| "more than 2^64 bytes".to_string(), gib),
         gib(total),

@@ -81,8 +81,15 @@ fn huge_ctx_on_a_model_that_allows_it_is_refused_for_memory() {
     let tmp = tempfile::tempdir().unwrap();
     let model = edited_copy(tmp.path(), |c| c["max_position_embeddings"] = serde_json::json!(u32::MAX));
     let cache = tmp.path().join("cache");
-    let out = generate(&model, &cache, &["--ctx", "4294967295"]);
+    let out = generate(&model, &cache, &["--ctx", "4294967295", "--device", "cpu"]);
     assert_clean_error(&out, &["KV cache for --ctx 4294967295 needs", "GiB", "available"]);
+    // Refused from config.json alone, before the checkpoint was converted.
+    let converted = std::fs::read_dir(&cache).map_or(0, |d| d.count());
+    assert_eq!(converted, 0, "the checkpoint was converted before --ctx was refused");
+    // Without --device cpu the KV cache may live on a GPU; the host's RoPE tables alone
+    // are too large here.
+    let out = generate(&model, &cache, &["--ctx", "4294967295"]);
+    assert_clean_error(&out, &["for --ctx 4294967295 need", "GiB", "available"]);
     let out = generate(&model, &cache, &["--ctx", "1099511627776"]);
     assert_clean_error(&out, &["--ctx 1099511627776", "max_position_embeddings 4294967295"]);
     let out = generate(&model, &cache, &["--ctx", "4611686018427387904"]);

@@ -154,6 +154,7 @@ impl ModelArgs {
         let dir = self.model_dir();
         let ram_bytes = self.ram_gb.map(|g| gib_flag("--ram-gb", g)).transpose()?;
         check_count("--io-threads", self.io_threads, MAX_IO_THREADS)?;
+        self.check_ctx_early(&dir, ctx)?;
         let opts = picchio::engine::OpenOptions {
             ram_bytes,
             formats: Formats { experts: self.experts, dense: self.dense },
@@ -165,6 +166,20 @@ impl ModelArgs {
             hot_set: !self.no_hot_set,
         };
         picchio::engine::open(&dir, &opts).with_context(|| format!("loading model {}", dir.display()))
+    }
+
+    /// Refuses a `--ctx` the model's config.json cannot take (or this machine cannot hold)
+    /// before the model is loaded or converted. A config that cannot be read is left to the
+    /// load, which reports it.
+    fn check_ctx_early(&self, dir: &std::path::Path, ctx: Option<usize>) -> anyhow::Result<()> {
+        let (Some(ctx), Ok(cfg)) = (ctx, picchio::ModelConfig::from_dir(dir)) else {
+            return Ok(());
+        };
+        let kv = match self.device {
+            picchio::engine::Device::Cpu => picchio::engine::KvPlacement::Host,
+            _ => picchio::engine::KvPlacement::Device,
+        };
+        Ok(picchio::engine::check_context(&cfg, ctx, kv)?)
     }
 
     /// The GPU options these flags ask for.
