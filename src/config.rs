@@ -61,6 +61,14 @@ pub struct SourceQuantization {
     pub modules_to_not_convert: Vec<String>,
 }
 
+/// Most positions a config may declare (`max_position_embeddings`, `sliding_window`):
+/// 2^32 - 1, far beyond any released model; whether a context that long fits in memory is
+/// checked when a model is put on a backend (`--ctx`), not here.
+pub const MAX_POSITIONS: usize = u32::MAX as usize;
+
+/// Most decoder layers a config may declare.
+pub const MAX_LAYERS: usize = 1 << 12;
+
 /// All dimensions and constants of a model.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelConfig {
@@ -161,7 +169,9 @@ impl ModelConfig {
         let sliding_window = keys.opt_usize("sliding_window")?.unwrap_or(0);
 
         let layer_types = match obj.get("layer_types") {
-            None | Some(Value::Null) => (0..num_layers)
+            // The default pattern is only built for a layer count within bounds (validation
+            // then reports the count itself), so a huge count allocates nothing.
+            None | Some(Value::Null) => (0..if num_layers <= MAX_LAYERS { num_layers } else { 0 })
                 .map(|i| if i % 2 == 0 { AttentionKind::Sliding } else { AttentionKind::Full })
                 .collect(),
             Some(Value::Array(items)) => items
@@ -193,14 +203,7 @@ impl ModelConfig {
 
         let source_quantization = match obj.get("quantization_config") {
             None | Some(Value::Null) => None,
-            Some(Value::Object(q)) => Some(SourceQuantization {
-                method: q.get("quant_method").and_then(Value::as_str).unwrap_or("").to_string(),
-                modules_to_not_convert: q
-                    .get("modules_to_not_convert")
-                    .and_then(Value::as_array)
-                    .map(|a| a.iter().filter_map(|s| s.as_str().map(String::from)).collect())
-                    .unwrap_or_default(),
-            }),
+            Some(Value::Object(q)) => Some(parse_source_quantization(q, path)?),
             Some(other) => {
                 return Err(Error::config(
                     path,
@@ -224,8 +227,8 @@ impl ModelConfig {
             sliding_window,
             rope_theta: keys.opt_f64("rope_theta")?.unwrap_or(10000.0),
             rope_scaling,
-            rms_norm_eps: keys.opt_f64("rms_norm_eps")?.unwrap_or(1e-5) as f32,
-            swiglu_limit: keys.opt_f64("swiglu_limit")?.unwrap_or(7.0) as f32,
+            rms_norm_eps: to_f32("rms_norm_eps", keys.opt_f64("rms_norm_eps")?.unwrap_or(1e-5), path)?,
+            swiglu_limit: to_f32("swiglu_limit", keys.opt_f64("swiglu_limit")?.unwrap_or(7.0), path)?,
             swiglu_alpha: 1.702,
             max_position_embeddings: keys.opt_usize("max_position_embeddings")?.unwrap_or(131072),
             source_quantization,
@@ -240,9 +243,22 @@ impl ModelConfig {
         Ok(cfg)
     }
 
-    /// Checks that the dimensions describe a model that can exist; the message names the
+    /// Checks that the dimensions describe a model that can exist and that every size the
+    /// engine derives from them is computable without overflow; the message names the
     /// offending keys and values.
     pub fn validate(&self) -> std::result::Result<(), String> {
+        self.validate_dimensions()?;
+        self.validate_structure()?;
+        self.validate_constants()?;
+        if let RopeScaling::Yarn(y) = &self.rope_scaling {
+            y.validate()?;
+        }
+        self.derived_sizes()?;
+        Ok(())
+    }
+
+    /// Every dimension is positive and within the supported maximum.
+    fn validate_dimensions(&self) -> std::result::Result<(), String> {
         let positive = [
             ("vocab_size", self.vocab_size),
             ("hidden_size", self.hidden_size),
@@ -265,16 +281,24 @@ impl ModelConfig {
             ("vocab_size", self.vocab_size, 1 << 24),
             ("hidden_size", self.hidden_size, 1 << 17),
             ("intermediate_size", self.intermediate_size, 1 << 18),
-            ("num_hidden_layers", self.num_layers, 1 << 12),
+            ("num_hidden_layers", self.num_layers, MAX_LAYERS),
             ("num_attention_heads", self.num_heads, 1 << 12),
+            ("num_key_value_heads", self.num_kv_heads, 1 << 12),
             ("head_dim", self.head_dim, 1 << 12),
             ("num_local_experts", self.num_experts, 1 << 14),
+            ("max_position_embeddings", self.max_position_embeddings, MAX_POSITIONS),
+            ("sliding_window", self.sliding_window, MAX_POSITIONS),
         ];
         for (key, v, max) in limits {
             if v > max {
                 return Err(format!("{key} is {v}, larger than the supported maximum {max}"));
             }
         }
+        Ok(())
+    }
+
+    /// Heads, experts and layer types fit together.
+    fn validate_structure(&self) -> std::result::Result<(), String> {
         if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return Err(format!(
                 "num_attention_heads {} is not a multiple of num_key_value_heads {}",
@@ -300,40 +324,114 @@ impl ModelConfig {
         if self.layer_types.contains(&AttentionKind::Sliding) && self.sliding_window == 0 {
             return Err("layer_types has sliding layers but sliding_window is 0 or absent".into());
         }
+        Ok(())
+    }
+
+    /// The floating-point constants are finite and in range.
+    fn validate_constants(&self) -> std::result::Result<(), String> {
         if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
             return Err(format!("rms_norm_eps {} must be a positive number", self.rms_norm_eps));
         }
         if !(self.rope_theta.is_finite() && self.rope_theta > 1.0) {
-            return Err(format!("rope_theta {} must be greater than 1", self.rope_theta));
+            return Err(format!("rope_theta {:?} must be a finite number greater than 1", self.rope_theta));
         }
         if !(self.swiglu_limit.is_finite() && self.swiglu_limit > 0.0) {
             return Err(format!("swiglu_limit {} must be a positive number", self.swiglu_limit));
         }
-        if let RopeScaling::Yarn(y) = &self.rope_scaling {
-            if !(y.factor.is_finite() && y.factor >= 1.0) {
-                return Err(format!("rope_scaling.factor {} must be at least 1", y.factor));
-            }
-            if y.original_max_position_embeddings.is_nan() || y.original_max_position_embeddings <= 0.0 {
-                return Err("rope_scaling.original_max_position_embeddings must be positive".into());
-            }
-            if !(y.beta_fast > 0.0 && y.beta_slow > 0.0) {
-                return Err("rope_scaling.beta_fast and beta_slow must be positive".into());
-            }
+        if !(self.swiglu_alpha.is_finite() && self.swiglu_alpha > 0.0) {
+            return Err(format!("swiglu_alpha {} must be a positive number", self.swiglu_alpha));
         }
         Ok(())
     }
 
-    /// Width of all query heads together.
+    /// Every size the engine derives from this config, computed with checked arithmetic;
+    /// the error names the keys whose product overflows. [`ModelConfig::validate`] calls
+    /// it, so for a config read from a file it always succeeds.
+    pub fn derived_sizes(&self) -> std::result::Result<DerivedSizes, String> {
+        const F32: u64 = std::mem::size_of::<f32>() as u64;
+        let n = |v: usize| v as u64;
+        let overflow = |what: &str, keys: &str| {
+            format!(
+                "{keys}: the {what} they imply does not fit in 64 bits; the config cannot describe a real model"
+            )
+        };
+        let mul = |factors: &[u64], what: &str, keys: &str| {
+            factors.iter().try_fold(1u64, |acc, &f| acc.checked_mul(f)).ok_or_else(|| overflow(what, keys))
+        };
+        let add = |terms: &[u64], what: &str, keys: &str| {
+            terms.iter().try_fold(0u64, |acc, &t| acc.checked_add(t)).ok_or_else(|| overflow(what, keys))
+        };
+        let heads = "num_attention_heads, num_key_value_heads and head_dim";
+        let q_dim = mul(&[n(self.num_heads), n(self.head_dim)], "query width", heads)?;
+        let kv_dim = mul(&[n(self.num_kv_heads), n(self.head_dim)], "key/value width", heads)?;
+        let kv_keys = "num_hidden_layers, num_key_value_heads and head_dim";
+        let kv_bytes_per_position = mul(&[2, n(self.num_layers), kv_dim, F32], "KV cache", kv_keys)?;
+        let kv_bytes_max = mul(
+            &[kv_bytes_per_position, n(self.max_position_embeddings)],
+            "KV cache at max_position_embeddings",
+            "max_position_embeddings with num_hidden_layers, num_key_value_heads and head_dim",
+        )?;
+        let rope_table_bytes_max = mul(
+            &[2, n(self.max_position_embeddings), n(self.head_dim / 2), F32],
+            "RoPE table",
+            "max_position_embeddings and head_dim",
+        )?;
+        let embedding_bytes =
+            mul(&[n(self.vocab_size), n(self.hidden_size), F32], "embedding", "vocab_size and hidden_size")?;
+        let ffn = "hidden_size and intermediate_size";
+        let gate_up = mul(&[2, n(self.intermediate_size), n(self.hidden_size)], "expert", ffn)?;
+        let down = mul(&[n(self.hidden_size), n(self.intermediate_size)], "expert", ffn)?;
+        let gate_up_bias = mul(&[2, n(self.intermediate_size)], "expert", ffn)?;
+        let biases = add(&[gate_up_bias, n(self.hidden_size)], "expert", ffn)?;
+        let expert_values = add(&[gate_up, down, biases], "expert", ffn)?;
+        let expert_bytes_f32 = mul(&[expert_values, F32], "expert", ffn)?;
+        let all_experts_bytes_f32 = mul(
+            &[expert_bytes_f32, n(self.num_experts), n(self.num_layers)],
+            "expert store",
+            "num_local_experts, num_hidden_layers, hidden_size and intermediate_size",
+        )?;
+        let attn = "hidden_size, num_attention_heads, num_key_value_heads and head_dim";
+        let projections = add(&[q_dim, kv_dim, kv_dim, q_dim], "attention weights", attn)?;
+        let attention_bytes_per_layer =
+            mul(&[projections, n(self.hidden_size), F32], "attention weights", attn)?;
+        let to_usize = |v: u64, what: &str| {
+            usize::try_from(v).map_err(|_| format!("{heads}: the {what} {v} does not fit in usize"))
+        };
+        Ok(DerivedSizes {
+            q_dim: to_usize(q_dim, "query width")?,
+            kv_dim: to_usize(kv_dim, "key/value width")?,
+            kv_bytes_per_position,
+            kv_bytes_max,
+            rope_table_bytes_max,
+            embedding_bytes,
+            expert_bytes_f32,
+            all_experts_bytes_f32,
+            attention_bytes_per_layer,
+        })
+    }
+
+    /// Bytes of the F32 key/value cache for `ctx` positions, `None` on overflow.
+    pub fn kv_bytes(&self, ctx: usize) -> Option<u64> {
+        crate::backend::cpu::kv_cache::KvCache::bytes_for(self.num_layers, ctx, self.kv_dim())
+    }
+
+    /// Bytes of the F32 RoPE cos and sin tables for `ctx` positions, `None` on overflow.
+    pub fn rope_table_bytes(&self, ctx: usize) -> Option<u64> {
+        (ctx as u64).checked_mul(self.head_dim as u64)?.checked_mul(std::mem::size_of::<f32>() as u64)
+    }
+
+    /// Width of all query heads together. Cannot overflow for a validated config (heads
+    /// and head_dim are each at most 4096).
     pub fn q_dim(&self) -> usize {
         self.num_heads * self.head_dim
     }
 
-    /// Width of all key (or value) heads together.
+    /// Width of all key (or value) heads together. Cannot overflow for a validated config.
     pub fn kv_dim(&self) -> usize {
         self.num_kv_heads * self.head_dim
     }
 
-    /// Attention kind of layer `layer`.
+    /// Attention kind of layer `layer` (`layer < num_layers`, an index the engine owns).
     pub fn attention(&self, layer: usize) -> AttentionKind {
         self.layer_types[layer]
     }
@@ -348,8 +446,132 @@ impl ModelConfig {
     }
 }
 
+/// Sizes derived from a [`ModelConfig`], each computed with checked arithmetic (see
+/// [`ModelConfig::derived_sizes`]). Byte counts assume F32, the widest format, so that
+/// every narrower format's size is smaller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DerivedSizes {
+    /// Width of all query heads together.
+    pub q_dim: usize,
+    /// Width of all key (or value) heads together.
+    pub kv_dim: usize,
+    /// Bytes of one position's keys and values over every layer.
+    pub kv_bytes_per_position: u64,
+    /// Bytes of the key/value cache at `max_position_embeddings` positions.
+    pub kv_bytes_max: u64,
+    /// Bytes of the RoPE cos and sin tables at `max_position_embeddings` positions.
+    pub rope_table_bytes_max: u64,
+    /// Bytes of the embedding table (the output head has the same size).
+    pub embedding_bytes: u64,
+    /// Bytes of one expert (gate/up, down and their biases).
+    pub expert_bytes_f32: u64,
+    /// Bytes of every expert of every layer.
+    pub all_experts_bytes_f32: u64,
+    /// Bytes of one layer's q, k, v and o projections.
+    pub attention_bytes_per_layer: u64,
+}
+
+impl YarnScaling {
+    /// Every field is finite and in range; the message names the `rope_scaling` key.
+    fn validate(&self) -> std::result::Result<(), String> {
+        if !(self.factor.is_finite() && self.factor >= 1.0) {
+            return Err(format!(
+                "rope_scaling.factor {:?} must be a finite number of at least 1",
+                self.factor
+            ));
+        }
+        let positive = [
+            ("original_max_position_embeddings", self.original_max_position_embeddings),
+            ("beta_fast", self.beta_fast),
+            ("beta_slow", self.beta_slow),
+        ];
+        for (key, v) in positive {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(format!("rope_scaling.{key} {v:?} must be a positive finite number"));
+            }
+        }
+        // YaRN's correction range takes ln(original_max / (beta 2 pi)); extreme values would
+        // make it infinite and the frequencies NaN.
+        for (key, beta) in [("beta_fast", self.beta_fast), ("beta_slow", self.beta_slow)] {
+            let ratio = self.original_max_position_embeddings / (beta * 2.0 * std::f64::consts::PI);
+            if !(ratio.is_finite() && ratio > 0.0 && ratio.ln().is_finite()) {
+                return Err(format!(
+                    "rope_scaling.{key} {beta:?} with original_max_position_embeddings {:?} makes the YaRN \
+                     correction range infinite",
+                    self.original_max_position_embeddings
+                ));
+            }
+        }
+        // It multiplies cos and sin in f32: it must stay positive and finite there too.
+        if let Some(a) = self.attention_factor
+            && !(a > 0.0 && (a as f32).is_finite() && (a as f32) > 0.0)
+        {
+            return Err(format!(
+                "rope_scaling.attention_factor {a:?} must be a positive number in the range of a 32-bit float"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Converts a config constant to f32, refusing values that f32 cannot hold (they would
+/// become 0 or infinity silently).
+fn to_f32(key: &str, v: f64, path: &Path) -> Result<f32> {
+    let f = v as f32;
+    if !f.is_finite() || (v != 0.0 && f == 0.0) {
+        return Err(Error::config(path, format!("{key} is {v:?}, outside the range of a 32-bit float")));
+    }
+    Ok(f)
+}
+
+/// Reads `quantization_config`; wrong types are errors naming the key.
+fn parse_source_quantization(q: &Map<String, Value>, path: &Path) -> Result<SourceQuantization> {
+    let method = match q.get("quant_method") {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(v) => {
+            return Err(Error::config(
+                path,
+                format!("quantization_config.quant_method is {v}, expected a string"),
+            ));
+        }
+    };
+    let modules_to_not_convert = match q.get("modules_to_not_convert") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(items)) => items
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                v.as_str().map(String::from).ok_or_else(|| {
+                    Error::config(
+                        path,
+                        format!("quantization_config.modules_to_not_convert[{i}] is {v}, expected a string"),
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>>>()?,
+        Some(v) => {
+            return Err(Error::config(
+                path,
+                format!("quantization_config.modules_to_not_convert is {v}, expected a list of strings"),
+            ));
+        }
+    };
+    Ok(SourceQuantization { method, modules_to_not_convert })
+}
+
+/// Reads `rope_scaling`. Only YaRN (and `default`, plain RoPE, as Transformers spells
+/// "no scaling") are supported; wrong types and out-of-range values are errors naming the
+/// key, never replaced by defaults.
 fn parse_rope_scaling(rs: &Map<String, Value>, path: &Path) -> Result<RopeScaling> {
-    let kind = rs.get("rope_type").or_else(|| rs.get("type")).and_then(Value::as_str).unwrap_or("default");
+    let kind =
+        match rs.get("rope_type").map(|v| ("rope_type", v)).or_else(|| rs.get("type").map(|v| ("type", v))) {
+            Some((_, Value::String(s))) => s.as_str(),
+            Some((key, v)) => {
+                return Err(Error::config(path, format!("rope_scaling.{key} is {v}, expected a string")));
+            }
+            None => return Err(Error::config(path, "rope_scaling has no rope_type (expected \"yarn\")")),
+        };
     let num = |key: &str| -> Result<Option<f64>> {
         match rs.get(key) {
             None | Some(Value::Null) => Ok(None),
@@ -359,21 +581,32 @@ fn parse_rope_scaling(rs: &Map<String, Value>, path: &Path) -> Result<RopeScalin
                 .ok_or_else(|| Error::config(path, format!("rope_scaling.{key} is {v}, expected a number"))),
         }
     };
+    let required = |key: &str| -> Result<f64> {
+        num(key)?.ok_or_else(|| Error::config(path, format!("rope_scaling (yarn) has no {key}")))
+    };
     match kind {
         "default" => Ok(RopeScaling::None),
         "yarn" => {
-            let factor =
-                num("factor")?.ok_or_else(|| Error::config(path, "rope_scaling (yarn) has no factor"))?;
-            Ok(RopeScaling::Yarn(YarnScaling {
-                factor,
-                beta_fast: num("beta_fast")?.filter(|&b| b != 0.0).unwrap_or(32.0),
-                beta_slow: num("beta_slow")?.filter(|&b| b != 0.0).unwrap_or(1.0),
-                original_max_position_embeddings: num("original_max_position_embeddings")?.ok_or_else(
-                    || Error::config(path, "rope_scaling (yarn) has no original_max_position_embeddings"),
-                )?,
-                truncate: rs.get("truncate").and_then(Value::as_bool).unwrap_or(true),
+            let truncate = match rs.get("truncate") {
+                None | Some(Value::Null) => true,
+                Some(Value::Bool(b)) => *b,
+                Some(v) => {
+                    return Err(Error::config(
+                        path,
+                        format!("rope_scaling.truncate is {v}, expected true or false"),
+                    ));
+                }
+            };
+            let yarn = YarnScaling {
+                factor: required("factor")?,
+                beta_fast: num("beta_fast")?.unwrap_or(32.0),
+                beta_slow: num("beta_slow")?.unwrap_or(1.0),
+                original_max_position_embeddings: required("original_max_position_embeddings")?,
+                truncate,
                 attention_factor: num("attention_factor")?,
-            }))
+            };
+            yarn.validate().map_err(|m| Error::config(path, m))?;
+            Ok(RopeScaling::Yarn(yarn))
         }
         other => Err(Error::config(
             path,

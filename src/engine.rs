@@ -194,6 +194,9 @@ pub struct OpenOptions {
     pub direct_io: Option<bool>,
     /// Learn the hot set: persist usage counts and preload the most used experts.
     pub hot_set: bool,
+    /// Check every expert record read from disk against its manifest hash (on the reader
+    /// threads); off only to measure what the check costs.
+    pub verify_reads: bool,
 }
 
 impl Default for OpenOptions {
@@ -207,6 +210,7 @@ impl Default for OpenOptions {
             io_threads: 4,
             direct_io: None,
             hot_set: true,
+            verify_reads: true,
         }
     }
 }
@@ -306,9 +310,9 @@ pub fn load_container(dir: &Path, opts: &OpenOptions) -> Result<LoadedModel> {
             capacity_bytes: ram,
             io_threads: opts.io_threads.max(1),
             usage_file,
-            verify_reads: true,
+            verify_reads: opts.verify_reads,
         },
-    );
+    )?;
     Ok(LoadedModel { config, dense: Arc::new(dense), experts: Arc::new(cache), dir: dir.to_path_buf() })
 }
 
@@ -320,10 +324,13 @@ pub const USAGE_FILE: &str = "expert-usage.json";
 /// never less than one token's experts in every layer.
 pub fn default_ram_budget(cfg: &ModelConfig, dense_bytes: u64, expert_bytes: u64, ctx: usize) -> u64 {
     let total = crate::system::total_memory().unwrap_or(8 << 30);
-    let kv = crate::backend::cpu::kv_cache::KvCache::bytes_for(cfg.num_layers, ctx, cfg.kv_dim());
+    // A context too large to compute needs more than any machine has; the run options
+    // refuse it later with a message, so here it just leaves the floor.
+    let kv = cfg.kv_bytes(ctx).unwrap_or(u64::MAX);
     let reserve = (4u64 << 30).min(total / 4);
-    let floor = expert_bytes * (cfg.num_layers * cfg.experts_per_token) as u64;
-    total.saturating_sub(dense_bytes + kv + reserve).max(floor)
+    let per_token = (cfg.num_layers as u64).saturating_mul(cfg.experts_per_token as u64);
+    let floor = expert_bytes.saturating_mul(per_token);
+    total.saturating_sub(dense_bytes.saturating_add(kv).saturating_add(reserve)).max(floor)
 }
 
 /// Loads a Hugging Face checkpoint directly, every expert decoded to F32 in memory. For
@@ -343,28 +350,76 @@ pub fn load_hf(dir: &Path) -> Result<LoadedModel> {
     })
 }
 
-fn check_run_options(model: &LoadedModel, opts: &RunOptions) -> Result<()> {
-    if opts.ctx == 0 {
+/// Where a backend keeps its key/value cache, for the memory check of [`check_context_memory`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvPlacement {
+    /// In host memory (the CPU backend).
+    Host,
+    /// On the device (the GPU backend checks its own memory); only the RoPE tables are
+    /// built in host memory.
+    Device,
+}
+
+fn check_run_options(model: &LoadedModel, opts: &RunOptions, kv: KvPlacement) -> Result<()> {
+    check_context(&model.config, opts.ctx, kv)
+}
+
+/// Checks a context capacity against a model: at least 1, at most its
+/// `max_position_embeddings`, and within memory ([`check_context_memory`]). Front-ends call
+/// it before loading (so a bad `--ctx` is refused before a conversion); putting a model on
+/// a backend calls it again.
+pub fn check_context(cfg: &ModelConfig, ctx: usize, kv: KvPlacement) -> Result<()> {
+    if ctx == 0 {
         return Err(Error::invalid("--ctx must be at least 1"));
     }
-    if opts.ctx > model.config.max_position_embeddings {
+    if ctx > cfg.max_position_embeddings {
         return Err(Error::invalid(format!(
-            "--ctx {} exceeds the model's max_position_embeddings {}",
-            opts.ctx, model.config.max_position_embeddings
+            "--ctx {ctx} exceeds the model's max_position_embeddings {}",
+            cfg.max_position_embeddings
         )));
     }
-    Ok(())
+    check_context_memory(cfg, ctx, kv)
+}
+
+/// Refuses, before anything is allocated, a context of `ctx` positions whose host buffers
+/// (the F32 key/value cache when it lives in host memory, and the RoPE tables) need more
+/// than the machine's physical memory. The message names `--ctx`, the bytes needed, and
+/// the memory the machine has and has available. Without a memory figure from the OS it
+/// passes, and the fallible allocation reports instead.
+pub fn check_context_memory(cfg: &ModelConfig, ctx: usize, kv: KvPlacement) -> Result<()> {
+    let Some(total) = crate::system::total_memory() else {
+        return Ok(());
+    };
+    let kv_bytes = match kv {
+        KvPlacement::Host => cfg.kv_bytes(ctx),
+        KvPlacement::Device => Some(0),
+    };
+    let need = kv_bytes.zip(cfg.rope_table_bytes(ctx)).and_then(|(k, r)| k.checked_add(r));
+    if need.is_some_and(|n| n <= total) {
+        return Ok(());
+    }
+    let (what, verb) = match kv {
+        KvPlacement::Host => ("KV cache", "needs"),
+        KvPlacement::Device => ("RoPE tables", "need"),
+    };
+    let available = crate::system::available_memory().map_or_else(|| "an unknown amount".to_string(), gib);
+    Err(Error::invalid(format!(
+        "{what} for --ctx {ctx} {verb} {}; this machine has {available} available ({} of physical memory); \
+         choose a smaller --ctx",
+        need.map_or_else(|| "more than 2^64 bytes".to_string(), gib),
+        gib(total),
+    )))
 }
 
 /// Puts a loaded model on the CPU backend.
 pub fn cpu_runner(model: &LoadedModel, opts: &RunOptions) -> Result<Box<dyn Runner>> {
-    check_run_options(model, opts)?;
+    check_run_options(model, opts, KvPlacement::Host)?;
     let backend = CpuBackend::new(
         Arc::clone(&model.config),
         Arc::clone(&model.dense),
         Arc::clone(&model.experts),
         opts.ctx,
-    )
+    )?
     .with_expert_pipeline(opts.prefetch, opts.completion_driven);
     Ok(Box::new(Forward::new(backend, opts.max_batch)))
 }
@@ -372,7 +427,7 @@ pub fn cpu_runner(model: &LoadedModel, opts: &RunOptions) -> Result<Box<dyn Runn
 /// Puts a loaded model on a GPU (see `backend::gpu`). Fails with `Error::Backend` when no
 /// suitable adapter exists or the device cannot hold the model.
 pub fn gpu_runner(model: &LoadedModel, opts: &RunOptions, gpu: &GpuOptions) -> Result<Box<dyn Runner>> {
-    check_run_options(model, opts)?;
+    check_run_options(model, opts, KvPlacement::Device)?;
     let backend = GpuBackend::new(
         Arc::clone(&model.config),
         Arc::clone(&model.dense),

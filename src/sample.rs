@@ -102,8 +102,16 @@ impl Sampler {
     }
 
     /// Picks a token from `logits`; `history` is the token sequence so far (for the
-    /// repetition penalty).
-    pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+    /// repetition penalty; its last token is the one whose logits these are). Fails when
+    /// the logits are empty or hold a NaN or an infinity: that is a model fault (corrupt or
+    /// non-finite weights), and no token picked from them would mean anything.
+    pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> Result<u32> {
+        check_finite(logits, history.len().saturating_sub(1))?;
+        Ok(self.pick(logits, history))
+    }
+
+    /// [`Sampler::sample`] on logits known to be finite and non-empty.
+    fn pick(&mut self, logits: &[f32], history: &[u32]) -> u32 {
         let Sampler { params: p, rng, penalized, seen, cand } = self;
         let logits = if p.repetition_penalty != 1.0 && !history.is_empty() {
             penalized.clear();
@@ -115,7 +123,10 @@ impl Sampler {
             seen.dedup();
             for &t in seen.iter() {
                 if let Some(v) = penalized.get_mut(t as usize) {
-                    *v = if *v > 0.0 { *v / p.repetition_penalty } else { *v * p.repetition_penalty };
+                    let scaled = if *v > 0.0 { *v / p.repetition_penalty } else { *v * p.repetition_penalty };
+                    // An extreme penalty must not turn a finite logit into an infinity
+                    // (which would make the softmax NaN): saturate instead.
+                    *v = scaled.clamp(f32::MIN, f32::MAX);
                 }
             }
             &penalized[..]
@@ -169,6 +180,25 @@ impl Sampler {
     }
 }
 
+/// Fails, naming `position` and the first bad logit, unless `logits` is non-empty and
+/// every value is finite. One pass over the vocabulary.
+pub fn check_finite(logits: &[f32], position: usize) -> Result<()> {
+    if logits.is_empty() {
+        return Err(Error::tensor("logits", format!("the model produced no logits at position {position}")));
+    }
+    match logits.iter().position(|v| !v.is_finite()) {
+        None => Ok(()),
+        Some(i) => Err(Error::tensor(
+            "logits",
+            format!(
+                "the model produced non-finite logits at position {position} (token {i}: {}); its weights are \
+                 likely corrupt or non-finite: run `picchio verify` on the model",
+                logits[i]
+            ),
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -180,7 +210,7 @@ mod tests {
     #[test]
     fn temperature_zero_is_argmax() {
         let mut s = Sampler::new(params(0.0)).unwrap();
-        assert_eq!(s.sample(&[0.1, 3.0, 2.9], &[]), 1);
+        assert_eq!(s.sample(&[0.1, 3.0, 2.9], &[]).unwrap(), 1);
     }
 
     #[test]
@@ -188,7 +218,7 @@ mod tests {
         let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin()).collect();
         let run = |seed| {
             let mut s = Sampler::new(SamplingParams { seed, ..params(1.0) }).unwrap();
-            (0..40).map(|_| s.sample(&logits, &[])).collect::<Vec<_>>()
+            (0..40).map(|_| s.sample(&logits, &[]).unwrap()).collect::<Vec<_>>()
         };
         assert_eq!(run(7), run(7));
         assert_ne!(run(7), run(8));
@@ -198,9 +228,10 @@ mod tests {
     fn top_k_one_is_greedy_and_top_k_limits_choices() {
         let logits = [1.0f32, 5.0, 4.0, 3.0, -2.0];
         let mut s = Sampler::new(SamplingParams { top_k: 1, ..params(2.0) }).unwrap();
-        assert!((0..20).all(|_| s.sample(&logits, &[]) == 1));
+        assert!((0..20).all(|_| s.sample(&logits, &[]).unwrap() == 1));
         let mut s = Sampler::new(SamplingParams { top_k: 2, ..params(5.0) }).unwrap();
-        let seen: std::collections::HashSet<u32> = (0..200).map(|_| s.sample(&logits, &[])).collect();
+        let seen: std::collections::HashSet<u32> =
+            (0..200).map(|_| s.sample(&logits, &[]).unwrap()).collect();
         assert_eq!(seen, [1u32, 2].into_iter().collect());
     }
 
@@ -209,10 +240,12 @@ mod tests {
         // Probabilities at T=1: about 0.64, 0.24, 0.09, 0.03.
         let logits = [3.0f32, 2.0, 1.0, 0.0];
         let mut s = Sampler::new(SamplingParams { top_p: 0.8, ..params(1.0) }).unwrap();
-        let seen: std::collections::HashSet<u32> = (0..300).map(|_| s.sample(&logits, &[])).collect();
+        let seen: std::collections::HashSet<u32> =
+            (0..300).map(|_| s.sample(&logits, &[]).unwrap()).collect();
         assert_eq!(seen, [0u32, 1].into_iter().collect());
         let mut s = Sampler::new(SamplingParams { min_p: 0.3, ..params(1.0) }).unwrap();
-        let seen: std::collections::HashSet<u32> = (0..300).map(|_| s.sample(&logits, &[])).collect();
+        let seen: std::collections::HashSet<u32> =
+            (0..300).map(|_| s.sample(&logits, &[]).unwrap()).collect();
         assert_eq!(seen, [0u32, 1].into_iter().collect());
     }
 
@@ -220,13 +253,13 @@ mod tests {
     fn repetition_penalty_demotes_recent_tokens() {
         let logits = [2.0f32, 1.9, -1.0];
         let mut s = Sampler::new(SamplingParams { repetition_penalty: 1.5, ..params(0.0) }).unwrap();
-        assert_eq!(s.sample(&logits, &[0]), 1);
-        assert_eq!(s.sample(&logits, &[2]), 0);
+        assert_eq!(s.sample(&logits, &[0]).unwrap(), 1);
+        assert_eq!(s.sample(&logits, &[2]).unwrap(), 0);
         // Outside the window it no longer applies.
         let mut s =
             Sampler::new(SamplingParams { repetition_penalty: 1.5, repetition_window: 1, ..params(0.0) })
                 .unwrap();
-        assert_eq!(s.sample(&logits, &[0, 2]), 0);
+        assert_eq!(s.sample(&logits, &[0, 2]).unwrap(), 0);
     }
 
     #[test]
@@ -239,5 +272,24 @@ mod tests {
         ] {
             assert!(Sampler::new(p).unwrap_err().to_string().contains(name));
         }
+    }
+
+    #[test]
+    fn non_finite_logits_are_an_error_naming_the_position() {
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            for temperature in [0.0, 1.0] {
+                let mut s = Sampler::new(params(temperature)).unwrap();
+                let e = s.sample(&[0.5, bad, 0.25], &[7, 8, 9]).unwrap_err().to_string();
+                assert!(e.contains("non-finite logits at position 2"), "{e}");
+                assert!(e.contains("token 1") && e.contains("picchio verify"), "{e}");
+            }
+        }
+        let mut s = Sampler::greedy();
+        assert!(s.sample(&[], &[]).unwrap_err().to_string().contains("no logits"));
+        // An extreme penalty saturates instead of producing an infinity.
+        let mut s = Sampler::new(SamplingParams { repetition_penalty: 1e-30, ..params(1.0) }).unwrap();
+        assert_eq!(s.sample(&[1e30, -1.0], &[0]).unwrap(), 0);
+        // The sampler still works afterwards.
+        assert_eq!(s.sample(&[0.0, 1.0], &[]).unwrap(), 1);
     }
 }

@@ -86,8 +86,14 @@ impl Session {
                 self.pos()
             )));
         }
-        if keep + new > self.capacity() {
-            return Err(Error::ContextFull { needed: keep + new, capacity: self.capacity() });
+        match keep.checked_add(new) {
+            Some(needed) if needed <= self.capacity() => {}
+            needed => {
+                return Err(Error::ContextFull {
+                    needed: needed.unwrap_or(usize::MAX),
+                    capacity: self.capacity(),
+                });
+            }
         }
         Ok(())
     }
@@ -128,7 +134,7 @@ impl Session {
     /// The logits after the last consumed token, if they were computed.
     fn last_logits(&self) -> Option<&[f32]> {
         let vocab = self.runner.config().vocab_size;
-        self.logits.len().checked_sub(vocab).map(|start| &self.logits[start..])
+        self.logits.len().checked_sub(vocab).and_then(|start| self.logits.get(start..))
     }
 
     /// Length of the longest common prefix of the cached tokens and `ids`.
@@ -183,7 +189,9 @@ impl Session {
             let Some(logits) = self.last_logits() else {
                 break;
             };
-            let token = sampler.sample(logits, &self.tokens);
+            // Non-finite logits are an error, not a token: the cache still matches the
+            // history (the last token was consumed), so the session stays usable.
+            let token = sampler.sample(logits, &self.tokens)?;
             out.push(token);
             let keep_going = on_token(token);
             let is_stop = stop.contains(&token);

@@ -8,6 +8,16 @@ pub fn total_memory() -> Option<u64> {
     (total > 0).then_some(total)
 }
 
+/// Memory available to new allocations in bytes (free plus reclaimable caches, as the
+/// OS counts it), if the platform reports it. Used in messages about allocations that do
+/// not fit.
+pub fn available_memory() -> Option<u64> {
+    let mut sys = sysinfo::System::new().ok()?;
+    sys.refresh_memory();
+    let available = sys.available_memory();
+    (available > 0).then_some(available)
+}
+
 /// Peak resident set size of this process so far, in bytes.
 pub fn peak_rss() -> Option<u64> {
     #[cfg(unix)]
@@ -61,6 +71,7 @@ mod tests {
     #[test]
     fn reports_memory() {
         assert!(super::total_memory().unwrap_or(1) > 0);
+        assert!(super::available_memory().unwrap_or(1) > 0);
         assert!(super::peak_rss().unwrap_or(1) > 0);
         assert!(!super::cpu_description().is_empty());
         assert_eq!(super::gib(512), "512 B");

@@ -17,6 +17,7 @@ const CAPACITY: usize = 96;
 
 fn cpu(model: &LoadedModel) -> CpuBackend {
     CpuBackend::new(model.config.clone(), model.dense.clone(), model.experts.clone(), CAPACITY)
+        .expect("a 96-position cache fits")
 }
 
 fn gpu(model: &LoadedModel, opts: &GpuOptions) -> GpuBackend {

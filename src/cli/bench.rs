@@ -113,8 +113,15 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.prompt > 0, "--prompt must be at least 1");
     let model = args.model.open(args.model.ctx)?;
     let cfg = model.config.clone();
-    let ctx =
-        args.model.ctx.unwrap_or_else(|| engine::default_ctx(&cfg)).max(args.prompt + args.decode_tokens + 1);
+    let needed =
+        args.prompt.checked_add(args.decode_tokens).and_then(|n| n.checked_add(1)).ok_or_else(|| {
+            anyhow::anyhow!(
+                "--prompt {} plus --gen {} positions is too large",
+                args.prompt,
+                args.decode_tokens
+            )
+        })?;
+    let ctx = args.model.ctx.unwrap_or_else(|| engine::default_ctx(&cfg)).max(needed);
     let threads = rayon::current_num_threads();
 
     // Floors, measured in this run.

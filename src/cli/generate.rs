@@ -98,6 +98,7 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
 
     let t0 = Instant::now();
     if let Some(path) = &args.logits_out {
+        check_logits_fit(prompt.len(), session.runner().config().vocab_size)?;
         let logits = session.feed(&prompt, LogitRows::All, &mut NoObserver)?;
         write_logits(path, &logits, prompt.len(), session.runner().config().vocab_size)?;
         emit_continuation(&mut session, &[], &args, t0)?;
@@ -112,6 +113,24 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Refuses `--logits-out` for a prompt whose `[T, vocab]` F32 logits would not fit in the
+/// machine's physical memory (they are held at once before writing).
+fn check_logits_fit(rows: usize, vocab: usize) -> anyhow::Result<()> {
+    let bytes = (rows as u64).checked_mul(vocab as u64).and_then(|n| n.checked_mul(4));
+    let total = picchio::system::total_memory();
+    match (bytes, total) {
+        (Some(b), Some(t)) if b <= t => return Ok(()),
+        // Without a memory figure only an overflowing size is refused.
+        (Some(_), None) => return Ok(()),
+        _ => {}
+    }
+    anyhow::bail!(
+        "--logits-out for {rows} prompt positions x {vocab} tokens needs {}; this machine has {} of memory",
+        bytes.map_or_else(|| "more than 2^64 bytes".to_string(), picchio::system::gib),
+        total.map_or_else(|| "an unknown amount".to_string(), picchio::system::gib)
+    )
 }
 
 fn write_logits(path: &Path, logits: &[f32], rows: usize, vocab: usize) -> anyhow::Result<()> {
@@ -197,6 +216,13 @@ mod tests {
     #[test]
     fn ids_parse_across_lines() {
         assert_eq!(parse_ids("0 1\n 2\t3\n\n", "x").unwrap(), vec![0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn logits_out_that_cannot_fit_is_refused() {
+        assert!(check_logits_fit(10, 1000).is_ok());
+        let e = check_logits_fit(1 << 40, 201_088).unwrap_err().to_string();
+        assert!(e.contains("--logits-out for 1099511627776 prompt positions") && e.contains("needs"), "{e}");
     }
 
     #[test]

@@ -126,6 +126,10 @@ pub struct ModelArgs {
     /// Do not learn or preload the hot set of experts.
     #[arg(long)]
     pub no_hot_set: bool,
+    /// Use expert records read from disk without checking them against their manifest
+    /// hashes (the check runs on the reader threads; this flag exists to measure its cost).
+    #[arg(long)]
+    pub no_verify_reads: bool,
     /// Quantize activations to int8 for the AVX-512 VNNI integer kernels: faster, but no
     /// longer implementation-exact against the F32 oracle (an error of about 0.3% per
     /// product on top of the INT4 weights').
@@ -152,13 +156,9 @@ impl ModelArgs {
     pub fn open(&self, ctx: Option<usize>) -> anyhow::Result<picchio::engine::LoadedModel> {
         use anyhow::Context;
         let dir = self.model_dir();
-        let ram_bytes = match self.ram_gb {
-            Some(g) if !(g.is_finite() && g > 0.0) => {
-                anyhow::bail!("--ram-gb must be a positive number, got {g}")
-            }
-            Some(g) => Some((g * (1u64 << 30) as f64) as u64),
-            None => None,
-        };
+        let ram_bytes = self.ram_gb.map(|g| gib_flag("--ram-gb", g)).transpose()?;
+        check_count("--io-threads", self.io_threads, MAX_IO_THREADS)?;
+        self.check_ctx_early(&dir, ctx)?;
         let opts = picchio::engine::OpenOptions {
             ram_bytes,
             formats: Formats { experts: self.experts, dense: self.dense },
@@ -168,21 +168,37 @@ impl ModelArgs {
             io_threads: self.io_threads,
             direct_io: self.direct_io.map(|t| t == Toggle::On),
             hot_set: !self.no_hot_set,
+            verify_reads: !self.no_verify_reads,
         };
-        anyhow::ensure!(self.io_threads > 0, "--io-threads must be at least 1");
         picchio::engine::open(&dir, &opts).with_context(|| format!("loading model {}", dir.display()))
+    }
+
+    /// Refuses a `--ctx` the model's config.json cannot take (or this machine cannot hold)
+    /// before the model is loaded or converted. A config that cannot be read is left to the
+    /// load, which reports it.
+    fn check_ctx_early(&self, dir: &std::path::Path, ctx: Option<usize>) -> anyhow::Result<()> {
+        let (Some(ctx), Ok(cfg)) = (ctx, picchio::ModelConfig::from_dir(dir)) else {
+            return Ok(());
+        };
+        let kv = match self.device {
+            picchio::engine::Device::Cpu => picchio::engine::KvPlacement::Host,
+            _ => picchio::engine::KvPlacement::Device,
+        };
+        Ok(picchio::engine::check_context(&cfg, ctx, kv)?)
     }
 
     /// The GPU options these flags ask for.
     pub fn gpu_options(&self) -> anyhow::Result<picchio::backend::gpu::GpuOptions> {
         use picchio::backend::gpu::{FeatureUse, GpuOptions};
-        let vram_bytes = match self.vram_gb {
-            Some(g) if !(g.is_finite() && g > 0.0) => {
-                anyhow::bail!("--vram-gb must be a positive number, got {g}")
-            }
-            Some(g) => Some((g * (1u64 << 30) as f64) as u64),
-            None => None,
-        };
+        let vram_bytes = self.vram_gb.map(|g| gib_flag("--vram-gb", g)).transpose()?;
+        let max_binding_bytes = self
+            .gpu_max_binding_mb
+            .map(|m| {
+                m.checked_mul(1 << 20)
+                    .filter(|&b| b > 0)
+                    .ok_or_else(|| anyhow::anyhow!("--gpu-max-binding-mb {m} is out of range (1..2^44)"))
+            })
+            .transpose()?;
         Ok(GpuOptions {
             api: self.gpu_backend,
             allow_software: false,
@@ -192,7 +208,7 @@ impl ModelArgs {
                 FeatureUse::default()
             },
             vram_bytes,
-            max_binding_bytes: self.gpu_max_binding_mb.map(|m| m << 20),
+            max_binding_bytes,
             predict: self.gpu_predict.then_some(true),
             fail_at_readback: None,
         })
@@ -227,11 +243,42 @@ impl ModelArgs {
             );
         }
         if let Some(n) = self.threads {
-            anyhow::ensure!(n > 0, "--threads must be at least 1");
-            rayon::ThreadPoolBuilder::new().num_threads(n).build_global()?;
+            check_count("--threads", n, MAX_THREADS)?;
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .build_global()
+                .map_err(|e| anyhow::anyhow!("--threads {n}: cannot start the worker threads: {e}"))?;
         }
         Ok(())
     }
+}
+
+/// Most worker threads `--threads` accepts: far more than any machine has cores, few
+/// enough that starting them cannot exhaust the OS.
+pub const MAX_THREADS: usize = 1024;
+
+/// Most expert reader threads `--io-threads` accepts (the disk queue depth; no disk gains
+/// from more).
+pub const MAX_IO_THREADS: usize = 256;
+
+/// Largest memory flag (`--ram-gb`, `--vram-gb`) in GiB: 1 PiB, beyond any machine.
+pub const MAX_GIB: f64 = (1u64 << 20) as f64;
+
+/// Checks a count flag: `1..=max`, the error naming the flag and the value.
+pub fn check_count(flag: &str, n: usize, max: usize) -> anyhow::Result<()> {
+    anyhow::ensure!((1..=max).contains(&n), "{flag} {n} is out of range (1..={max})");
+    Ok(())
+}
+
+/// Converts a memory flag in GiB to bytes: a finite positive number up to [`MAX_GIB`],
+/// the error naming the flag and the value.
+pub fn gib_flag(flag: &str, gib: f64) -> anyhow::Result<u64> {
+    anyhow::ensure!(
+        gib.is_finite() && gib > 0.0 && gib <= MAX_GIB,
+        "{flag} must be a positive number of GiB up to {MAX_GIB}, got {gib}"
+    );
+    // In range: at most 2^50 bytes, exact in f64 and in u64.
+    Ok((gib * (1u64 << 30) as f64) as u64)
 }
 
 /// Sends logs to stderr, filtered by `RUST_LOG` or the verbosity flags.
@@ -303,6 +350,20 @@ pub fn print_stats(
 #[cfg(test)]
 mod tests {
     use clap::CommandFactory;
+
+    #[test]
+    fn numeric_flags_are_bounded() {
+        assert!(super::check_count("--io-threads", 4, 256).is_ok());
+        for n in [0, 257, usize::MAX] {
+            let e = super::check_count("--io-threads", n, 256).unwrap_err().to_string();
+            assert!(e.contains(&format!("--io-threads {n}")), "{e}");
+        }
+        assert_eq!(super::gib_flag("--ram-gb", 1.5).unwrap(), 3 << 29);
+        for g in [-1.0, 0.0, f64::NAN, f64::INFINITY, 1e30] {
+            let e = super::gib_flag("--ram-gb", g).unwrap_err().to_string();
+            assert!(e.contains("--ram-gb"), "{e}");
+        }
+    }
 
     /// No two arguments of a command share a long or short name (clap only checks this in
     /// debug builds, and the tests run in release).

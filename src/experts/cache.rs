@@ -99,7 +99,8 @@ pub struct CachedExperts {
 impl CachedExperts {
     /// A cache with the given options. It never holds more experts than the store has;
     /// experts pinned by the current call may exceed the bound briefly.
-    pub fn with_options(mut store: ExpertStore, opts: CacheOptions) -> Self {
+    /// Fails when a reader thread cannot be started (the threads started are stopped).
+    pub fn with_options(mut store: ExpertStore, opts: CacheOptions) -> Result<Self> {
         store.set_verify_reads(opts.verify_reads);
         let expert_bytes = store.read_bytes().max(1);
         let total = store.len();
@@ -120,16 +121,28 @@ impl CachedExperts {
         });
         let (tx, rx) = channel::<(usize, usize)>();
         let rx = Arc::new(Mutex::new(rx));
-        let workers = (0..opts.io_threads.max(1))
-            .map(|i| {
-                let shared = Arc::clone(&shared);
-                let rx = Arc::clone(&rx);
-                std::thread::Builder::new()
-                    .name(format!("picchio-io-{i}"))
-                    .spawn(move || reader_loop(&shared, &rx))
-                    .expect("spawning an I/O thread")
-            })
-            .collect();
+        let mut workers = Vec::new();
+        for i in 0..opts.io_threads.max(1) {
+            let (shared, rx) = (Arc::clone(&shared), Arc::clone(&rx));
+            let spawned = std::thread::Builder::new()
+                .name(format!("picchio-io-{i}"))
+                .spawn(move || reader_loop(&shared, &rx));
+            match spawned {
+                Ok(w) => workers.push(w),
+                Err(e) => {
+                    // Closing the job channel ends the readers already started.
+                    drop(tx);
+                    for w in workers {
+                        let _ = w.join();
+                    }
+                    return Err(Error::invalid(format!(
+                        "cannot start expert reader thread {} of {} (--io-threads): {e}",
+                        i + 1,
+                        opts.io_threads
+                    )));
+                }
+            }
+        }
         let cache = CachedExperts {
             shared,
             jobs: Mutex::new(Some(tx)),
@@ -138,7 +151,7 @@ impl CachedExperts {
             io_threads: opts.io_threads.max(1),
         };
         cache.load_hot_set();
-        cache
+        Ok(cache)
     }
 
     /// Whether reads bypass the page cache.

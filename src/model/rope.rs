@@ -5,6 +5,8 @@
 //! `_compute_yarn_parameters`, so the frequencies match it to the last bit or two.
 
 use crate::config::{ModelConfig, RopeScaling};
+use crate::error::{Error, Result};
+use crate::system::{available_memory, gib};
 
 /// Inverse frequencies (`head_dim / 2` of them) and the factor applied to cos and sin.
 #[derive(Clone, Debug, PartialEq)]
@@ -105,16 +107,49 @@ impl RopeFrequencies {
     /// The cos and sin of every position below `capacity`, each `[capacity, head_dim / 2]`
     /// row-major: row `p` is what [`RopeFrequencies::cos_sin`] writes for position `p`.
     /// Backends build it once, so that no token recomputes (or allocates) its rotation.
+    /// The caller has checked that the tables fit in memory (see `engine`'s run checks);
+    /// [`RopeFrequencies::try_table`] is the fallible form.
     pub fn table(&self, capacity: usize) -> (Vec<f32>, Vec<f32>) {
         let half = self.inv_freq.len();
         let mut cos = vec![0.0f32; capacity * half];
         let mut sin = vec![0.0f32; capacity * half];
+        self.fill(&mut cos, &mut sin);
+        (cos, sin)
+    }
+
+    /// [`RopeFrequencies::table`], allocated fallibly: a size that overflows or an
+    /// allocation the machine refuses is an error naming `--ctx` and the bytes needed.
+    pub fn try_table(&self, capacity: usize) -> Result<(Vec<f32>, Vec<f32>)> {
+        let half = self.inv_freq.len();
+        let too_big = || {
+            let bytes = capacity
+                .checked_mul(half)
+                .and_then(|n| n.checked_mul(2 * std::mem::size_of::<f32>()))
+                .map_or_else(|| "more than 2^64 bytes".to_string(), |b| gib(b as u64));
+            Error::invalid(format!(
+                "RoPE tables for --ctx {capacity} need {bytes}; this machine has {} available",
+                available_memory().map_or_else(|| "an unknown amount of memory".to_string(), gib)
+            ))
+        };
+        let n = capacity.checked_mul(half).ok_or_else(too_big)?;
+        let mut cos = Vec::new();
+        let mut sin = Vec::new();
+        cos.try_reserve_exact(n).map_err(|_| too_big())?;
+        sin.try_reserve_exact(n).map_err(|_| too_big())?;
+        cos.resize(n, 0.0);
+        sin.resize(n, 0.0);
+        self.fill(&mut cos, &mut sin);
+        Ok((cos, sin))
+    }
+
+    /// Writes row `p` of the tables for every row of `cos` and `sin`.
+    fn fill(&self, cos: &mut [f32], sin: &mut [f32]) {
+        let half = self.inv_freq.len();
         if half > 0 {
             for (p, (c, s)) in cos.chunks_exact_mut(half).zip(sin.chunks_exact_mut(half)).enumerate() {
                 self.cos_sin(p, c, s);
             }
         }
-        (cos, sin)
     }
 }
 
@@ -167,6 +202,9 @@ mod tests {
         let f = RopeFrequencies { inv_freq: vec![1.0, 0.1, 0.003], attention_factor: 1.25 };
         let (cos, sin) = f.table(5);
         assert_eq!((cos.len(), sin.len()), (15, 15));
+        assert_eq!(f.try_table(5).unwrap(), (cos.clone(), sin.clone()));
+        let e = f.try_table(usize::MAX / 2).unwrap_err().to_string();
+        assert!(e.contains("--ctx") && e.contains("need"), "{e}");
         for p in 0..5 {
             let (mut c, mut s) = ([0.0; 3], [0.0; 3]);
             f.cos_sin(p, &mut c, &mut s);

@@ -3,6 +3,13 @@
 //!
 //! Positions are never shifted: rewinding a session to `keep` positions just means later
 //! writes overwrite from `keep` on, so a cache can serve prefix reuse without copying.
+//!
+//! The cache is allocated fallibly: its size comes from `--ctx` and the config, so a
+//! request the machine cannot hold is an error that says how much was asked for and how
+//! much memory is available, never an abort.
+
+use crate::error::{Error, Result};
+use crate::system::{available_memory, gib};
 
 /// Keys and values for every layer.
 pub struct KvCache {
@@ -14,14 +21,22 @@ pub struct KvCache {
 
 impl KvCache {
     /// A cache for `layers` layers of `capacity` positions of width `kv_dim`. Memory is
-    /// zero-filled lazily by the OS, so an unused tail costs no resident memory.
-    pub fn new(layers: usize, capacity: usize, kv_dim: usize) -> Self {
-        KvCache {
-            capacity,
-            kv_dim,
-            keys: (0..layers).map(|_| vec![0.0; capacity * kv_dim]).collect(),
-            values: (0..layers).map(|_| vec![0.0; capacity * kv_dim]).collect(),
+    /// zero-filled lazily by the OS, so an unused tail costs no resident memory. Fails,
+    /// naming `--ctx`, the bytes needed and the memory available, when the size overflows
+    /// or the allocation is refused.
+    pub fn new(layers: usize, capacity: usize, kv_dim: usize) -> Result<Self> {
+        let too_big = || kv_cache_too_large(layers, capacity, kv_dim);
+        let per_layer = capacity.checked_mul(kv_dim).ok_or_else(too_big)?;
+        Self::bytes_for(layers, capacity, kv_dim).ok_or_else(too_big)?;
+        let mut keys = Vec::new();
+        let mut values = Vec::new();
+        keys.try_reserve_exact(layers).map_err(|_| too_big())?;
+        values.try_reserve_exact(layers).map_err(|_| too_big())?;
+        for _ in 0..layers {
+            keys.push(zeroed_f32(per_layer).ok_or_else(too_big)?);
+            values.push(zeroed_f32(per_layer).ok_or_else(too_big)?);
         }
+        Ok(KvCache { capacity, kv_dim, keys, values })
     }
 
     /// Positions the cache holds.
@@ -29,7 +44,8 @@ impl KvCache {
         self.capacity
     }
 
-    /// Stores the key and value of `pos` in `layer`.
+    /// Stores the key and value of `pos` in `layer`. The backend checks `pos < capacity`
+    /// before it runs a position (`Error::ContextFull` otherwise).
     pub fn write(&mut self, layer: usize, pos: usize, key: &[f32], value: &[f32]) {
         let d = self.kv_dim;
         self.keys[layer][pos * d..(pos + 1) * d].copy_from_slice(key);
@@ -47,8 +63,72 @@ impl KvCache {
     }
 
     /// Bytes the keys and values of `layers` layers take at `capacity` positions of `kv_dim`
-    /// floats each.
-    pub fn bytes_for(layers: usize, capacity: usize, kv_dim: usize) -> u64 {
-        (2 * layers * capacity * kv_dim * std::mem::size_of::<f32>()) as u64
+    /// floats each; `None` when that does not fit in 64 bits.
+    pub fn bytes_for(layers: usize, capacity: usize, kv_dim: usize) -> Option<u64> {
+        [layers, capacity, kv_dim, std::mem::size_of::<f32>()]
+            .iter()
+            .try_fold(2u64, |acc, &f| acc.checked_mul(u64::try_from(f).ok()?))
+    }
+}
+
+/// The error for a cache that cannot be allocated: names `--ctx`, the size and what the
+/// machine has available.
+fn kv_cache_too_large(layers: usize, capacity: usize, kv_dim: usize) -> Error {
+    let needed = match KvCache::bytes_for(layers, capacity, kv_dim) {
+        Some(b) => gib(b),
+        None => "more than 2^64 bytes".to_string(),
+    };
+    let available = available_memory().map_or_else(|| "an unknown amount of memory".to_string(), gib);
+    Error::invalid(format!(
+        "KV cache for --ctx {capacity} needs {needed} ({layers} layers x {kv_dim} floats x 2 per position); \
+         this machine has {available} available"
+    ))
+}
+
+/// `n` zeros, allocated fallibly and zero-filled lazily by the OS (as `vec![0.0; n]` is),
+/// so that untouched pages cost no resident memory; `None` when the allocation fails.
+pub fn zeroed_f32(n: usize) -> Option<Vec<f32>> {
+    if n == 0 {
+        return Some(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<f32>(n).ok()?;
+    // SAFETY: `layout` has a non-zero size (n > 0).
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) }.cast::<f32>();
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: `ptr` was allocated by the global allocator with the layout of `n` f32
+    // values (the layout `Vec<f32>` uses for capacity `n`), and all `n` values are
+    // initialized (all-zero bits are 0.0).
+    Some(unsafe { Vec::from_raw_parts(ptr, n, n) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_that_overflow_are_errors_naming_ctx() {
+        assert_eq!(KvCache::bytes_for(2, 3, 4), Some(2 * 2 * 3 * 4 * 4));
+        assert_eq!(KvCache::bytes_for(24, 1 << 62, 512), None);
+        let e = KvCache::new(24, 1 << 62, 512).err().expect("an overflowing size is refused").to_string();
+        assert!(e.contains("--ctx 4611686018427387904") && e.contains("available"), "{e}");
+    }
+
+    #[test]
+    fn a_refused_allocation_is_an_error() {
+        // 2^60 bytes per layer: no machine grants it.
+        let e = KvCache::new(1, 1 << 56, 4).err().expect("an impossible allocation is refused").to_string();
+        assert!(e.contains("--ctx 72057594037927936 needs"), "{e}");
+    }
+
+    #[test]
+    fn a_cache_starts_zeroed() {
+        let mut kv = KvCache::new(2, 3, 4).unwrap();
+        assert!(kv.keys(1).iter().chain(kv.values(0)).all(|&v| v == 0.0));
+        kv.write(1, 2, &[1.0; 4], &[2.0; 4]);
+        assert_eq!(&kv.keys(1)[8..], &[1.0; 4]);
+        assert_eq!(&kv.values(1)[8..], &[2.0; 4]);
+        assert_eq!(zeroed_f32(0), Some(Vec::new()));
     }
 }

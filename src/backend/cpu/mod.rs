@@ -94,16 +94,18 @@ fn route_rows(
 }
 
 impl CpuBackend {
-    /// A backend with a key/value cache of `capacity` positions.
+    /// A backend with a key/value cache of `capacity` positions. Fails, saying how much
+    /// memory was asked for and how much is available, when the cache or the RoPE tables
+    /// cannot be allocated.
     pub fn new(
         cfg: Arc<ModelConfig>,
         dense: Arc<DenseWeights>,
         experts: Arc<dyn ExpertSource>,
         capacity: usize,
-    ) -> Self {
-        let (rope_cos, rope_sin) = RopeFrequencies::from_config(&cfg).table(capacity);
-        let kv = KvCache::new(cfg.num_layers, capacity, cfg.kv_dim());
-        CpuBackend {
+    ) -> Result<Self> {
+        let (rope_cos, rope_sin) = RopeFrequencies::from_config(&cfg).try_table(capacity)?;
+        let kv = KvCache::new(cfg.num_layers, capacity, cfg.kv_dim())?;
+        Ok(CpuBackend {
             cfg,
             dense,
             experts,
@@ -115,7 +117,7 @@ impl CpuBackend {
             router_logits: Vec::new(),
             prediction: Prediction::default(),
             moe: moe::MoeScratch::default(),
-        }
+        })
     }
 
     /// Sets how experts are fetched: `predict` prefetches each next layer's predicted
