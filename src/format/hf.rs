@@ -15,10 +15,10 @@ use std::path::Path;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::format::container::layout::dense_tensors;
-use crate::format::mxfp4;
 use crate::format::safetensors::Checkpoint;
 use crate::model::weights::{DenseWeights, ExpertWeights};
 use crate::quant::Matrix;
+use crate::quant::mxfp4;
 
 /// How a checkpoint stores its experts.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -8,6 +8,7 @@ pub mod buffer;
 pub mod int4;
 pub mod int8;
 pub mod kernels;
+pub mod mxfp4;
 pub mod reference;
 
 use rayon::prelude::*;
@@ -39,6 +40,13 @@ pub enum MatrixData {
         /// `rows * int4::groups(cols)` f16 scales.
         scales: WeightBuf<u16>,
     },
+    /// MXFP4 as released: blocks of 32 E2M1 codes with an E8M0 scale each (see [`mxfp4`]).
+    Mxfp4 {
+        /// `rows * mxfp4::row_bytes(cols)` code bytes.
+        codes: WeightBuf<u8>,
+        /// `rows * mxfp4::blocks(cols)` E8M0 scale bytes.
+        scales: WeightBuf<u8>,
+    },
 }
 
 impl MatrixData {
@@ -49,6 +57,7 @@ impl MatrixData {
             MatrixData::Bf16(_) => "bf16",
             MatrixData::Int8Rows { .. } => "int8-row",
             MatrixData::Int4G64 { .. } => "int4-gs64",
+            MatrixData::Mxfp4 { .. } => "mxfp4",
         }
     }
 }
@@ -94,6 +103,18 @@ impl Matrix {
                 vec![codes.len(), scales.len()],
                 vec![rows * int4::row_bytes(cols), rows * int4::groups(cols)],
             ),
+            MatrixData::Mxfp4 { codes, scales } => {
+                if !cols.is_multiple_of(mxfp4::BLOCK) {
+                    return Err(Error::tensor(
+                        name,
+                        format!("mxfp4 [{rows}, {cols}]: inputs are not a multiple of {}", mxfp4::BLOCK),
+                    ));
+                }
+                (
+                    vec![codes.len(), scales.len()],
+                    vec![rows * mxfp4::row_bytes(cols), rows * mxfp4::blocks(cols)],
+                )
+            }
         };
         if have != want {
             return Err(Error::tensor(
@@ -121,6 +142,16 @@ impl Matrix {
             MatrixData::Bf16(b) => b.byte_len(),
             MatrixData::Int8Rows { codes, scales } => codes.byte_len() + scales.byte_len(),
             MatrixData::Int4G64 { codes, scales } => codes.byte_len() + scales.byte_len(),
+            MatrixData::Mxfp4 { codes, scales } => codes.byte_len() + scales.byte_len(),
+        }
+    }
+
+    /// Whether products of this matrix can run on quantized activations (the integer kernels
+    /// of [`kernels::q8`]): INT4, INT8 and MXFP4 rows.
+    fn has_integer_kernels(&self) -> bool {
+        match self.data {
+            MatrixData::Int4G64 { .. } | MatrixData::Int8Rows { .. } | MatrixData::Mxfp4 { .. } => true,
+            MatrixData::F32(_) | MatrixData::Bf16(_) => false,
         }
     }
 
@@ -156,6 +187,15 @@ impl Matrix {
                     None => kernels::int4_dot_with(path, row, row_scales, x),
                 }
             }
+            MatrixData::Mxfp4 { codes, scales } => {
+                let (rb, b) = (mxfp4::row_bytes(c), mxfp4::blocks(c));
+                let (row, row_scales) =
+                    (&codes.as_slice()[r * rb..(r + 1) * rb], &scales.as_slice()[r * b..(r + 1) * b]);
+                match qx {
+                    Some(qx) => kernels::mxfp4_dot_q8_with(path, row, row_scales, qx),
+                    None => kernels::mxfp4_dot_with(path, row, row_scales, x),
+                }
+            }
         }
     }
 
@@ -177,6 +217,14 @@ impl Matrix {
                 int4::dequantize_row(
                     &codes.as_slice()[r * rb..(r + 1) * rb],
                     &scales.as_slice()[r * g..(r + 1) * g],
+                    out,
+                )
+            }
+            MatrixData::Mxfp4 { codes, scales } => {
+                let (rb, b) = (mxfp4::row_bytes(c), mxfp4::blocks(c));
+                mxfp4::dequantize_row(
+                    &codes.as_slice()[r * rb..(r + 1) * rb],
+                    &scales.as_slice()[r * b..(r + 1) * b],
                     out,
                 )
             }
@@ -209,7 +257,7 @@ impl Matrix {
     fn matvec_impl(&self, path: KernelPath, quantize: bool, x: &[f32], y: &mut [f32]) {
         assert_eq!(x.len(), self.cols, "matvec input length");
         assert_eq!(y.len(), self.rows, "matvec output length");
-        let integer = matches!(self.data, MatrixData::Int4G64 { .. } | MatrixData::Int8Rows { .. });
+        let integer = self.has_integer_kernels();
         let qx = (integer && quantize).then(|| QuantizedX::new(x));
         let qx = qx.as_ref();
         // The kernels read `x` from a copy aligned to cache lines (and padded to whole INT4
@@ -267,7 +315,7 @@ impl Matrix {
         }
         // The same arithmetic as matvec, input by input: the same kernel path, and on paths
         // that quantize activations each input is quantized exactly as matvec would.
-        let integer = matches!(self.data, MatrixData::Int4G64 { .. } | MatrixData::Int8Rows { .. });
+        let integer = self.has_integer_kernels();
         let quantize = integer && quantize;
         let quantized: Vec<QuantizedX> =
             if quantize { x.chunks(self.cols).map(QuantizedX::new).collect() } else { Vec::new() };
@@ -327,6 +375,16 @@ impl Matrix {
                     kernels::int4_dot_multi_with(path, codes, scales, c, &inputs.x, out)
                 } else {
                     kernels::int4_dot_q8_multi_with(path, codes, scales, c, &inputs.q, out)
+                }
+            }
+            MatrixData::Mxfp4 { codes, scales } => {
+                let (rb, b) = (mxfp4::row_bytes(c), mxfp4::blocks(c));
+                let (codes, scales) =
+                    (&codes.as_slice()[r0 * rb..r1 * rb], &scales.as_slice()[r0 * b..r1 * b]);
+                if inputs.q.is_empty() {
+                    kernels::mxfp4_dot_multi_with(path, codes, scales, c, &inputs.x, out)
+                } else {
+                    kernels::mxfp4_dot_q8_multi_with(path, codes, scales, c, &inputs.q, out)
                 }
             }
         }

@@ -201,7 +201,13 @@ impl VramExperts {
         let probe = source.expert(0, 0)?;
         let format = match probe.gate_up.data {
             MatrixData::Int4G64 { .. } => SlotFormat::Int4,
-            _ => SlotFormat::F32,
+            MatrixData::F32(_) => SlotFormat::F32,
+            MatrixData::Bf16(_) | MatrixData::Int8Rows { .. } | MatrixData::Mxfp4 { .. } => {
+                return Err(Error::Backend(format!(
+                    "experts stored as {} have no VRAM slot format",
+                    probe.gate_up.format_name()
+                )));
+            }
         };
         let layout = SlotLayout::new(cfg, format);
         let total = cfg.num_layers * cfg.num_experts;

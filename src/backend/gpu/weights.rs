@@ -51,6 +51,9 @@ pub fn upload_matrix(gpu: &mut Gpu, name: &str, m: &Matrix) -> Result<GpuMatrix>
         MatrixData::Bf16(_) => (Op::MatvecBf16, 2 * m.cols, 0),
         MatrixData::Int8Rows { .. } => (Op::MatvecInt8, m.cols, 4),
         MatrixData::Int4G64 { .. } => (Op::MatvecInt4, int4::row_bytes(m.cols), 2 * int4::groups(m.cols)),
+        MatrixData::Mxfp4 { .. } => {
+            return Err(Error::Backend(format!("{name}: MXFP4 matrices have no GPU kernel yet")));
+        }
     };
     // Rows per block: every buffer (padded to whole words) within the binding limit.
     let limit = gpu.max_binding as usize;
@@ -75,6 +78,7 @@ pub fn upload_matrix(gpu: &mut Gpu, name: &str, m: &Matrix) -> Result<GpuMatrix>
             MatrixData::Int4G64 { codes, scales } => {
                 (as_bytes(codes.as_slice()), Some(as_bytes(scales.as_slice())))
             }
+            MatrixData::Mxfp4 { codes, scales } => (codes.as_slice(), Some(scales.as_slice())),
         };
         let data = gpu.buffer_init(&label, &d[row0 * data_row..(row0 + rows) * data_row])?;
         let scales = match s {

@@ -35,9 +35,9 @@ use crate::format::hf::{
     ExpertLayout, check_finite, check_finite_bytes, dequantized_position, expert_layout, mxfp4_error,
     position,
 };
-use crate::format::mxfp4;
 use crate::format::safetensors::{Checkpoint, INDEX_FILE, SINGLE_FILE, TensorEntry, decode_floats};
 use crate::io::{read_exact_at, write_all_at};
+use crate::quant::mxfp4;
 use crate::quant::{int4, int8};
 
 pub use guard::LOCK_FILE;

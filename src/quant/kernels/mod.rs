@@ -25,7 +25,7 @@ mod x86;
 
 use std::sync::OnceLock;
 
-use crate::quant::{int4, int8, reference};
+use crate::quant::{int4, int8, mxfp4, reference};
 use q8::QuantizedX;
 
 /// A family of kernels.
@@ -184,6 +184,12 @@ pub fn int4_dot(codes: &[u8], scales: &[u16], x: &[f32]) -> f32 {
     int4_dot_with(selected(), codes, scales, x)
 }
 
+/// One MXFP4 row with `x` (32 inputs a block).
+#[inline]
+pub fn mxfp4_dot(codes: &[u8], scales: &[u8], x: &[f32]) -> f32 {
+    mxfp4_dot_with(selected(), codes, scales, x)
+}
+
 /// One INT8 row (with its scale) with `x`.
 #[inline]
 pub fn int8_dot(codes: &[i8], scale: f32, x: &[f32]) -> f32 {
@@ -281,6 +287,14 @@ pub fn int4_dot_with(path: KernelPath, codes: &[u8], scales: &[u16], x: &[f32]) 
     o[0]
 }
 
+/// [`mxfp4_dot`] on `path` (the scalar reference if this CPU cannot run `path`), over the
+/// blocks that `codes`, `scales` and `x` all hold in full.
+pub fn mxfp4_dot_with(path: KernelPath, codes: &[u8], scales: &[u8], x: &[f32]) -> f32 {
+    let b = scales.len().min(codes.len() / mxfp4::BLOCK_BYTES).min(x.len() / mxfp4::BLOCK);
+    let _ = usable(path); // no SIMD kernel yet: every path runs the reference
+    mxfp4::dot_reference(&codes[..b * mxfp4::BLOCK_BYTES], &scales[..b], &x[..b * mxfp4::BLOCK])
+}
+
 /// [`int8_dot`] on `path` (the scalar reference if this CPU cannot run `path`). The SIMD
 /// kernels read `min(codes.len(), x.len())` elements.
 pub fn int8_dot_with(path: KernelPath, codes: &[i8], scale: f32, x: &[f32]) -> f32 {
@@ -321,6 +335,14 @@ pub fn int4_dot_q8_with(path: KernelPath, codes: &[u8], scales: &[u16], x: &Quan
     q8::int4_dot_reference(codes, scales, x)
 }
 
+/// One MXFP4 row with quantized activations ([`q8::mxfp4_dot_reference`]): the scalar
+/// definition on every path for now.
+pub fn mxfp4_dot_q8_with(path: KernelPath, codes: &[u8], scales: &[u8], x: &QuantizedX) -> f32 {
+    let b = scales.len().min(codes.len() / mxfp4::BLOCK_BYTES);
+    let _ = usable(path);
+    q8::mxfp4_dot_reference(&codes[..b * mxfp4::BLOCK_BYTES], &scales[..b], x)
+}
+
 /// One INT8 row with quantized activations ([`q8::int8_dot_reference`]): the VNNI kernel on
 /// [`KernelPath::Avx512Vnni`] (when this CPU has it), the scalar definition on every other
 /// path.
@@ -354,6 +376,10 @@ pub enum Product {
     Int8Q8,
     /// [`int4_dot_q8_with`].
     Int4Q8,
+    /// [`mxfp4_dot_with`].
+    Mxfp4,
+    /// [`mxfp4_dot_q8_with`].
+    Mxfp4Q8,
 }
 
 /// Most inputs a multi-input kernel of `product` on `path` takes in one pass over the weights:
@@ -669,4 +695,52 @@ pub fn int8_dot_q8_multi_with(
     let single =
         |r: usize, x: &QuantizedX| int8_dot_q8_with(path, &codes[r * cols..(r + 1) * cols], scales[r], x);
     multi(xs, out, rows, max_inputs(path, Product::Int8Q8), kernel, single);
+}
+
+/// [`f32_dot_multi_with`] for MXFP4 rows of `cols` inputs (`codes` and `scales` whole rows):
+/// `out[r * n + t] = mxfp4_dot_with(path, row r, xs[t])`, bit for bit.
+pub fn mxfp4_dot_multi_with(
+    path: KernelPath,
+    codes: &[u8],
+    scales: &[u8],
+    cols: usize,
+    xs: &[&[f32]],
+    out: &mut [f32],
+) {
+    let path = usable(path);
+    let (rb, b) = (mxfp4::row_bytes(cols), mxfp4::blocks(cols));
+    let rows = codes
+        .len()
+        .checked_div(rb)
+        .unwrap_or(usize::MAX)
+        .min(scales.len().checked_div(b).unwrap_or(usize::MAX));
+    let kernel = |_: &[&[f32]], _: &mut [f32], _: usize, _: usize| false;
+    let single = |r: usize, x: &[f32]| {
+        mxfp4_dot_with(path, &codes[r * rb..(r + 1) * rb], &scales[r * b..(r + 1) * b], x)
+    };
+    multi(xs, out, rows, max_inputs(path, Product::Mxfp4), kernel, single);
+}
+
+/// [`mxfp4_dot_multi_with`] on quantized activations: `out[r * n + t] =
+/// mxfp4_dot_q8_with(path, row r, xs[t])`, bit for bit.
+pub fn mxfp4_dot_q8_multi_with(
+    path: KernelPath,
+    codes: &[u8],
+    scales: &[u8],
+    cols: usize,
+    xs: &[&QuantizedX],
+    out: &mut [f32],
+) {
+    let path = usable(path);
+    let (rb, b) = (mxfp4::row_bytes(cols), mxfp4::blocks(cols));
+    let rows = codes
+        .len()
+        .checked_div(rb)
+        .unwrap_or(usize::MAX)
+        .min(scales.len().checked_div(b).unwrap_or(usize::MAX));
+    let kernel = |_: &[&QuantizedX], _: &mut [f32], _: usize, _: usize| false;
+    let single = |r: usize, x: &QuantizedX| {
+        mxfp4_dot_q8_with(path, &codes[r * rb..(r + 1) * rb], &scales[r * b..(r + 1) * b], x)
+    };
+    multi(xs, out, rows, max_inputs(path, Product::Mxfp4Q8), kernel, single);
 }
