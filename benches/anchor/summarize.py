@@ -95,6 +95,8 @@ def main() -> None:
     rounds = max(len(v["decode"]) for v in runs.values())
 
     machine = (d / "machine.txt").read_text() if (d / "machine.txt").exists() else ""
+    m = re.search(r"\bprompt=(\d+) gen=(\d+)", machine)
+    prefill_label, decode_label = (f"prefill-{m.group(1)}", f"decode ({m.group(2)})") if m else ("prefill", "decode")
     print(f"## Anchor run {d.name}\n")
     print("```")
     print(machine.rstrip())
@@ -109,7 +111,7 @@ def main() -> None:
     print(rule)
     for t in threads:
         ll, f, q = runs[("llama", t)], runs[("f32", t)], runs[("int8", t)]
-        for phase, label in (("prefill", "prefill"), ("decode", "decode")):
+        for phase, label in (("prefill", prefill_label), ("decode", decode_label)):
             row = f"| {t} | {label} | {spread(ll[phase])} | {spread(f[phase])} | {ratio(f[phase], ll[phase])} |"
             if has_int8:
                 row += f" {spread(q[phase])} | {ratio(q[phase], ll[phase])} |"
