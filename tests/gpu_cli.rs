@@ -120,6 +120,9 @@ fn the_real_vocabulary_head_is_split_across_bindings() {
         "gpu",
         "--dense",
         "f32",
+        // INT4 experts until the GPU has MXFP4 expert slots (`auto` picks MXFP4 for this source).
+        "--experts",
+        "int4",
         "--verify",
         "--stats",
         "--cache-dir",
@@ -149,6 +152,8 @@ fn the_real_vocabulary_head_is_split_across_bindings() {
         "3",
         "--device",
         "gpu",
+        "--experts",
+        "int4",
         "--verify",
         "--stats",
         "--gpu-max-binding-mb",

@@ -15,7 +15,7 @@ pub struct ConvertArgs {
     /// The container directory to write (created; an interrupted conversion resumes).
     out: PathBuf,
     /// Expert format.
-    #[arg(long, value_enum, default_value_t = ExpertFormat::Int4)]
+    #[arg(long, value_enum, default_value_t = ExpertFormat::Auto)]
     experts: ExpertFormat,
     /// Dense format.
     #[arg(long, value_enum, default_value_t = DenseFormat::Auto)]

@@ -76,7 +76,7 @@ pub struct ModelArgs {
     #[arg(long)]
     pub cache_dir: Option<PathBuf>,
     /// Expert format when a Hugging Face checkpoint is converted.
-    #[arg(long, value_enum, default_value_t = ExpertFormat::Int4)]
+    #[arg(long, value_enum, default_value_t = ExpertFormat::Auto)]
     pub experts: ExpertFormat,
     /// Dense format when a Hugging Face checkpoint is converted.
     #[arg(long, value_enum, default_value_t = DenseFormat::Auto)]

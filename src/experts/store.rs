@@ -19,8 +19,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
-use crate::format::container::manifest::{Component, ExpertStoreInfo, Scheme};
-use crate::format::container::reader::{first_non_finite_f16, first_non_finite_f32};
+use crate::format::container::manifest::{Component, Dtype, ExpertStoreInfo};
+use crate::format::container::reader::first_non_finite_f32;
 use crate::io::read_exact_at;
 
 /// Bytes of a record read (and hashed) at a time when reads are checked: a multiple of 4 KiB
@@ -28,7 +28,8 @@ use crate::io::read_exact_at;
 pub const HASHED_READ_CHUNK: usize = 2 << 20;
 use crate::model::weights::ExpertWeights;
 use crate::quant::buffer::ByteRegion;
-use crate::quant::{Matrix, MatrixData, WeightBuf};
+use crate::quant::format::WeightFormat;
+use crate::quant::{Matrix, WeightBuf};
 
 /// Reads expert records from a container's expert file.
 pub struct ExpertStore {
@@ -38,6 +39,8 @@ pub struct ExpertStore {
     direct: Option<File>,
     direct_failed: AtomicBool,
     info: ExpertStoreInfo,
+    /// The storage format of both matrices, from the scheme and the first component.
+    format: WeightFormat,
     cfg: Arc<ModelConfig>,
     /// Each record's expected BLAKE3, in record order.
     hashes: Vec<blake3::Hash>,
@@ -64,7 +67,7 @@ impl ExpertStore {
         direct: bool,
     ) -> Result<Self> {
         let path = dir.join(&info.file);
-        check_info(&path, info, &cfg)?;
+        let format = check_info(&path, info, &cfg)?;
         let hashes = parse_hashes(&path, info)?;
         let file = File::open(&path).map_err(|e| Error::io(&path, e))?;
         let direct = if direct {
@@ -91,6 +94,7 @@ impl ExpertStore {
             direct,
             direct_failed: AtomicBool::new(false),
             info: info.clone(),
+            format,
             cfg,
             hashes,
             verify_reads: true,
@@ -274,23 +278,6 @@ impl ExpertStore {
                 })
             };
         let view = |c: &Component| (c.offset as usize, c.bytes as usize);
-        let matrix = |m: &str, rows: usize, cols: usize| -> Result<Matrix> {
-            let data = match self.info.scheme {
-                Scheme::Int4Gs64 => {
-                    let (co, cb) = view(comp(&format!("{m}.codes"))?);
-                    let (so, sb) = view(comp(&format!("{m}.scales"))?);
-                    MatrixData::Int4G64 {
-                        codes: WeightBuf::shared(region, co, cb),
-                        scales: WeightBuf::shared(region, so, sb),
-                    }
-                }
-                _ => {
-                    let (o, b) = view(comp(&format!("{m}.data"))?);
-                    MatrixData::F32(WeightBuf::shared(region, o, b))
-                }
-            };
-            Matrix::new(&format!("{name} {m}"), rows, cols, data)
-        };
         let non_finite = |what: String, i: usize| {
             Error::format(
                 &self.path,
@@ -298,13 +285,12 @@ impl ExpertStore {
             )
         };
         let matrix = |m: &str, rows: usize, cols: usize| -> Result<Matrix> {
-            let w = matrix(m, rows, cols)?;
-            if let MatrixData::Int4G64 { scales, .. } = &w.data
-                && let Some(i) = first_non_finite_f16(scales.as_slice())
-            {
-                return Err(non_finite(format!("{m}.scales"), i));
+            let range = |role: &str| Ok(view(comp(&format!("{m}.{role}"))?));
+            let data = self.format.matrix_data(region, &range)?;
+            if let Some((role, i)) = data.first_bad_scale() {
+                return Err(non_finite(format!("{m}.{role}"), i));
             }
-            Ok(w)
+            Matrix::new(&format!("{name} {m}"), rows, cols, data)
         };
         let bias = |m: &str| -> Result<Vec<f32>> {
             let (o, b) = view(comp(&format!("{m}.bias"))?);
@@ -327,8 +313,9 @@ impl ExpertStore {
 
 /// The few facts about the layout that reads rely on (the full validation is
 /// `Manifest::validate`; a store may also be opened from a hand-made description): one
-/// record per expert, each payload inside its record, each component inside the payload.
-fn check_info(path: &Path, info: &ExpertStoreInfo, cfg: &ModelConfig) -> Result<()> {
+/// record per expert, each payload inside its record, each component inside the payload, a
+/// scheme that names a weight format. Returns that format.
+fn check_info(path: &Path, info: &ExpertStoreInfo, cfg: &ModelConfig) -> Result<WeightFormat> {
     let bad = |what: String| Err(Error::format(path, format!("expert store layout: {what}")));
     if cfg.num_layers.checked_mul(cfg.num_experts) != Some(info.records.len()) {
         return bad(format!(
@@ -355,7 +342,28 @@ fn check_info(path: &Path, info: &ExpertStoreInfo, cfg: &ModelConfig) -> Result<
             r.layer, r.expert, r.bytes, info.payload_bytes
         ));
     }
-    Ok(())
+    let first = info.components.first().map(|c| c.dtype);
+    let Some(format) = WeightFormat::from_stored(info.scheme, first) else {
+        return bad(format!("scheme {:?} with {first:?} components is no weight format", info.scheme));
+    };
+    // Every component a matrix view needs has the format's element type and is a whole
+    // number of those elements (a view over it could not be built otherwise).
+    for m in ["gate_up", "down"] {
+        let wanted = format.parts().iter().map(|p| (format!("{m}.{}", p.role), p.dtype));
+        for (n, dtype) in wanted.chain([(format!("{m}.bias"), Dtype::F32)]) {
+            match info.components.iter().find(|c| c.name == n) {
+                Some(c) if c.dtype == dtype && c.bytes.is_multiple_of(dtype.size()) => {}
+                Some(c) => {
+                    return bad(format!(
+                        "component `{n}` is {:?} of {} bytes, expected {dtype:?}",
+                        c.dtype, c.bytes
+                    ));
+                }
+                None => return bad(format!("no `{n}` component")),
+            }
+        }
+    }
+    Ok(format)
 }
 
 /// Each record's hash, parsed once so that a read compares 32 bytes.

@@ -44,6 +44,50 @@ pub fn expert_layout(ck: &Checkpoint) -> Result<ExpertLayout> {
     }
 }
 
+/// Checks the presence, shape and dtype of every tensor the model reads from `ck` (dense
+/// tensors F32, BF16 or F16; MXFP4 blocks and scales U8 with whole blocks; dequantized
+/// experts and biases with the config's shapes), before anything is decoded or written.
+/// The one check of a checkpoint's tensors, used by the converter and this loader.
+pub fn check_checkpoint(ck: &Checkpoint, cfg: &ModelConfig, layout: ExpertLayout) -> Result<()> {
+    for (name, shape, _) in dense_tensors(cfg) {
+        let t = ck.require_shape(&name, &shape)?;
+        if !matches!(t.dtype, safetensors::Dtype::F32 | safetensors::Dtype::BF16 | safetensors::Dtype::F16) {
+            return Err(Error::tensor(&name, format!("dtype {:?}, expected F32, BF16 or F16", t.dtype)));
+        }
+    }
+    let (h, i, e) = (cfg.hidden_size, cfg.intermediate_size, cfg.num_experts);
+    for l in 0..cfg.num_layers {
+        let p = format!("model.layers.{l}.mlp.experts");
+        for (m, rows, cols) in [("gate_up_proj", 2 * i, h), ("down_proj", h, i)] {
+            match layout {
+                ExpertLayout::Mxfp4 => {
+                    if !cols.is_multiple_of(mxfp4::BLOCK) {
+                        return Err(Error::tensor(
+                            format!("{p}.{m}_blocks"),
+                            format!("input dimension {cols} is not a multiple of the MXFP4 block size 32"),
+                        ));
+                    }
+                    let g = cols / mxfp4::BLOCK;
+                    let shapes =
+                        [("blocks", vec![e, rows, g, mxfp4::BLOCK_BYTES]), ("scales", vec![e, rows, g])];
+                    for (suffix, shape) in shapes {
+                        let name = format!("{p}.{m}_{suffix}");
+                        let t = ck.require_shape(&name, &shape)?;
+                        if t.dtype != safetensors::Dtype::U8 {
+                            return Err(Error::tensor(&name, format!("dtype {:?}, expected U8", t.dtype)));
+                        }
+                    }
+                }
+                ExpertLayout::Dequantized => {
+                    ck.require_shape(&format!("{p}.{m}"), &[e, cols, rows])?;
+                }
+            }
+            ck.require_shape(&format!("{p}.{m}_bias"), &[e, rows])?;
+        }
+    }
+    Ok(())
+}
+
 /// Loads the dense part of a checkpoint, checking every tensor's presence, shape and
 /// dtype, then that every value is finite.
 pub fn load_dense(ck: &Checkpoint, cfg: &ModelConfig) -> Result<DenseWeights> {

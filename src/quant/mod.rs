@@ -5,6 +5,7 @@
 //! faster kernels are added beside it and tested against it.
 
 pub mod buffer;
+pub mod format;
 pub mod int4;
 pub mod int8;
 pub mod kernels;

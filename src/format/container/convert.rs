@@ -28,15 +28,16 @@ use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::format::container::layout::{Formats, plan_dense, plan_experts};
 use crate::format::container::manifest::{
-    self, DENSE_FILE, Dtype, EXPERTS_FILE, ExpertStoreInfo, FileSizes, MANIFEST_FILE, Manifest, Scheme,
-    SourceInfo, TensorRecord, hash_hex,
+    self, DENSE_FILE, EXPERTS_FILE, ExpertStoreInfo, FileSizes, MANIFEST_FILE, Manifest, SourceInfo,
+    TensorRecord, hash_hex,
 };
 use crate::format::hf::{
-    ExpertLayout, check_finite, check_finite_bytes, dequantized_position, expert_layout, mxfp4_error,
-    position,
+    ExpertLayout, check_checkpoint, check_finite, check_finite_bytes, dequantized_position, expert_layout,
+    mxfp4_error, position,
 };
 use crate::format::safetensors::{Checkpoint, INDEX_FILE, SINGLE_FILE, TensorEntry, decode_floats};
 use crate::io::{read_exact_at, write_all_at};
+use crate::quant::format::WeightFormat;
 use crate::quant::mxfp4;
 use crate::quant::{int4, int8};
 
@@ -159,25 +160,28 @@ pub fn convert_with_hooks(
     let cfg = ModelConfig::from_dir(src)?;
     let ck = Checkpoint::open(src)?;
     let layout = expert_layout(&ck)?;
-    check_source(&ck, &cfg, layout)?;
+    check_checkpoint(&ck, &cfg, layout)?;
+    let formats =
+        opts.formats.resolve(layout == ExpertLayout::Mxfp4).map_err(|why| Error::format(src, why))?;
+    let expert_format = formats.experts.weight_format().expect("resolved formats name an expert format");
     // From here on, `out` is the resolved path: nothing is created through a `..`.
     let out = &guard::check_not_aliased(src, out)?;
 
     let is_bf16 = |name: &str| ck.get(name).is_some_and(|t| t.dtype == SrcDtype::BF16);
-    let (mut dense, dense_bytes) = plan_dense(&cfg, opts.formats, is_bf16);
-    let (mut experts, experts_bytes) = plan_experts(&cfg, opts.formats.experts);
+    let (mut dense, dense_bytes) = plan_dense(&cfg, formats, is_bf16);
+    let (mut experts, experts_bytes) = plan_experts(&cfg, expert_format);
     let identity = source_identity(src)?;
     let plan_id = {
         let mut h = blake3::Hasher::new();
         h.update(identity.as_bytes());
-        h.update(&serde_json::to_vec(&(&dense, &experts, opts.formats)).expect("plan serializes"));
+        h.update(&serde_json::to_vec(&(&dense, &experts, formats)).expect("plan serializes"));
         h.finalize().to_hex().to_string()
     };
 
     std::fs::create_dir_all(out).map_err(|e| Error::io(out, e))?;
     let _lock = guard::OutputLock::acquire(out)?;
     remove_stale_temporaries(out)?;
-    if let Some(report) = already_converted(out, &identity, opts.formats, started)? {
+    if let Some(report) = already_converted(out, &identity, formats, started)? {
         return Ok(report);
     }
     let state_path = out.join(STATE_FILE);
@@ -237,8 +241,15 @@ pub fn convert_with_hooks(
                 h
             }
             Item::Experts(l) => {
-                let job =
-                    ExpertJob { reader: &reader, ck: &ck, cfg: &cfg, layout, info: &experts, layer: *l };
+                let job = ExpertJob {
+                    reader: &reader,
+                    ck: &ck,
+                    cfg: &cfg,
+                    layout,
+                    info: &experts,
+                    format: expert_format,
+                    layer: *l,
+                };
                 let target = Target { file: &experts_file, path: &experts_path };
                 let h = convert_expert_layer(&job, target, &bar, chunk_bytes, item_bytes, &mut progress)?;
                 sync(&experts_file, &experts_path)?;
@@ -263,7 +274,7 @@ pub fn convert_with_hooks(
         created_by: format!("picchio {}", env!("CARGO_PKG_VERSION")),
         hash_algorithm: "blake3".into(),
         source: SourceInfo { dir: src.display().to_string(), identity },
-        formats: opts.formats,
+        formats,
         files: FileSizes { dense: dense_bytes, experts: experts_bytes },
         tensors: dense,
         experts,
@@ -495,45 +506,6 @@ fn already_converted(
     ))
 }
 
-/// Checks every tensor the conversion will read before writing anything.
-fn check_source(ck: &Checkpoint, cfg: &ModelConfig, layout: ExpertLayout) -> Result<()> {
-    for (name, shape, _) in crate::format::container::layout::dense_tensors(cfg) {
-        let t = ck.require_shape(&name, &shape)?;
-        if !matches!(t.dtype, SrcDtype::F32 | SrcDtype::BF16 | SrcDtype::F16) {
-            return Err(Error::tensor(&name, format!("dtype {:?}, expected F32, BF16 or F16", t.dtype)));
-        }
-    }
-    let (h, i, e) = (cfg.hidden_size, cfg.intermediate_size, cfg.num_experts);
-    for l in 0..cfg.num_layers {
-        let p = format!("model.layers.{l}.mlp.experts");
-        for (m, rows, cols) in [("gate_up_proj", 2 * i, h), ("down_proj", h, i)] {
-            match layout {
-                ExpertLayout::Mxfp4 => {
-                    if cols % mxfp4::BLOCK != 0 {
-                        return Err(Error::tensor(
-                            format!("{p}.{m}_blocks"),
-                            format!("input dimension {cols} is not a multiple of 32"),
-                        ));
-                    }
-                    let g = cols / mxfp4::BLOCK;
-                    for (suffix, shape) in [("blocks", vec![e, rows, g, 16]), ("scales", vec![e, rows, g])] {
-                        let name = format!("{p}.{m}_{suffix}");
-                        let t = ck.require_shape(&name, &shape)?;
-                        if t.dtype != SrcDtype::U8 {
-                            return Err(Error::tensor(&name, format!("dtype {:?}, expected U8", t.dtype)));
-                        }
-                    }
-                }
-                ExpertLayout::Dequantized => {
-                    ck.require_shape(&format!("{p}.{m}"), &[e, cols, rows])?;
-                }
-            }
-            ck.require_shape(&format!("{p}.{m}_bias"), &[e, rows])?;
-        }
-    }
-    Ok(())
-}
-
 /// Work items in the order their source bytes lie on disk (shard, then offset).
 fn ordered_items(
     ck: &Checkpoint,
@@ -659,16 +631,16 @@ fn progress_bar(enabled: bool, total: u64, done: u64) -> ProgressBar {
     bar
 }
 
+/// The stored format of dense tensor `t` (as planned, so always one).
+fn tensor_format(t: &TensorRecord) -> Result<WeightFormat> {
+    WeightFormat::from_stored(t.scheme, t.parts.first().map(|p| p.dtype))
+        .ok_or_else(|| Error::tensor(&t.name, format!("scheme {:?} is no weight format", t.scheme)))
+}
+
 /// Bytes per row of each part of `t` (parts are row-major).
 fn part_row_bytes(t: &TensorRecord, cols: usize) -> Vec<usize> {
-    t.parts
-        .iter()
-        .map(|p| match (t.scheme, p.role.as_str()) {
-            (Scheme::Int8Row, "codes") => cols,
-            (Scheme::Int8Row, _) => 4,
-            (_, _) => cols * p.dtype.size() as usize,
-        })
-        .collect()
+    let Ok(format) = tensor_format(t) else { return Vec::new() };
+    t.parts.iter().map(|p| format.part_row_bytes(&p.role, cols).unwrap_or(0)).collect()
 }
 
 /// Rows and columns of a dense tensor (a vector is one row).
@@ -750,19 +722,19 @@ fn encode_dense_chunk(
     n: usize,
     cols: usize,
 ) -> Result<Vec<Vec<u8>>> {
-    Ok(match (t.scheme, t.parts[0].dtype) {
+    Ok(match tensor_format(t)? {
         // Already in the target format: written as read.
-        (Scheme::None, Dtype::Bf16) if dtype == SrcDtype::BF16 => vec![raw],
-        (Scheme::None, Dtype::F32) if dtype == SrcDtype::F32 => vec![raw],
-        (Scheme::None, Dtype::Bf16) => {
+        WeightFormat::Bf16 if dtype == SrcDtype::BF16 => vec![raw],
+        WeightFormat::F32 if dtype == SrcDtype::F32 => vec![raw],
+        WeightFormat::Bf16 => {
             let f = decode_floats(&t.name, dtype, &raw)?;
             vec![f.iter().flat_map(|v| bf16::from_f32(*v).to_bits().to_le_bytes()).collect()]
         }
-        (Scheme::None, _) => {
+        WeightFormat::F32 => {
             let f = decode_floats(&t.name, dtype, &raw)?;
             vec![f.iter().flat_map(|v| v.to_le_bytes()).collect()]
         }
-        (Scheme::Int8Row, _) => {
+        WeightFormat::Int8Row => {
             let f = decode_floats(&t.name, dtype, &raw)?;
             let mut codes = vec![0u8; n * cols];
             let mut scales = vec![0u8; n * 4];
@@ -784,8 +756,8 @@ fn encode_dense_chunk(
                 })?;
             vec![codes, scales]
         }
-        (Scheme::Int4Gs64, _) => {
-            return Err(Error::tensor(&t.name, "dense INT4 is not a conversion target"));
+        f @ (WeightFormat::Int4Gs64 | WeightFormat::Mxfp4) => {
+            return Err(Error::tensor(&t.name, format!("dense {} is not a conversion target", f.name())));
         }
     })
 }
@@ -833,6 +805,8 @@ struct ExpertJob<'a> {
     cfg: &'a ModelConfig,
     layout: ExpertLayout,
     info: &'a ExpertStoreInfo,
+    /// Storage format of the expert matrices.
+    format: WeightFormat,
     layer: usize,
 }
 
@@ -904,7 +878,7 @@ fn convert_expert(job: &ExpertJob<'_>, expert: usize) -> Result<(Vec<u8>, usize)
                 ExpertRows::Transposed { data, inputs: cols, outputs: rows }
             }
         };
-        encode_matrix(&source, info, m, rows, cols, at, &mut record)?;
+        encode_matrix(&source, info, job.format, m, (rows, cols), at, &mut record)?;
         let bias_name = format!("{src_name}_bias");
         let bt = ck.require(&bias_name)?;
         let elem = bt.len / (e_count * rows);
@@ -927,20 +901,22 @@ fn component(info: &ExpertStoreInfo, name: &str) -> Result<(usize, usize)> {
         .ok_or_else(|| Error::format(EXPERTS_FILE, format!("layout has no `{name}` component")))
 }
 
-/// Encodes one expert matrix into its record components, rows in parallel. An INT4 group
-/// whose scale rounds to infinity in f16 (largest magnitude above about `8 * 65504`) is
-/// an error naming the matrix, layer, expert, row and group.
+/// Encodes one expert matrix into its record components as `format`, rows in parallel.
+/// MXFP4 is a pass-through: the source's blocks and scales are copied byte for byte, after
+/// every block is checked to decode to finite values. An INT4 group whose scale rounds to
+/// infinity in f16 (largest magnitude above about `8 * 65504`) is an error naming the
+/// matrix, layer, expert, row and group.
 fn encode_matrix(
     src: &ExpertRows<'_>,
     info: &ExpertStoreInfo,
+    format: WeightFormat,
     m: &str,
-    rows: usize,
-    cols: usize,
+    (rows, cols): (usize, usize),
     at: ExpertAt<'_>,
     record: &mut [u8],
 ) -> Result<()> {
-    match info.scheme {
-        Scheme::Int4Gs64 => {
+    match format {
+        WeightFormat::Int4Gs64 => {
             let (co, cb) = component(info, &format!("{m}.codes"))?;
             let (so, sb) = component(info, &format!("{m}.scales"))?;
             let (rb, g) = (int4::row_bytes(cols), int4::groups(cols));
@@ -963,7 +939,33 @@ fn encode_matrix(
             )?;
             debug_assert_eq!(codes.len(), rows * rb);
         }
-        _ => {
+        WeightFormat::Mxfp4 => {
+            let ExpertRows::Mxfp4 { blocks, scales, .. } = src else {
+                return Err(Error::tensor(at.name, "MXFP4 experts need an MXFP4 source (blocks and scales)"));
+            };
+            // Every block must decode to finite values, as for any other target.
+            (0..rows).into_par_iter().try_for_each(|r| {
+                let mut x = vec![0.0f32; cols];
+                src.row(r, &mut x)
+            })?;
+            let (co, cb) = component(info, &format!("{m}.codes"))?;
+            let (so, sb) = component(info, &format!("{m}.scales"))?;
+            if blocks.len() != cb || scales.len() != sb {
+                return Err(Error::tensor(
+                    at.name,
+                    format!(
+                        "layer {}, expert {}: {} block and {} scale bytes, the record holds {cb} and {sb}",
+                        at.layer,
+                        at.expert,
+                        blocks.len(),
+                        scales.len()
+                    ),
+                ));
+            }
+            record[co..co + cb].copy_from_slice(blocks);
+            record[so..so + sb].copy_from_slice(scales);
+        }
+        WeightFormat::F32 => {
             let (o, b) = component(info, &format!("{m}.data"))?;
             record[o..o + b].par_chunks_mut(cols * 4).enumerate().try_for_each(|(r, dst)| {
                 let mut x = vec![0.0f32; cols];
@@ -971,6 +973,9 @@ fn encode_matrix(
                 dst.copy_from_slice(bytemuck::cast_slice(&x));
                 Ok::<(), Error>(())
             })?;
+        }
+        f @ (WeightFormat::Bf16 | WeightFormat::Int8Row) => {
+            return Err(Error::tensor(at.name, format!("{} is not an expert format", f.name())));
         }
     }
     Ok(())

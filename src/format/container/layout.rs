@@ -8,18 +8,36 @@ use serde::{Deserialize, Serialize};
 use crate::config::ModelConfig;
 use crate::format::container::manifest::{
     Component, DENSE_ALIGN, DENSE_FILE, Dtype, EXPERTS_FILE, ExpertRecord, ExpertStoreInfo, Part,
-    RECORD_ALIGN, Scheme, TensorRecord, align_up,
+    RECORD_ALIGN, TensorRecord, align_up,
 };
-use crate::quant::int4;
+use crate::quant::format::WeightFormat;
 
 /// How experts are stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum ExpertFormat {
-    /// INT4, groups of 64 inputs, f16 scales (default).
+    /// MXFP4 for an MXFP4 source (kept as released), INT4 for any other (default). A
+    /// conversion resolves it: a manifest never records `auto`.
+    Auto,
+    /// MXFP4 as released, blocks and scales copied byte for byte (lossless; MXFP4 sources
+    /// only).
+    Mxfp4,
+    /// INT4, groups of 64 inputs, f16 scales (for BF16/F32 sources; lossy from MXFP4).
     Int4,
     /// F32, exact (for validation).
     F32,
+}
+
+impl ExpertFormat {
+    /// The stored format, or `None` for [`ExpertFormat::Auto`] (not yet resolved).
+    pub fn weight_format(self) -> Option<WeightFormat> {
+        match self {
+            ExpertFormat::Auto => None,
+            ExpertFormat::Mxfp4 => Some(WeightFormat::Mxfp4),
+            ExpertFormat::Int4 => Some(WeightFormat::Int4Gs64),
+            ExpertFormat::F32 => Some(WeightFormat::F32),
+        }
+    }
 }
 
 /// How dense matrices are stored.
@@ -29,6 +47,9 @@ pub enum DenseFormat {
     /// Attention and router at source precision (BF16 stays BF16, F32 stays F32);
     /// embedding and head INT8 per row (default).
     Auto,
+    /// Every matrix, embedding and head included, at source precision (BF16 stays BF16,
+    /// F32 stays F32, F16 widens exactly to F32): nothing quantized, nothing rounded.
+    Source,
     /// Attention and router BF16; embedding and head INT8 per row.
     Bf16,
     /// Everything F32, nothing quantized (for validation).
@@ -46,7 +67,26 @@ pub struct Formats {
 
 impl Default for Formats {
     fn default() -> Self {
-        Formats { experts: ExpertFormat::Int4, dense: DenseFormat::Auto }
+        Formats { experts: ExpertFormat::Auto, dense: DenseFormat::Auto }
+    }
+}
+
+impl Formats {
+    /// The formats with `auto` experts resolved for a source whose experts are MXFP4
+    /// (`source_mxfp4`) or not; MXFP4 asked of a source that has no MXFP4 experts is an
+    /// error (there are no blocks to keep, and re-encoding to MXFP4 would be lossy).
+    pub fn resolve(self, source_mxfp4: bool) -> std::result::Result<Formats, String> {
+        let experts = match (self.experts, source_mxfp4) {
+            (ExpertFormat::Auto, true) => ExpertFormat::Mxfp4,
+            (ExpertFormat::Auto, false) => ExpertFormat::Int4,
+            (ExpertFormat::Mxfp4, false) => {
+                return Err("--experts mxfp4 keeps MXFP4 experts as released, but this checkpoint's \
+                     experts are not MXFP4 (they are stored dequantized); use --experts int4 or f32"
+                    .into());
+            }
+            (e @ (ExpertFormat::Mxfp4 | ExpertFormat::Int4 | ExpertFormat::F32), _) => e,
+        };
+        Ok(Formats { experts, dense: self.dense })
     }
 }
 
@@ -90,33 +130,25 @@ pub fn dense_tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>, TensorRole)>
     v
 }
 
-/// Scheme and part dtypes for a dense tensor, given its role, the chosen formats and
-/// whether the source stores it as BF16.
-pub fn dense_storage(
-    role: TensorRole,
-    formats: Formats,
-    source_is_bf16: bool,
-) -> (Scheme, Vec<(&'static str, Dtype)>) {
+/// The stored format of a dense tensor, given its role, the chosen formats and whether
+/// the source stores it as BF16 (anything else is kept or widened as F32).
+pub fn dense_storage(role: TensorRole, formats: Formats, source_is_bf16: bool) -> WeightFormat {
+    let source = if source_is_bf16 { WeightFormat::Bf16 } else { WeightFormat::F32 };
     match (role, formats.dense) {
-        (TensorRole::Vector, _) | (_, DenseFormat::F32) => (Scheme::None, vec![("data", Dtype::F32)]),
-        (TensorRole::Vocab, _) => (Scheme::Int8Row, vec![("codes", Dtype::I8), ("scales", Dtype::F32)]),
-        (TensorRole::Matrix, DenseFormat::Bf16) => (Scheme::None, vec![("data", Dtype::Bf16)]),
-        (TensorRole::Matrix, DenseFormat::Auto) => {
-            (Scheme::None, vec![("data", if source_is_bf16 { Dtype::Bf16 } else { Dtype::F32 })])
-        }
+        (TensorRole::Vector, _) | (_, DenseFormat::F32) => WeightFormat::F32,
+        (TensorRole::Vocab | TensorRole::Matrix, DenseFormat::Source) => source,
+        (TensorRole::Vocab, DenseFormat::Auto | DenseFormat::Bf16) => WeightFormat::Int8Row,
+        (TensorRole::Matrix, DenseFormat::Bf16) => WeightFormat::Bf16,
+        (TensorRole::Matrix, DenseFormat::Auto) => source,
     }
 }
 
-/// Byte count of one part of a tensor of `shape` stored as `scheme`.
-pub fn part_bytes(shape: &[usize], scheme: Scheme, role: &str, dtype: Dtype) -> u64 {
-    let rows = if shape.len() == 2 { shape[0] } else { 1 } as u64;
-    let cols = *shape.last().unwrap_or(&1) as u64;
-    match (scheme, role) {
-        (Scheme::None, _) => rows * cols * dtype.size(),
-        (Scheme::Int8Row, "codes") => rows * cols,
-        (Scheme::Int8Row, _) => rows * 4,
-        (Scheme::Int4Gs64, "codes") => rows * int4::row_bytes(cols as usize) as u64,
-        (Scheme::Int4Gs64, _) => rows * int4::groups(cols as usize) as u64 * 2,
+/// Rows and columns of a tensor of `shape` (a vector is one row).
+pub fn rows_cols(shape: &[usize]) -> Option<(usize, usize)> {
+    match shape {
+        [r, c] => Some((*r, *c)),
+        [n] => Some((1, *n)),
+        _ => None,
     }
 }
 
@@ -130,14 +162,16 @@ pub fn plan_dense(
     let mut offset = 0u64;
     let mut out = Vec::new();
     for (name, shape, role) in dense_tensors(cfg) {
-        let (scheme, parts) = dense_storage(role, formats, is_bf16(&name));
-        let parts = parts
-            .into_iter()
-            .map(|(r, dtype)| {
-                let bytes = part_bytes(&shape, scheme, r, dtype);
+        let format = dense_storage(role, formats, is_bf16(&name));
+        let (rows, cols) = rows_cols(&shape).expect("the model's tensors are vectors or matrices");
+        let parts = format
+            .parts()
+            .iter()
+            .map(|info| {
+                let bytes = format.part_bytes(info.role, rows, cols).expect("the config's sizes are checked");
                 let p = Part {
-                    role: r.into(),
-                    dtype,
+                    role: info.role.into(),
+                    dtype: info.dtype,
                     file: DENSE_FILE.into(),
                     offset,
                     bytes,
@@ -147,14 +181,22 @@ pub fn plan_dense(
                 p
             })
             .collect();
-        let group_size = (scheme == Scheme::Int4Gs64).then_some(int4::GROUP);
-        out.push(TensorRecord { name, shape, scheme, group_size, parts });
+        out.push(TensorRecord {
+            name,
+            shape,
+            scheme: format.scheme(),
+            group_size: format.group_size(),
+            parts,
+        });
     }
     (out, offset)
 }
 
-/// Lays out expert records in `experts.bin`. Hashes are left empty.
-pub fn plan_experts(cfg: &ModelConfig, format: ExpertFormat) -> (ExpertStoreInfo, u64) {
+/// Lays out expert records in `experts.bin` for expert storage `format`: per matrix
+/// (`gate_up`, then `down`) the format's parts (`gate_up.codes`, `gate_up.scales`, or
+/// `gate_up.data`), then its `bias`, each 64-byte aligned; the record padded to 4 KiB.
+/// Hashes are left empty.
+pub fn plan_experts(cfg: &ModelConfig, format: WeightFormat) -> (ExpertStoreInfo, u64) {
     let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
     let mats = [("gate_up", 2 * i, h), ("down", h, i)];
     let mut components = Vec::new();
@@ -163,21 +205,11 @@ pub fn plan_experts(cfg: &ModelConfig, format: ExpertFormat) -> (ExpertStoreInfo
         components.push(Component { name, dtype, shape, offset, bytes });
         offset = align_up(offset + bytes, 64);
     };
-    let scheme = match format {
-        ExpertFormat::Int4 => Scheme::Int4Gs64,
-        ExpertFormat::F32 => Scheme::None,
-    };
     for (m, rows, cols) in mats {
-        match format {
-            ExpertFormat::Int4 => {
-                let rb = int4::row_bytes(cols);
-                let g = int4::groups(cols);
-                push(format!("{m}.codes"), Dtype::U8, vec![rows, rb], (rows * rb) as u64);
-                push(format!("{m}.scales"), Dtype::F16, vec![rows, g], (rows * g * 2) as u64);
-            }
-            ExpertFormat::F32 => {
-                push(format!("{m}.data"), Dtype::F32, vec![rows, cols], (rows * cols * 4) as u64)
-            }
+        for p in format.parts() {
+            let row = format.part_row_bytes(p.role, cols).expect("the config's sizes are checked");
+            let shape = vec![rows, row / p.dtype.size() as usize];
+            push(format!("{m}.{}", p.role), p.dtype, shape, (rows * row) as u64);
         }
         push(format!("{m}.bias"), Dtype::F32, vec![rows], (rows * 4) as u64);
     }
@@ -195,12 +227,11 @@ pub fn plan_experts(cfg: &ModelConfig, format: ExpertFormat) -> (ExpertStoreInfo
         })
         .collect();
     let total = records.len() as u64 * stride;
-    let group_size = (scheme == Scheme::Int4Gs64).then_some(int4::GROUP);
     (
         ExpertStoreInfo {
             file: EXPERTS_FILE.into(),
-            scheme,
-            group_size,
+            scheme: format.scheme(),
+            group_size: format.group_size(),
             record_stride: stride,
             payload_bytes: payload,
             components,

@@ -40,6 +40,9 @@ pub enum Scheme {
     Int8Row,
     /// INT4 in groups of 64 inputs: a u8 `codes` part and an f16 `scales` part.
     Int4Gs64,
+    /// MXFP4 as released: a u8 `codes` part (E2M1 pairs) and a u8 `scales` part (E8M0,
+    /// one per block of 32 inputs). See `quant::format::WeightFormat::Mxfp4`.
+    Mxfp4,
 }
 
 /// Element type of a stored part.
@@ -54,7 +57,7 @@ pub enum Dtype {
     F16,
     /// Signed byte (INT8 codes).
     I8,
-    /// Unsigned byte (packed INT4 codes).
+    /// Unsigned byte (packed INT4 or MXFP4 codes, E8M0 scales).
     U8,
 }
 
@@ -145,9 +148,9 @@ pub struct ExpertRecord {
 pub struct ExpertStoreInfo {
     /// File within the container.
     pub file: String,
-    /// Scheme of the two matrices (`int4-gs64` or `none`).
+    /// Scheme of the two matrices (`mxfp4`, `int4-gs64` or `none`).
     pub scheme: Scheme,
-    /// Inputs per scale group (INT4), else absent.
+    /// Inputs per scale group (INT4: 64, MXFP4: 32), else absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub group_size: Option<usize>,
     /// Distance between records (payload padded to 4096).

@@ -15,11 +15,12 @@ use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::format::container::layout::ExpertFormat;
 use crate::format::container::manifest::{
-    DENSE_FILE, Dtype, ExpertStoreInfo, MANIFEST_FILE, Manifest, Scheme, TensorRecord,
+    DENSE_FILE, ExpertStoreInfo, MANIFEST_FILE, Manifest, TensorRecord,
 };
 use crate::model::weights::DenseWeights;
 use crate::quant::buffer::ByteRegion;
-use crate::quant::{Matrix, MatrixData, WeightBuf};
+use crate::quant::format::WeightFormat;
+use crate::quant::{Matrix, WeightBuf};
 
 /// An opened, checked container.
 pub struct Container {
@@ -45,12 +46,9 @@ impl Container {
         Ok(Container { dir: dir.to_path_buf(), config, manifest })
     }
 
-    /// Format of the experts.
+    /// Format of the experts (validated against the manifest's formats when opened).
     pub fn expert_format(&self) -> ExpertFormat {
-        match self.manifest.experts.scheme {
-            Scheme::Int4Gs64 => ExpertFormat::Int4,
-            _ => ExpertFormat::F32,
-        }
+        self.manifest.formats.experts
     }
 
     /// Memory-maps `dense.bin` and builds the dense weights.
@@ -116,6 +114,18 @@ fn part_buf<T: bytemuck::Pod>(
     role: &str,
     region: &Arc<dyn ByteRegion>,
 ) -> Result<WeightBuf<T>> {
+    let (offset, bytes) = part_range(t, role, std::mem::size_of::<T>(), region)?;
+    Ok(WeightBuf::shared(region, offset, bytes))
+}
+
+/// The byte range of part `role` of `t` in the mapped `dense.bin`, checked to lie inside
+/// the mapping and to be a whole number of `elem`-byte elements.
+fn part_range(
+    t: &TensorRecord,
+    role: &str,
+    elem: usize,
+    region: &Arc<dyn ByteRegion>,
+) -> Result<(usize, usize)> {
     let p = t.part(role).ok_or_else(|| Error::tensor(&t.name, format!("no `{role}` part")))?;
     let len = region.bytes().len();
     let range = usize::try_from(p.offset)
@@ -123,9 +133,7 @@ fn part_buf<T: bytemuck::Pod>(
         .zip(usize::try_from(p.bytes).ok())
         .filter(|&(o, b)| o.checked_add(b).is_some_and(|end| end <= len));
     match range {
-        Some((offset, bytes)) if bytes.is_multiple_of(std::mem::size_of::<T>()) => {
-            Ok(WeightBuf::shared(region, offset, bytes))
-        }
+        Some((offset, bytes)) if bytes.is_multiple_of(elem) => Ok((offset, bytes)),
         _ => Err(Error::tensor(
             &t.name,
             format!(
@@ -155,22 +163,31 @@ fn matrix_from(t: &TensorRecord, region: &Arc<dyn ByteRegion>) -> Result<Matrix>
         [r, c] => (r, c),
         _ => return Err(Error::tensor(&t.name, format!("shape {:?} is not a matrix", t.shape))),
     };
-    let data = match t.scheme {
-        Scheme::None => match t.parts.first().map(|p| p.dtype) {
-            Some(Dtype::Bf16) => MatrixData::Bf16(part_buf(t, "data", region)?),
-            _ => MatrixData::F32(part_buf(t, "data", region)?),
-        },
-        Scheme::Int8Row => {
-            let scales: WeightBuf<f32> = part_buf(t, "scales", region)?;
-            refuse_non_finite(t, "scales", first_non_finite_f32(scales.as_slice()))?;
-            MatrixData::Int8Rows { codes: part_buf(t, "codes", region)?, scales }
+    let format = WeightFormat::from_stored(t.scheme, t.parts.first().map(|p| p.dtype)).ok_or_else(|| {
+        Error::tensor(&t.name, format!("scheme {:?} with these parts is no weight format", t.scheme))
+    })?;
+    let mut ranges = Vec::new();
+    for p in format.parts() {
+        let stored = t.part(p.role).map(|s| s.dtype);
+        if stored != Some(p.dtype) {
+            return Err(Error::tensor(
+                &t.name,
+                format!("part `{}` is {stored:?}, format {} needs {:?}", p.role, format.name(), p.dtype),
+            ));
         }
-        Scheme::Int4Gs64 => {
-            let scales: WeightBuf<u16> = part_buf(t, "scales", region)?;
-            refuse_non_finite(t, "scales", first_non_finite_f16(scales.as_slice()))?;
-            MatrixData::Int4G64 { codes: part_buf(t, "codes", region)?, scales }
-        }
+        ranges.push((p.role, part_range(t, p.role, p.dtype.size() as usize, region)?));
+    }
+    let range = |role: &str| -> Result<(usize, usize)> {
+        ranges
+            .iter()
+            .find(|(r, _)| *r == role)
+            .map(|(_, x)| *x)
+            .ok_or_else(|| Error::tensor(&t.name, format!("no `{role}` part")))
     };
+    let data = format.matrix_data(region, &range)?;
+    if let Some((role, i)) = data.first_bad_scale() {
+        refuse_non_finite(t, role, Some(i))?;
+    }
     Matrix::new(&t.name, rows, cols, data)
 }
 

@@ -23,13 +23,11 @@ use std::path::{Path, PathBuf};
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::format::container::convert::STATE_FILE;
-use crate::format::container::layout::{
-    ExpertFormat, TensorRole, dense_storage, dense_tensors, plan_experts,
-};
+use crate::format::container::layout::{TensorRole, dense_storage, dense_tensors, plan_experts, rows_cols};
 use crate::format::container::manifest::{
-    DENSE_ALIGN, DENSE_FILE, Dtype, EXPERTS_FILE, MANIFEST_FILE, Manifest, RECORD_ALIGN, Scheme, TensorRecord,
+    DENSE_ALIGN, DENSE_FILE, Dtype, EXPERTS_FILE, MANIFEST_FILE, Manifest, RECORD_ALIGN, TensorRecord,
 };
-use crate::quant::int4;
+use crate::quant::format::WeightFormat;
 
 /// What a successful validation learned: the amount of work `verify` has to do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -66,11 +64,7 @@ fn check_header(m: &Manifest, mpath: &Path) -> Result<()> {
             format!("hash_algorithm is \"{}\", this build reads \"blake3\"", m.hash_algorithm),
         ));
     }
-    let formats_scheme = match m.formats.experts {
-        ExpertFormat::Int4 => Scheme::Int4Gs64,
-        ExpertFormat::F32 => Scheme::None,
-    };
-    if m.experts.scheme != formats_scheme {
+    if m.formats.experts.weight_format().map(|f| f.scheme()) != Some(m.experts.scheme) {
         return Err(Error::format(
             mpath,
             format!(
@@ -165,9 +159,9 @@ fn check_tensors(m: &Manifest, dir: &Path, cfg: &ModelConfig) -> Result<(usize, 
                 format!("manifest shape {:?}, config implies {shape:?}", t.shape),
             ));
         }
-        check_storage(m, t, *role)?;
+        let format = check_storage(m, t, *role)?;
         for p in &t.parts {
-            let want = checked_part_bytes(&t.shape, t.scheme, &p.role, p.dtype)
+            let want = checked_part_bytes(&t.shape, format, &p.role)
                 .ok_or_else(|| Error::tensor(name, format!("part `{}`: byte count overflows", p.role)))?;
             if p.bytes != want {
                 return Err(Error::tensor(
@@ -228,14 +222,14 @@ fn check_overlaps(ranges: &mut [(u64, u64, &str, &str)]) -> Result<()> {
     Ok(())
 }
 
-/// Checks that a tensor is stored as the manifest's formats store a tensor of its role.
-fn check_storage(m: &Manifest, t: &TensorRecord, role: TensorRole) -> Result<()> {
+/// Checks that a tensor is stored as the manifest's formats store a tensor of its role;
+/// returns its format.
+fn check_storage(m: &Manifest, t: &TensorRecord, role: TensorRole) -> Result<WeightFormat> {
     let dtypes: Vec<(&str, Dtype)> = t.parts.iter().map(|p| (p.role.as_str(), p.dtype)).collect();
-    let ok = [false, true].into_iter().any(|bf16| {
-        let (scheme, parts) = dense_storage(role, m.formats, bf16);
-        scheme == t.scheme && parts == dtypes
+    let found = [false, true].into_iter().map(|bf16| dense_storage(role, m.formats, bf16)).find(|f| {
+        f.scheme() == t.scheme && f.parts().iter().map(|p| (p.role, p.dtype)).eq(dtypes.iter().copied())
     });
-    if !ok {
+    let Some(format) = found else {
         return Err(Error::tensor(
             &t.name,
             format!(
@@ -243,31 +237,22 @@ fn check_storage(m: &Manifest, t: &TensorRecord, role: TensorRole) -> Result<()>
                 t.scheme, m.formats
             ),
         ));
-    }
-    let want_group = (t.scheme == Scheme::Int4Gs64).then_some(int4::GROUP);
+    };
+    let want_group = format.group_size();
     if t.group_size != want_group {
         return Err(Error::tensor(
             &t.name,
             format!("group_size {:?}, scheme {:?} needs {want_group:?}", t.group_size, t.scheme),
         ));
     }
-    Ok(())
+    Ok(format)
 }
 
-/// Byte count of one part of a tensor of `shape` stored as `scheme`; `None` on overflow.
-pub fn checked_part_bytes(shape: &[usize], scheme: Scheme, role: &str, dtype: Dtype) -> Option<u64> {
-    let rows = if shape.len() == 2 { *shape.first()? } else { 1 } as u64;
-    let cols = *shape.last().unwrap_or(&1) as u64;
-    let cols_usize = usize::try_from(cols).ok()?;
-    match (scheme, role) {
-        (Scheme::None, _) => rows.checked_mul(cols)?.checked_mul(dtype.size()),
-        (Scheme::Int8Row, "codes") => rows.checked_mul(cols),
-        (Scheme::Int8Row, _) => rows.checked_mul(4),
-        (Scheme::Int4Gs64, "codes") => {
-            rows.checked_mul((int4::groups(cols_usize) as u64).checked_mul(int4::GROUP_BYTES as u64)?)
-        }
-        (Scheme::Int4Gs64, _) => rows.checked_mul(int4::groups(cols_usize) as u64)?.checked_mul(2),
-    }
+/// Byte count of part `role` of a tensor of `shape` stored as `format`; `None` on overflow,
+/// a role the format does not have, or a shape that is not a vector or matrix.
+pub fn checked_part_bytes(shape: &[usize], format: WeightFormat, role: &str) -> Option<u64> {
+    let (rows, cols) = rows_cols(shape)?;
+    format.part_bytes(role, rows, cols)
 }
 
 /// Checks the expert store; returns the number of records and their payload bytes.
@@ -279,14 +264,23 @@ fn check_experts(m: &Manifest, mpath: &Path, cfg: &ModelConfig) -> Result<(usize
             format!("experts.file is {:?}; expert records live in {EXPERTS_FILE}", e.file),
         ));
     }
-    let format = match e.scheme {
-        Scheme::Int4Gs64 => ExpertFormat::Int4,
-        Scheme::None => ExpertFormat::F32,
-        Scheme::Int8Row => {
-            return Err(Error::format(mpath, "experts.scheme int8-row is not an expert format"));
-        }
+    let Some(wanted) = m.formats.experts.weight_format() else {
+        return Err(Error::format(
+            mpath,
+            "formats.experts is `auto`; a conversion records the format it chose",
+        ));
     };
-    let want_group = (e.scheme == Scheme::Int4Gs64).then_some(int4::GROUP);
+    let first = e.components.first().map(|c| c.dtype);
+    let format = WeightFormat::from_stored(e.scheme, first).filter(|f| *f == wanted).ok_or_else(|| {
+        Error::format(
+            mpath,
+            format!("experts.scheme is {:?} but formats.experts is {:?}", e.scheme, m.formats.experts),
+        )
+    })?;
+    for cols in [cfg.hidden_size, cfg.intermediate_size] {
+        format.check_cols(cols).map_err(|why| Error::format(mpath, format!("experts: {why}")))?;
+    }
+    let want_group = format.group_size();
     if e.group_size != want_group {
         return Err(Error::format(
             mpath,
@@ -397,10 +391,12 @@ mod tests {
     #[test]
     fn part_sizes_that_overflow_are_none() {
         let huge = [usize::MAX, usize::MAX];
-        assert_eq!(checked_part_bytes(&huge, Scheme::None, "data", Dtype::F32), None);
-        assert_eq!(checked_part_bytes(&huge, Scheme::Int8Row, "codes", Dtype::I8), None);
-        assert_eq!(checked_part_bytes(&huge, Scheme::Int4Gs64, "scales", Dtype::F16), None);
-        assert_eq!(checked_part_bytes(&[3, 100], Scheme::Int4Gs64, "codes", Dtype::U8), Some(3 * 64));
-        assert_eq!(checked_part_bytes(&[7], Scheme::None, "data", Dtype::F32), Some(28));
+        assert_eq!(checked_part_bytes(&huge, WeightFormat::F32, "data"), None);
+        assert_eq!(checked_part_bytes(&huge, WeightFormat::Int8Row, "codes"), None);
+        assert_eq!(checked_part_bytes(&huge, WeightFormat::Int4Gs64, "scales"), None);
+        assert_eq!(checked_part_bytes(&[3, 100], WeightFormat::Int4Gs64, "codes"), Some(3 * 64));
+        assert_eq!(checked_part_bytes(&[3, 64], WeightFormat::Mxfp4, "scales"), Some(3 * 2));
+        assert_eq!(checked_part_bytes(&[7], WeightFormat::F32, "data"), Some(28));
+        assert_eq!(checked_part_bytes(&[7], WeightFormat::F32, "codes"), None);
     }
 }
