@@ -6,7 +6,7 @@
 // runs workgroups of WG = 64 invocations.
 //
 // Variant lines: the loader keeps or drops the lines between `//#if NAME`, `//#else` and
-// `//#endif` (NAME: F16, SUBGROUP, INT4), so this file alone is not valid WGSL. F16 only
+// `//#endif` (NAME: F16, SUBGROUP, INT4, MXFP4), so this file alone is not valid WGSL. F16 only
 // enables f16 types for the kernels that load f16 data directly (matvec_int4.wgsl).
 //#if F16
 enable f16;
@@ -77,4 +77,24 @@ fn half_of(word: u32, high: bool) -> f32 {
         return bitcast<f32>(((bits & 0x8000u) << 16u) | 0x7f800000u | (m << 13u));
     }
     return bitcast<f32>(((bits & 0x8000u) << 16u) | ((e + 112u) << 23u) | (m << 13u));
+}
+
+// MXFP4 (the released GPT-OSS expert format, src/quant/mxfp4.rs): twice the E2M1 value of
+// the code in the low 4 bits of `c` (bit 3 the sign). The doubled magnitudes 0, 1, 2, 3, 4,
+// 6, 8, 12 of codes 0..7 fit a nibble each, so the lookup is one shift of a packed constant;
+// the factor 2 is taken back in `mx_scaled`. Exact: small integers in f32.
+fn fp4_x2(c: u32) -> f32 {
+    let m = f32((0xc8643210u >> ((c & 7u) * 4u)) & 15u);
+    return select(m, -m, (c & 8u) != 0u);
+}
+
+// `sum2 / 2 * 2^(e - 127)` for a block sum `sum2` of doubled E2M1 values times activations
+// and its E8M0 scale byte `e`, as the CPU reference computes `2^(e - 127) * sum`. No
+// subnormal scale is ever built (GPUs may flush subnormals): for e = 0, 2^-127 is applied as
+// 2^-2 then 2^-126 (the smallest normal power); otherwise as 1/2 then 2^(e - 127). Each
+// multiply is by a power of two, so the result is exactly the CPU's whenever it is a normal
+// f32 (results below 2^-126 may be flushed to zero by the device). e = 255 (NaN in E8M0,
+// refused by the container checks) gives infinity, as on the CPU.
+fn mx_scaled(sum2: f32, e: u32) -> f32 {
+    return (sum2 * select(0.5, 0.25, e == 0u)) * bitcast<f32>(max(e, 1u) << 23u);
 }

@@ -1,7 +1,8 @@
 // expert_down.wgsl: the second half of every selected expert of a layer, in one dispatch
 // for all (row, slot) pairs: contrib[pair][h] = W_down[h] . act[pair] + b_down[h]
 // (unweighted; moe_combine.wgsl applies the routing weights in routing order). Slot
-// lookup, pools and variants as in expert_gate_up.wgsl. One workgroup per (h, pair).
+// lookup, pools and variants (F32, INT4, MXFP4) as in expert_gate_up.wgsl. One workgroup
+// per (h, pair).
 
 struct Params {
     layer: u32,
@@ -72,10 +73,26 @@ fn main(ids: Ids) {
         let d = sc + g;
         acc += half_of(pool_load(lp, base + p.s_off + (d >> 1u)), (d & 1u) == 1u) * s;
     }
-//#else
+//#endif
+//#if MXFP4
+    let sc = h * p.groups;
+    for (var wi = ids.lid; wi < p.row_words; wi += WG) {
+        let c0 = ab + wi * 8u;
+        let word = pool_load(lp, row + wi);
+        var s = 0.0;
+        for (var j = 0u; j < 8u; j++) {
+            s += fp4_x2(word >> (4u * j)) * act[c0 + j];
+        }
+        let d = sc + (wi >> 2u);
+        acc += mx_scaled(s, (pool_load(lp, base + p.s_off + (d >> 2u)) >> (8u * (d & 3u))) & 255u);
+    }
+//#endif
+//#if !INT4
+//#if !MXFP4
     for (var c = ids.lid; c < p.inter; c += WG) {
         acc += bitcast<f32>(pool_load(lp, row + c)) * act[ab + c];
     }
+//#endif
 //#endif
     let total = wg_sum(vec4<f32>(acc, 0.0, 0.0, 0.0), ids).x;
     if ids.lid == 0u {

@@ -8,7 +8,11 @@
 // resident. Slots live in up to POOLS storage buffers ("pools", declared by the loader
 // with `pool_load`); a dispatch serves the pools pool_first .. pool_first + POOLS and skips
 // pairs whose expert is elsewhere or not resident. INT4 variant: records in the INT4-gs64
-// layout of src/quant/int4.rs; otherwise F32 rows. One workgroup per (i, pair).
+// layout of src/quant/int4.rs; MXFP4 variant: E2M1 codes (a word is 8 elements, low nibble
+// first) and E8M0 scale bytes (4 a word, `groups` = blocks of 32 a row), each word's 8
+// products summed and scaled by its block's power of two (`mx_scaled`, common.wgsl);
+// otherwise F32 rows. Slot offsets follow the container record (src/backend/gpu/vram.rs).
+// One workgroup per (i, pair).
 
 struct Params {
     layer: u32,
@@ -91,12 +95,36 @@ fn main(ids: Ids) {
         acc.x += half_of(pool_load(lp, base + p.s_off + (dg >> 1u)), (dg & 1u) == 1u) * sg;
         acc.y += half_of(pool_load(lp, base + p.s_off + (du >> 1u)), (du & 1u) == 1u) * su;
     }
-//#else
+//#endif
+//#if MXFP4
+    let g_sc = (2u * i) * p.groups;
+    let u_sc = g_sc + p.groups;
+    let sc = base + p.s_off;
+    for (var wi = ids.lid; wi < p.row_words; wi += WG) {
+        let c0 = xb + wi * 8u;
+        let wg = pool_load(lp, g_row + wi);
+        let wu = pool_load(lp, u_row + wi);
+        var sg = 0.0;
+        var su = 0.0;
+        for (var j = 0u; j < 8u; j++) {
+            let xc = x[c0 + j];
+            sg += fp4_x2(wg >> (4u * j)) * xc;
+            su += fp4_x2(wu >> (4u * j)) * xc;
+        }
+        let dg = g_sc + (wi >> 2u);
+        let du = u_sc + (wi >> 2u);
+        acc.x += mx_scaled(sg, (pool_load(lp, sc + (dg >> 2u)) >> (8u * (dg & 3u))) & 255u);
+        acc.y += mx_scaled(su, (pool_load(lp, sc + (du >> 2u)) >> (8u * (du & 3u))) & 255u);
+    }
+//#endif
+//#if !INT4
+//#if !MXFP4
     for (var c = ids.lid; c < p.hidden; c += WG) {
         let xc = x[xb + c];
         acc.x += bitcast<f32>(pool_load(lp, g_row + c)) * xc;
         acc.y += bitcast<f32>(pool_load(lp, u_row + c)) * xc;
     }
+//#endif
 //#endif
     let total = wg_sum(acc, ids);
     if ids.lid == 0u {

@@ -7,11 +7,16 @@
 
 mod common;
 
-use common::gpu::{Fmt, Rng, gpu_options, random_model, rel_diff, variants};
+use std::sync::Arc;
+
+use common::gpu::{Fmt, Rng, gpu_options, random_model, random_model_shaped, rel_diff, variants};
 use picchio::backend::cpu::{CpuAct, CpuBackend};
 use picchio::backend::gpu::{GpuBackend, GpuOptions};
 use picchio::backend::{Backend, LinearId, NormId, RouteTable};
 use picchio::engine::LoadedModel;
+use picchio::experts::ResidentExperts;
+use picchio::model::weights::ExpertWeights;
+use picchio::quant::{Matrix, MatrixData, WeightBuf, mxfp4};
 
 const CAPACITY: usize = 96;
 
@@ -324,4 +329,169 @@ fn embed_add_and_copy_rows_match_cpu() {
             assert_eq!(g.read(&gs).unwrap(), cs.data, "{variant} {fmt:?}: copy_rows");
         }
     });
+}
+
+/// An MXFP4 matrix whose block `b` of row `r` has the scale byte `scale(r, b)`, with random
+/// codes; `small(e)` limits the codes of a block to magnitudes up to 1 (for scales whose
+/// large codes would not be finite f32 weights).
+fn mxfp4_matrix(rng: &mut Rng, rows: usize, cols: usize, scale: impl Fn(usize, usize) -> u8) -> Matrix {
+    let (rb, nb) = (mxfp4::row_bytes(cols), mxfp4::blocks(cols));
+    let mut codes = vec![0u8; rows * rb];
+    let mut scales = vec![0u8; rows * nb];
+    for r in 0..rows {
+        for b in 0..nb {
+            let e = scale(r, b);
+            scales[r * nb + b] = e;
+            for j in 0..mxfp4::BLOCK_BYTES {
+                let byte = ((rng.next() + 1.0) * 128.0) as u32 as u8;
+                // Codes 0..2 and 8..10: magnitudes 0, 0.5, 1.
+                let small = |c: u8| (c & 8) | ((c & 7) % 3);
+                codes[r * rb + b * mxfp4::BLOCK_BYTES + j] =
+                    if e >= 250 { small(byte & 15) | (small(byte >> 4) << 4) } else { byte };
+            }
+        }
+    }
+    let data = MatrixData::Mxfp4 { codes: WeightBuf::owned(codes), scales: WeightBuf::owned(scales) };
+    Matrix::new("random mxfp4", rows, cols, data).unwrap()
+}
+
+/// One token's input for the MXFP4 expert test: block 0 of magnitude 2^-124 (so its
+/// products with scales up to 254 are O(1)), block 1 of magnitude 2^115 (against scales
+/// 0..12, 0 included), block 2 of magnitude 2^-5 against realistic scales 118..136.
+/// Magnitudes are kept at least half the block's power, so no input is subnormal.
+fn mxfp4_input(rng: &mut Rng, rows: usize) -> Vec<f32> {
+    let mut x = Vec::with_capacity(rows * 96);
+    for _ in 0..rows {
+        for pow in [-124, 115, -5] {
+            for _ in 0..32 {
+                let u = rng.next();
+                x.push(u.signum() * (0.5 + 0.5 * u.abs()) * 2f32.powi(pow));
+            }
+        }
+    }
+    x
+}
+
+#[test]
+fn mxfp4_experts_match_cpu_at_extreme_and_realistic_scales() {
+    let Some(base) = gpu_options("mxfp4 experts") else { return };
+    // Hidden 96 (3 blocks) and intermediate 160 (5 blocks): whole MXFP4 blocks, neither a
+    // multiple of the workgroup size.
+    let (h, inter) = (96, 160);
+    let shaped = random_model_shaped(17, Fmt::F32, Fmt::F32, h, inter);
+    let cfg = shaped.config.clone();
+    let mut rng = Rng::new(18);
+    let experts: Vec<Vec<ExpertWeights>> = (0..cfg.num_layers)
+        .map(|_| {
+            (0..cfg.num_experts)
+                .map(|_| ExpertWeights {
+                    // Gate/up: block 0 at scales 242..254, block 1 at 0..12, block 2 at 118..136.
+                    gate_up: mxfp4_matrix(&mut rng, 2 * inter, h, |r, b| match b {
+                        0 => 242 + (r % 13) as u8,
+                        1 => (r % 13) as u8,
+                        _ => 118 + ((r * 7 + 3) % 19) as u8,
+                    }),
+                    gate_up_bias: rng.vec(2 * inter, 0.5),
+                    // Down: realistic scales 118..128 (its inputs are the clipped SwiGLU
+                    // outputs, so extreme scales would overflow there).
+                    down: mxfp4_matrix(&mut rng, h, inter, |r, b| 118 + ((r * 5 + b * 3) % 11) as u8),
+                    down_bias: rng.vec(h, 0.5),
+                })
+                .collect()
+        })
+        .collect();
+    let model = LoadedModel { experts: Arc::new(ResidentExperts::new(experts)), ..shaped };
+    let k = cfg.experts_per_token;
+    let slot = model.experts.expert_bytes();
+    let total = (cfg.num_layers * cfg.num_experts) as u64;
+    let mut c = cpu(&model);
+    let cases: Vec<(usize, usize, RouteTable, Vec<f32>)> = [(1, 0), (5, 1), (70, 2)]
+        .into_iter()
+        .map(|(rows, layer)| {
+            (rows, layer, routes(&mut rng, rows, k, cfg.num_experts), mxfp4_input(&mut rng, rows))
+        })
+        .collect();
+    let want: Vec<Vec<f32>> = cases
+        .iter()
+        .map(|(rows, layer, r, x)| {
+            let mut o = c.alloc(*rows, h).unwrap();
+            c.experts(*layer, &host(*rows, h, x.clone()), r, &mut o).unwrap();
+            assert!(o.data.iter().all(|v| v.is_finite()), "CPU outputs are finite");
+            o.data
+        })
+        .collect();
+    for (variant, base) in variants(&base) {
+        let mut first: Vec<Option<Vec<f32>>> = vec![None; cases.len()];
+        // All resident, and the minimum LRU cache (k slots).
+        for vram in [total * slot * 4, 1] {
+            let opts = GpuOptions { vram_bytes: Some(vram), ..base.clone() };
+            let mut g = gpu(&model, &opts);
+            let shape = g.residency();
+            for (n, ((rows, layer, r, x), w)) in cases.iter().zip(&want).enumerate() {
+                let gx = g.upload(*rows, h, x).unwrap();
+                let gr = g.upload_routes(r).unwrap();
+                let mut go = g.alloc(*rows, h).unwrap();
+                g.experts(*layer, &gx, &gr, &mut go).unwrap();
+                let out = g.read(&go).unwrap();
+                let d = rel_diff(&out, w);
+                assert!(
+                    d < 2e-5,
+                    "{variant} mxfp4 {shape:?}: layer {layer} rows {rows}: relative difference {d}"
+                );
+                match &first[n] {
+                    None => first[n] = Some(out),
+                    Some(f) => assert!(f == &out, "{variant} mxfp4: placement {shape:?} changed the numbers"),
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn mxfp4_scale_extremes_are_not_flushed() {
+    // The block scales 0 (2^-127, subnormal in f32) and 254 alone, against inputs that make
+    // the products normal: a GPU that built the subnormal scale and flushed it would give
+    // 0 for the e = 0 rows, far outside the tolerance.
+    let Some(base) = gpu_options("mxfp4 scale extremes") else { return };
+    let (h, inter) = (32, 32);
+    let shaped = random_model_shaped(19, Fmt::F32, Fmt::F32, h, inter);
+    let cfg = shaped.config.clone();
+    let mut rng = Rng::new(20);
+    for (e, pow) in [(0u8, 120), (254, -124)] {
+        let experts: Vec<Vec<ExpertWeights>> = (0..cfg.num_layers)
+            .map(|_| {
+                (0..cfg.num_experts)
+                    .map(|_| ExpertWeights {
+                        gate_up: mxfp4_matrix(&mut rng, 2 * inter, h, |_, _| e),
+                        gate_up_bias: vec![0.0; 2 * inter],
+                        down: mxfp4_matrix(&mut rng, h, inter, |_, _| 125),
+                        down_bias: vec![0.0; h],
+                    })
+                    .collect()
+            })
+            .collect();
+        let model = LoadedModel { experts: Arc::new(ResidentExperts::new(experts)), ..shaped.clone() };
+        let mut c = cpu(&model);
+        let rows = 3;
+        let x: Vec<f32> = (0..rows * h)
+            .map(|_| {
+                let u = rng.next();
+                u.signum() * (0.5 + 0.5 * u.abs()) * 2f32.powi(pow)
+            })
+            .collect();
+        let r = routes(&mut rng, rows, cfg.experts_per_token, cfg.num_experts);
+        let mut want = c.alloc(rows, h).unwrap();
+        c.experts(0, &host(rows, h, x.clone()), &r, &mut want).unwrap();
+        let biggest = want.data.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        assert!(biggest > 1e-3, "scale {e}: the CPU result is not negligible ({biggest})");
+        for (variant, opts) in variants(&base) {
+            let mut g = gpu(&model, &opts);
+            let gx = g.upload(rows, h, &x).unwrap();
+            let gr = g.upload_routes(&r).unwrap();
+            let mut go = g.alloc(rows, h).unwrap();
+            g.experts(0, &gx, &gr, &mut go).unwrap();
+            let d = rel_diff(&g.read(&go).unwrap(), &want.data);
+            assert!(d < 2e-5, "{variant} scale {e}: relative difference {d}");
+        }
+    }
 }

@@ -68,6 +68,11 @@ fn gpu_top1_and_greedy_tokens_equal_the_cpu_on_the_fixtures() {
         ("tiny-mxfp4", INT4, "INT4"),
         ("alt-f32", EXACT, "F32"),
         ("alt-mxfp4", INT4, "INT4"),
+        // TODO(lead, after merging the container's `mxfp4` expert scheme): add
+        // ("tiny-mxfp4", MXFP4, "MXFP4") and ("alt-mxfp4", MXFP4, "MXFP4") with
+        // `const MXFP4: Formats = Formats { experts: ExpertFormat::Mxfp4, dense: DenseFormat::F32 }`
+        // (and the `--dense source` variant). The GPU side (SlotFormat::Mxfp4, the MXFP4
+        // expert kernels) is in place and tested per kernel in tests/gpu_kernels.rs.
     ];
     for (name, formats, label) in cases {
         let r = Reference::load(&fixture(name));

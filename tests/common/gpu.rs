@@ -128,8 +128,15 @@ pub fn matrix(rng: &mut Rng, rows: usize, cols: usize, fmt: Fmt) -> Matrix {
 /// layers sliding (window 5) / full / sliding, vocab 3001. Dense matrices in `dense`,
 /// experts in `experts` (F32 or Int4).
 pub fn random_model(seed: u64, dense: Fmt, experts: Fmt) -> LoadedModel {
+    random_model_shaped(seed, dense, experts, 100, 72)
+}
+
+/// [`random_model`] with another hidden and intermediate size (MXFP4 experts need whole
+/// blocks of 32).
+#[allow(dead_code)]
+pub fn random_model_shaped(seed: u64, dense: Fmt, experts: Fmt, hidden: usize, inter: usize) -> LoadedModel {
     let json = r#"{
-        "model_type": "gpt_oss", "hidden_size": 100, "intermediate_size": 72,
+        "model_type": "gpt_oss", "hidden_size": HIDDEN, "intermediate_size": INTER,
         "num_hidden_layers": 3, "num_attention_heads": 6, "num_key_value_heads": 2, "head_dim": 16,
         "num_local_experts": 6, "num_experts_per_tok": 4, "vocab_size": 3001,
         "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
@@ -138,7 +145,8 @@ pub fn random_model(seed: u64, dense: Fmt, experts: Fmt) -> LoadedModel {
         "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
                          "original_max_position_embeddings": 4096, "truncate": false}
     }"#;
-    let cfg = ModelConfig::from_json_str(json, std::path::Path::new("random.json")).unwrap();
+    let json = json.replace("HIDDEN", &hidden.to_string()).replace("INTER", &inter.to_string());
+    let cfg = ModelConfig::from_json_str(&json, std::path::Path::new("random.json")).unwrap();
     let mut rng = Rng::new(seed);
     let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
     let lin = |rng: &mut Rng, rows: usize, cols: usize| Linear {

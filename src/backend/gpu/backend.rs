@@ -19,7 +19,7 @@ use super::buffers::{BufferPool, GpuAct, GpuRoutes, Pooled, decode_routes, float
 use super::context::{Bind, DeviceCounters, GBuf, Gpu, STORAGE_ALIGN};
 use super::device::{self, AdapterReport};
 use super::shaders::{Op, Variant};
-use super::vram::{SlotFormat, VramExperts, VramStats};
+use super::vram::{VramExperts, VramStats};
 use super::weights::{GpuMatrix, upload_matrix, upload_vector};
 
 /// Tokens one matrix-vector workgroup serves (the `vec4` accumulators of matvec_*.wgsl).
@@ -251,7 +251,7 @@ impl GpuBackend {
             v.f16 = self.shader_f16;
         }
         if op.is_expert() {
-            v.int4 = self.vram.layout.format == SlotFormat::Int4;
+            v.experts = self.vram.layout.format;
             v.pools = self.vram.pools_per_dispatch;
         }
         v

@@ -3,13 +3,15 @@
 //!
 //! Every source is `common.wgsl` (enables, invocation IDs, the workgroup sum) followed by
 //! the op's file. Variants differ only where an optional adapter feature is used (SUBGROUP
-//! for reductions, SHADER_F16 for loading f16 scales), in the expert weight format (INT4 or
-//! F32), and in how many expert pools the expert kernels bind. `all_variants` lists every
+//! for reductions, SHADER_F16 for loading f16 scales), in the expert weight format (F32,
+//! INT4-gs64 or MXFP4: [`SlotFormat`]), and in how many expert pools the expert kernels bind. `all_variants` lists every
 //! variant, so a test can translate each one for every target API.
 
 use std::fmt::Write;
 
 use crate::error::{Error, Result};
+
+use super::vram::SlotFormat;
 
 const COMMON: &str = include_str!("../../../shaders/common.wgsl");
 
@@ -118,7 +120,7 @@ impl Op {
         }
     }
 
-    /// True for the expert kernels (INT4/F32 and pool-count variants).
+    /// True for the expert kernels (slot-format and pool-count variants).
     pub fn is_expert(self) -> bool {
         matches!(self, Op::ExpertGateUp | Op::ExpertDown)
     }
@@ -164,14 +166,14 @@ pub struct Variant {
     pub f16: bool,
     /// SUBGROUP: reductions with subgroupAdd (else a shared-memory tree).
     pub subgroup: bool,
-    /// Expert kernels: INT4-gs64 records (else F32).
-    pub int4: bool,
+    /// Expert kernels: the slot format they read (F32, INT4-gs64, MXFP4); F32 for other ops.
+    pub experts: SlotFormat,
     /// Expert kernels: pool buffers bound (one of [`POOL_VARIANTS`]); 0 for other ops.
     pub pools: u32,
 }
 
 impl Variant {
-    /// Short label, e.g. `sg+f16+int4+p2`.
+    /// Short label, e.g. `sg+f16+int4+p2` or `sg+mxfp4+p1`.
     pub fn label(&self) -> String {
         let mut parts = Vec::new();
         if self.subgroup {
@@ -180,8 +182,8 @@ impl Variant {
         if self.f16 {
             parts.push("f16".to_string());
         }
-        if self.int4 {
-            parts.push("int4".to_string());
+        if self.experts != SlotFormat::F32 {
+            parts.push(self.experts.label().to_string());
         }
         if self.pools > 0 {
             parts.push(format!("p{}", self.pools));
@@ -247,8 +249,8 @@ pub fn source(op: Op, variant: Variant) -> Result<String> {
     if variant.subgroup {
         flags.push("SUBGROUP");
     }
-    if variant.int4 {
-        flags.push("INT4");
+    if let Some(flag) = variant.experts.flag() {
+        flags.push(flag);
     }
     let mut src = preprocess(COMMON, &flags)?;
     if op.is_expert() {
@@ -266,11 +268,12 @@ pub fn all_variants() -> Vec<(Op, Variant)> {
     let mut out = Vec::new();
     for op in Op::ALL {
         for subgroup in [false, true] {
-            for int4 in if op.is_expert() { vec![false, true] } else { vec![false] } {
+            let formats: &[SlotFormat] = if op.is_expert() { &SlotFormat::ALL } else { &[SlotFormat::F32] };
+            for &experts in formats {
                 for f16 in if op.uses_f16() { vec![false, true] } else { vec![false] } {
                     let pools: &[u32] = if op.is_expert() { &POOL_VARIANTS } else { &[0] };
                     for &pools in pools {
-                        out.push((op, Variant { f16, subgroup, int4, pools }));
+                        out.push((op, Variant { f16, subgroup, experts, pools }));
                     }
                 }
             }

@@ -6,8 +6,9 @@
 //! (full residency: no CPU round trip per layer). Otherwise (partial residency) the
 //! backend makes each layer's experts resident before dispatching it, never evicting what
 //! that layer needs, and prefetches the predicted experts of the next layer. A slot holds
-//! the same component layout as an `experts.bin` record; where an expert sits never
-//! changes what the kernels compute.
+//! the bytes of an `experts.bin` record in the record's layout (components on 64-byte
+//! boundaries, 4 KiB multiples), for F32, INT4-gs64 and MXFP4 alike; where an expert sits
+//! never changes what the kernels compute.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -16,7 +17,7 @@ use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::experts::ExpertSource;
 use crate::model::weights::ExpertWeights;
-use crate::quant::{MatrixData, int4};
+use crate::quant::{MatrixData, int4, mxfp4};
 
 use super::context::{GBuf, Gpu};
 
@@ -25,80 +26,168 @@ pub const NO_SLOT: u32 = u32::MAX;
 /// Bytes uploaded between waits while filling VRAM (bounds the staging memory).
 const UPLOAD_BATCH: u64 = 256 << 20;
 
-/// How expert matrices are stored in a slot.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// How expert matrices are stored in a slot: the one description of each expert weight
+/// format on the GPU (words per row, scale groups, scale words, shader flag, how a
+/// [`MatrixData`] is written). Every match on it is exhaustive, so a new format is a
+/// compile error in each place that must handle it, never a fall-through to F32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum SlotFormat {
-    /// INT4-gs64 codes and f16 group scales.
-    Int4,
-    /// F32 rows.
+    /// F32 rows (the portable default kernel build).
+    #[default]
     F32,
+    /// INT4-gs64 codes and f16 group scales (`src/quant/int4.rs`).
+    Int4,
+    /// MXFP4 as released: E2M1 codes (low nibble = even element) and one E8M0 scale byte
+    /// per block of 32 (`src/quant/mxfp4.rs`).
+    Mxfp4,
 }
 
+impl SlotFormat {
+    /// Every slot format (the expert kernel variants built for each).
+    pub const ALL: [SlotFormat; 3] = [SlotFormat::F32, SlotFormat::Int4, SlotFormat::Mxfp4];
+
+    /// The slot format for expert matrices stored as `data`, or an error naming `what` for
+    /// formats the expert kernels do not read.
+    pub fn of(data: &MatrixData, what: &str) -> Result<SlotFormat> {
+        match data {
+            MatrixData::F32(_) => Ok(SlotFormat::F32),
+            MatrixData::Int4G64 { .. } => Ok(SlotFormat::Int4),
+            MatrixData::Mxfp4 { .. } => Ok(SlotFormat::Mxfp4),
+            MatrixData::Bf16(_) | MatrixData::Int8Rows { .. } => Err(Error::Backend(format!(
+                "{what}: experts stored as {} have no VRAM slot format (F32, INT4-gs64 or MXFP4)",
+                data.format_name()
+            ))),
+        }
+    }
+
+    /// The preprocessor flag of the expert kernels' variant for this format (`None`: the
+    /// default branch, F32).
+    pub fn flag(self) -> Option<&'static str> {
+        match self {
+            SlotFormat::F32 => None,
+            SlotFormat::Int4 => Some("INT4"),
+            SlotFormat::Mxfp4 => Some("MXFP4"),
+        }
+    }
+
+    /// Short name for variant labels.
+    pub fn label(self) -> &'static str {
+        match self {
+            SlotFormat::F32 => "f32",
+            SlotFormat::Int4 => "int4",
+            SlotFormat::Mxfp4 => "mxfp4",
+        }
+    }
+
+    /// `(words per row, scale groups per row)` of a matrix row of `cols` inputs.
+    fn row_shape(self, cols: usize) -> Result<(usize, usize)> {
+        match self {
+            SlotFormat::F32 => Ok((cols, 0)),
+            SlotFormat::Int4 => Ok((int4::row_bytes(cols) / 4, int4::groups(cols))),
+            SlotFormat::Mxfp4 => {
+                if !cols.is_multiple_of(mxfp4::BLOCK) {
+                    return Err(Error::Backend(format!(
+                        "MXFP4 expert rows of {cols} inputs are not whole blocks of {}",
+                        mxfp4::BLOCK
+                    )));
+                }
+                Ok((mxfp4::row_bytes(cols) / 4, mxfp4::blocks(cols)))
+            }
+        }
+    }
+
+    /// Bytes of `n` scales (f16 for INT4, one byte for MXFP4).
+    fn scale_bytes(self, n: usize) -> usize {
+        match self {
+            SlotFormat::F32 => 0,
+            SlotFormat::Int4 => 2 * n,
+            SlotFormat::Mxfp4 => n,
+        }
+    }
+}
+
+/// Alignment of each component in a slot, in words: 64 bytes, as in an `experts.bin` record.
+const COMPONENT_WORDS: usize = 16;
+/// Slots are whole multiples of 4 KiB, as `experts.bin` records are.
+const STRIDE_WORDS: usize = 1024;
+
 /// Where an expert's components sit inside its slot, in u32 words.
+///
+/// The layout is the container's record layout (docs/format.md): gate_up codes, scales,
+/// bias, then down codes, scales, bias, each starting on a 64-byte boundary, the slot padded
+/// to a multiple of 4 KiB. So a slot holds exactly the bytes of the expert's record, for
+/// every format.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SlotLayout {
     /// Matrix format.
     pub format: SlotFormat,
     /// Gate/up codes or values.
     pub gu_w: u32,
-    /// Gate/up scales (INT4).
+    /// Gate/up scales (INT4, MXFP4).
     pub gu_s: u32,
     /// Gate/up bias.
     pub gu_b: u32,
     /// Down codes or values.
     pub dn_w: u32,
-    /// Down scales (INT4).
+    /// Down scales (INT4, MXFP4).
     pub dn_s: u32,
     /// Down bias.
     pub dn_b: u32,
     /// Words per gate/up row.
     pub gu_row_words: u32,
-    /// Scale groups per gate/up row.
+    /// Scale groups (INT4) or blocks (MXFP4) per gate/up row.
     pub gu_groups: u32,
     /// Words per down row.
     pub dn_row_words: u32,
-    /// Scale groups per down row.
+    /// Scale groups or blocks per down row.
     pub dn_groups: u32,
-    /// Words between slots (a multiple of 64: 256 bytes).
+    /// Words between slots (a multiple of 1024: 4 KiB).
     pub stride: u32,
 }
 
 impl SlotLayout {
-    /// The layout for a model's experts in `format`.
-    pub fn new(cfg: &ModelConfig, format: SlotFormat) -> Self {
+    /// The layout for a model's experts in `format`. Fails for shapes the format cannot
+    /// store (MXFP4 rows that are not whole blocks) or slots beyond 32-bit word offsets.
+    pub fn new(cfg: &ModelConfig, format: SlotFormat) -> Result<Self> {
         let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+        let (gu_row_words, gu_groups) = format.row_shape(h)?;
+        let (dn_row_words, dn_groups) = format.row_shape(i)?;
+        let too_big = || {
+            Error::Backend(format!("an expert of hidden {h}, intermediate {i} is too large for a VRAM slot"))
+        };
         let mut at = 0usize;
-        let mut take = |words: usize| {
+        let mut take = |bytes: Option<usize>| -> Result<usize> {
+            let words = bytes.ok_or_else(too_big)?.div_ceil(4);
             let start = at;
-            at = (at + words).next_multiple_of(4);
-            start as u32
+            at = start
+                .checked_add(words)
+                .and_then(|e| e.checked_next_multiple_of(COMPONENT_WORDS))
+                .ok_or_else(too_big)?;
+            Ok(start)
         };
-        let (gu_row_words, gu_groups, dn_row_words, dn_groups) = match format {
-            SlotFormat::Int4 => {
-                (int4::row_bytes(h) / 4, int4::groups(h), int4::row_bytes(i) / 4, int4::groups(i))
-            }
-            SlotFormat::F32 => (h, 0, i, 0),
-        };
-        let gu_w = take(2 * i * gu_row_words);
-        let gu_s = take((2 * i * gu_groups).div_ceil(2));
-        let gu_b = take(2 * i);
-        let dn_w = take(h * dn_row_words);
-        let dn_s = take((h * dn_groups).div_ceil(2));
-        let dn_b = take(h);
-        SlotLayout {
+        let rows_gu = 2usize.checked_mul(i).ok_or_else(too_big)?;
+        let gu_w = take(rows_gu.checked_mul(gu_row_words).and_then(|w| w.checked_mul(4)))?;
+        let gu_s = take(rows_gu.checked_mul(gu_groups).map(|n| format.scale_bytes(n)))?;
+        let gu_b = take(rows_gu.checked_mul(4))?;
+        let dn_w = take(h.checked_mul(dn_row_words).and_then(|w| w.checked_mul(4)))?;
+        let dn_s = take(h.checked_mul(dn_groups).map(|n| format.scale_bytes(n)))?;
+        let dn_b = take(h.checked_mul(4))?;
+        let stride = at.checked_next_multiple_of(STRIDE_WORDS).ok_or_else(too_big)?;
+        let word = |v: usize| u32::try_from(v).map_err(|_| too_big());
+        Ok(SlotLayout {
             format,
-            gu_w,
-            gu_s,
-            gu_b,
-            dn_w,
-            dn_s,
-            dn_b,
-            gu_row_words: gu_row_words as u32,
-            gu_groups: gu_groups as u32,
-            dn_row_words: dn_row_words as u32,
-            dn_groups: dn_groups as u32,
-            stride: at.next_multiple_of(64) as u32,
-        }
+            gu_w: word(gu_w)?,
+            gu_s: word(gu_s)?,
+            gu_b: word(gu_b)?,
+            dn_w: word(dn_w)?,
+            dn_s: word(dn_s)?,
+            dn_b: word(dn_b)?,
+            gu_row_words: word(gu_row_words)?,
+            gu_groups: word(gu_groups)?,
+            dn_row_words: word(dn_row_words)?,
+            dn_groups: word(dn_groups)?,
+            stride: word(stride)?,
+        })
     }
 
     /// Bytes of one slot.
@@ -106,11 +195,16 @@ impl SlotLayout {
         self.stride as u64 * 4
     }
 
-    /// Writes `w` into `out` (one slot, zeroed by the caller).
+    /// Writes `w` into `out` (one slot, zeroed by the caller): each component copied as it
+    /// is stored, to its offset.
     pub fn encode(&self, w: &ExpertWeights, out: &mut [u8], what: &str) -> Result<()> {
-        fn put(out: &mut [u8], word: u32, bytes: &[u8]) {
+        fn put(out: &mut [u8], word: u32, bytes: &[u8], what: &str) -> Result<()> {
             let at = word as usize * 4;
-            out[at..at + bytes.len()].copy_from_slice(bytes);
+            let dst = out.get_mut(at..at + bytes.len()).ok_or_else(|| {
+                Error::Backend(format!("{what}: a component of {} bytes overruns its VRAM slot", bytes.len()))
+            })?;
+            dst.copy_from_slice(bytes);
+            Ok(())
         }
         let bad = || {
             Error::Backend(format!(
@@ -120,25 +214,40 @@ impl SlotLayout {
                 self.format
             ))
         };
-        match (&w.gate_up.data, &w.down.data, self.format) {
-            (
-                MatrixData::Int4G64 { codes: gc, scales: gs },
-                MatrixData::Int4G64 { codes: dc, scales: ds },
-                SlotFormat::Int4,
-            ) => {
-                put(out, self.gu_w, gc.as_slice());
-                put(out, self.gu_s, bytemuck::cast_slice(gs.as_slice()));
-                put(out, self.dn_w, dc.as_slice());
-                put(out, self.dn_s, bytemuck::cast_slice(ds.as_slice()));
-            }
-            (MatrixData::F32(g), MatrixData::F32(d), SlotFormat::F32) => {
-                put(out, self.gu_w, bytemuck::cast_slice(g.as_slice()));
-                put(out, self.dn_w, bytemuck::cast_slice(d.as_slice()));
-            }
-            _ => return Err(bad()),
-        }
-        put(out, self.gu_b, bytemuck::cast_slice(&w.gate_up_bias));
-        put(out, self.dn_b, bytemuck::cast_slice(&w.down_bias));
+        let parts: [&[u8]; 4] = match self.format {
+            SlotFormat::F32 => match (&w.gate_up.data, &w.down.data) {
+                (MatrixData::F32(g), MatrixData::F32(d)) => {
+                    [bytemuck::cast_slice(g.as_slice()), &[], bytemuck::cast_slice(d.as_slice()), &[]]
+                }
+                _ => return Err(bad()),
+            },
+            SlotFormat::Int4 => match (&w.gate_up.data, &w.down.data) {
+                (
+                    MatrixData::Int4G64 { codes: gc, scales: gs },
+                    MatrixData::Int4G64 { codes: dc, scales: ds },
+                ) => [
+                    gc.as_slice(),
+                    bytemuck::cast_slice(gs.as_slice()),
+                    dc.as_slice(),
+                    bytemuck::cast_slice(ds.as_slice()),
+                ],
+                _ => return Err(bad()),
+            },
+            SlotFormat::Mxfp4 => match (&w.gate_up.data, &w.down.data) {
+                (
+                    MatrixData::Mxfp4 { codes: gc, scales: gs },
+                    MatrixData::Mxfp4 { codes: dc, scales: ds },
+                ) => [gc.as_slice(), gs.as_slice(), dc.as_slice(), ds.as_slice()],
+                _ => return Err(bad()),
+            },
+        };
+        let [gw, gs, dw, ds] = parts;
+        put(out, self.gu_w, gw, what)?;
+        put(out, self.gu_s, gs, what)?;
+        put(out, self.gu_b, bytemuck::cast_slice(&w.gate_up_bias), what)?;
+        put(out, self.dn_w, dw, what)?;
+        put(out, self.dn_s, ds, what)?;
+        put(out, self.dn_b, bytemuck::cast_slice(&w.down_bias), what)?;
         Ok(())
     }
 }
@@ -199,17 +308,8 @@ impl VramExperts {
         budget: u64,
     ) -> Result<Self> {
         let probe = source.expert(0, 0)?;
-        let format = match probe.gate_up.data {
-            MatrixData::Int4G64 { .. } => SlotFormat::Int4,
-            MatrixData::F32(_) => SlotFormat::F32,
-            MatrixData::Bf16(_) | MatrixData::Int8Rows { .. } | MatrixData::Mxfp4 { .. } => {
-                return Err(Error::Backend(format!(
-                    "experts stored as {} have no VRAM slot format",
-                    probe.gate_up.format_name()
-                )));
-            }
-        };
-        let layout = SlotLayout::new(cfg, format);
+        let format = SlotFormat::of(&probe.gate_up.data, "layer 0 expert 0")?;
+        let layout = SlotLayout::new(cfg, format)?;
         let total = cfg.num_layers * cfg.num_experts;
         let min = cfg.experts_per_token.max(1);
         let mut slots = ((budget / layout.bytes()) as usize).min(total);
@@ -401,5 +501,40 @@ impl VramExperts {
     /// Layers and experts per layer.
     pub fn shape(&self) -> (usize, usize) {
         (self.layers, self.experts)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mxfp4_slots_follow_the_container_record() {
+        let json = r#"{"model_type": "gpt_oss", "hidden_size": 96, "intermediate_size": 160,
+            "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 16,
+            "num_local_experts": 2, "num_experts_per_tok": 1, "vocab_size": 10,
+            "layer_types": ["full_attention"]}"#;
+        let cfg = ModelConfig::from_json_str(json, std::path::Path::new("t.json")).unwrap();
+        let l = SlotLayout::new(&cfg, SlotFormat::Mxfp4).unwrap();
+        // gate_up codes [320, 48] bytes, scales [320, 3], bias [320] f32, down codes
+        // [96, 80], scales [96, 5], bias [96] f32: each on a 64-byte boundary.
+        let at = |bytes: usize| bytes.next_multiple_of(64) / 4;
+        let gu_s = at(320 * 48);
+        let gu_b = gu_s + at(320 * 3);
+        let dn_w = gu_b + at(320 * 4);
+        let dn_s = dn_w + at(96 * 80);
+        let dn_b = dn_s + at(96 * 5);
+        assert_eq!(
+            (l.gu_w, l.gu_s, l.gu_b, l.dn_w, l.dn_s, l.dn_b),
+            (0, gu_s as u32, gu_b as u32, dn_w as u32, dn_s as u32, dn_b as u32)
+        );
+        assert_eq!((l.gu_row_words, l.gu_groups, l.dn_row_words, l.dn_groups), (12, 3, 20, 5));
+        assert_eq!(l.bytes() % 4096, 0);
+        assert!(l.bytes() >= (dn_b as u64 + 96) * 4 && l.bytes() < (dn_b as u64 + 96) * 4 + 4096);
+        // Rows that are not whole blocks are refused, not truncated.
+        let bad = json.replace("\"hidden_size\": 96", "\"hidden_size\": 100");
+        let cfg = ModelConfig::from_json_str(&bad, std::path::Path::new("t.json")).unwrap();
+        assert!(SlotLayout::new(&cfg, SlotFormat::Mxfp4).is_err());
+        assert!(SlotLayout::new(&cfg, SlotFormat::Int4).is_ok());
     }
 }
