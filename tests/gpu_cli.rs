@@ -120,9 +120,6 @@ fn the_real_vocabulary_head_is_split_across_bindings() {
         "gpu",
         "--dense",
         "f32",
-        // INT4 experts until the GPU has MXFP4 expert slots (`auto` picks MXFP4 for this source).
-        "--experts",
-        "int4",
         "--verify",
         "--stats",
         "--cache-dir",
@@ -152,8 +149,6 @@ fn the_real_vocabulary_head_is_split_across_bindings() {
         "3",
         "--device",
         "gpu",
-        "--experts",
-        "int4",
         "--verify",
         "--stats",
         "--gpu-max-binding-mb",

@@ -1,6 +1,6 @@
 //! The whole forward pass on the GPU against the CPU oracle on the tiny fixtures: top-1 at
 //! every prompt position and all 32 greedy tokens identical (the max logit difference is
-//! printed), for the F32 and the INT4 container; identical numbers for every VRAM cache
+//! printed), for the F32, INT4, MXFP4 and default containers; identical numbers for every VRAM cache
 //! size and with or without the routing prediction; one submission and one readback per
 //! decoded token when every expert is resident; the CPU fallback after a device failure;
 //! and `--verify`'s report when top-1 differs.
@@ -23,6 +23,8 @@ use picchio::session::Session;
 
 const EXACT: Formats = Formats { experts: ExpertFormat::F32, dense: DenseFormat::F32 };
 const INT4: Formats = Formats { experts: ExpertFormat::Int4, dense: DenseFormat::Auto };
+const MXFP4: Formats = Formats { experts: ExpertFormat::Mxfp4, dense: DenseFormat::F32 };
+const MXFP4_SOURCE: Formats = Formats { experts: ExpertFormat::Mxfp4, dense: DenseFormat::Source };
 const CTX: usize = 128;
 
 fn open(dir: &std::path::Path) -> LoadedModel {
@@ -68,11 +70,10 @@ fn gpu_top1_and_greedy_tokens_equal_the_cpu_on_the_fixtures() {
         ("tiny-mxfp4", INT4, "INT4"),
         ("alt-f32", EXACT, "F32"),
         ("alt-mxfp4", INT4, "INT4"),
-        // TODO(lead, after merging the container's `mxfp4` expert scheme): add
-        // ("tiny-mxfp4", MXFP4, "MXFP4") and ("alt-mxfp4", MXFP4, "MXFP4") with
-        // `const MXFP4: Formats = Formats { experts: ExpertFormat::Mxfp4, dense: DenseFormat::F32 }`
-        // (and the `--dense source` variant). The GPU side (SlotFormat::Mxfp4, the MXFP4
-        // expert kernels) is in place and tested per kernel in tests/gpu_kernels.rs.
+        ("tiny-mxfp4", MXFP4, "MXFP4"),
+        ("alt-mxfp4", MXFP4, "MXFP4"),
+        ("tiny-mxfp4", MXFP4_SOURCE, "MXFP4, dense as the source"),
+        ("tiny-mxfp4", Formats::default(), "default"),
     ];
     for (name, formats, label) in cases {
         let r = Reference::load(&fixture(name));
