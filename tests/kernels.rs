@@ -278,7 +278,8 @@ fn mxfp4_multi_input_kernels_equal_single_input_kernels_for_1_to_17_inputs() {
         for (i, &blocks) in MXFP4_BLOCKS.iter().enumerate() {
             let rows = [1, 7, 8, 9, 19][i % 5];
             let cols = blocks * mxfp4::BLOCK;
-            let (codes, scales) = mxfp4_row(&mut rng, rows * blocks, &mut |r| 118 + (r.next_u64() % 18) as u8);
+            let (codes, scales) =
+                mxfp4_row(&mut rng, rows * blocks, &mut |r| 118 + (r.next_u64() % 18) as u8);
             let rb = mxfp4::row_bytes(cols);
             for n in 1..=17 {
                 let xs: Vec<Vec<f32>> = (0..n).map(|_| rng.vec(cols, false)).collect();

@@ -381,7 +381,8 @@ pub fn mxfp4_dot_neon<const T: usize, const R: usize>(
                         }
                         for t in 0..T {
                             let [a0, a1, a2, a3] = ba[t];
-                            $acc[t] = vfmaq_n_f32($acc[t], vaddq_f32(vaddq_f32(a0, a1), vaddq_f32(a2, a3)), d);
+                            $acc[t] =
+                                vfmaq_n_f32($acc[t], vaddq_f32(vaddq_f32(a0, a1), vaddq_f32(a2, a3)), d);
                         }
                     }};
                 }

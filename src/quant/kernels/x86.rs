@@ -410,7 +410,10 @@ pub fn mxfp4_dot_avx2<const T: usize, const R: usize>(
             let b1 = n.min(b0 + step);
             for (r, st) in state.iter_mut().enumerate().take(rr) {
                 prefetch_next::<_, R>(r0 + r, rows, |r| {
-                    [&codes[r * rb + b0 * BLOCK_BYTES..r * rb + b1 * BLOCK_BYTES], &scales[r * bpr + b0..r * bpr + b1]]
+                    [
+                        &codes[r * rb + b0 * BLOCK_BYTES..r * rb + b1 * BLOCK_BYTES],
+                        &scales[r * bpr + b0..r * bpr + b1],
+                    ]
                 });
                 let cb = &codes[(r0 + r) * rb..][..rb].as_chunks::<BLOCK_BYTES>().0[..n];
                 let sc = &scales[(r0 + r) * bpr..][..n];
@@ -768,7 +771,10 @@ pub fn mxfp4_dot_avx512<const T: usize, const R: usize>(
             let b1 = n.min(b0 + step);
             for (r, st) in state.iter_mut().enumerate().take(rr) {
                 prefetch_next::<_, R>(r0 + r, rows, |r| {
-                    [&codes[r * rb + b0 * BLOCK_BYTES..r * rb + b1 * BLOCK_BYTES], &scales[r * bpr + b0..r * bpr + b1]]
+                    [
+                        &codes[r * rb + b0 * BLOCK_BYTES..r * rb + b1 * BLOCK_BYTES],
+                        &scales[r * bpr + b0..r * bpr + b1],
+                    ]
                 });
                 let cb = &codes[(r0 + r) * rb..][..rb].as_chunks::<BLOCK_BYTES>().0[..n];
                 let sc = &scales[(r0 + r) * bpr..][..n];
@@ -1053,7 +1059,10 @@ pub fn mxfp4_dot_q8_vnni<const T: usize, const R: usize>(
             let b1 = n.min(b0 + step);
             for (r, st) in state.iter_mut().enumerate().take(rr) {
                 prefetch_next::<_, R>(r0 + r, rows, |r| {
-                    [&codes[r * rb + b0 * BLOCK_BYTES..r * rb + b1 * BLOCK_BYTES], &scales[r * bpr + b0..r * bpr + b1]]
+                    [
+                        &codes[r * rb + b0 * BLOCK_BYTES..r * rb + b1 * BLOCK_BYTES],
+                        &scales[r * bpr + b0..r * bpr + b1],
+                    ]
                 });
                 let cb = &codes[(r0 + r) * rb..][..rb].as_chunks::<BLOCK_BYTES>().0[..n];
                 let sc = &scales[(r0 + r) * bpr..][..n];
