@@ -768,6 +768,7 @@ pub fn mxfp4_dot_multi_with(
 
 /// [`mxfp4_dot_multi_with`] on quantized activations: `out[r * n + t] =
 /// mxfp4_dot_q8_with(path, row r, xs[t])`, bit for bit.
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
 pub fn mxfp4_dot_q8_multi_with(
     path: KernelPath,
     codes: &[u8],
