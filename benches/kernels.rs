@@ -21,7 +21,7 @@ use criterion::{
     BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main, measurement::WallTime,
 };
 use picchio::quant::buffer::{AlignedBytes, ByteRegion};
-use picchio::quant::{KernelPath, Matrix, MatrixData, WeightBuf, int4, int8, kernels};
+use picchio::quant::{KernelPath, Matrix, MatrixData, WeightBuf, int4, int8, kernels, mxfp4};
 use rayon::ThreadPool;
 
 /// One GPT-OSS expert's down projection, and its fused gate/up projection.
@@ -61,11 +61,17 @@ fn matrices(rows: usize, cols: usize) -> Vec<Matrix> {
     for (r, row) in w.chunks(cols).enumerate() {
         int4::quantize_row(row, &mut i4_codes[r * rb..(r + 1) * rb], &mut i4_scales[r * g..(r + 1) * g]);
     }
+    // MXFP4 as released: every code, and block scales near 1 (the kernels' speed does not
+    // depend on the values).
+    let (mb, mblocks) = (mxfp4::row_bytes(cols), mxfp4::blocks(cols));
+    let mx_codes: Vec<u8> = (0..rows * mb).map(|i| (i * 7919 % 251) as u8).collect();
+    let mx_scales: Vec<u8> = (0..rows * mblocks).map(|i| 122 + (i % 7) as u8).collect();
     let data = [
         MatrixData::F32(aligned(w)),
         MatrixData::Bf16(aligned(bf16)),
         MatrixData::Int8Rows { codes: aligned(i8_codes), scales: aligned(i8_scales) },
         MatrixData::Int4G64 { codes: aligned(i4_codes), scales: aligned(i4_scales) },
+        MatrixData::Mxfp4 { codes: aligned(mx_codes), scales: aligned(mx_scales) },
     ];
     data.into_iter().map(|d| Matrix::new("bench", rows, cols, d).unwrap()).collect()
 }
@@ -99,7 +105,12 @@ fn bench(c: &mut Criterion) {
             bench_threads(&mut g, &format!("{name}/{}", path.name()), &one, || {
                 m.matvec(black_box(&x), &mut y)
             });
-            if extra_q8 && matches!(m.data, MatrixData::Int4G64 { .. } | MatrixData::Int8Rows { .. }) {
+            if extra_q8
+                && matches!(
+                    m.data,
+                    MatrixData::Int4G64 { .. } | MatrixData::Int8Rows { .. } | MatrixData::Mxfp4 { .. }
+                )
+            {
                 bench_threads(&mut g, &format!("{name}/vnni-q8"), &one, || {
                     m.matvec_q8_with(KernelPath::Avx512Vnni, black_box(&x), &mut y)
                 });
@@ -111,8 +122,11 @@ fn bench(c: &mut Criterion) {
         let mut g = c.benchmark_group(format!("matmul_{rows}x{cols}"));
         g.measurement_time(Duration::from_secs(2)).warm_up_time(Duration::from_secs(1)).sample_size(10);
         for m in matrices(rows, cols).into_iter().filter(|m| !matches!(m.data, MatrixData::F32(_))) {
-            // With PICCHIO_INT8_ACTIVATIONS=1, INT4 and INT8 run the integer kernels.
-            let integer = matches!(m.data, MatrixData::Int4G64 { .. } | MatrixData::Int8Rows { .. });
+            // With PICCHIO_INT8_ACTIVATIONS=1, INT4, INT8 and MXFP4 run the integer kernels.
+            let integer = matches!(
+                m.data,
+                MatrixData::Int4G64 { .. } | MatrixData::Int8Rows { .. } | MatrixData::Mxfp4 { .. }
+            );
             let q8 = if integer && path.quantizes_activations() { "-q8" } else { "" };
             for n in BATCHES {
                 let x: Vec<f32> =

@@ -19,7 +19,7 @@
 //! 1e-5 (the engine's kernel tolerance) for long ones.
 
 use picchio::quant::kernels::{self, KernelPath, q8, q8::QuantizedX};
-use picchio::quant::{Matrix, MatrixData, WeightBuf, int4, int8, reference};
+use picchio::quant::{Matrix, MatrixData, WeightBuf, int4, int8, mxfp4, reference};
 
 const U: f64 = 1.0 / (1u64 << 24) as f64;
 const SIZES: [usize; 15] = [1, 2, 7, 8, 15, 16, 17, 31, 33, 63, 64, 65, 96, 127, 2880];
@@ -178,6 +178,138 @@ fn int4_kernels_match_the_reference() {
     }
 }
 
+/// Block counts for the MXFP4 tests: one block, odd counts (a leftover block for the
+/// alternating accumulators), and GPT-OSS's 2880 inputs (90 blocks).
+const MXFP4_BLOCKS: [usize; 8] = [1, 2, 3, 5, 8, 17, 33, 90];
+
+/// A random MXFP4 row of `blocks` blocks: random codes (every code in both nibbles over a
+/// long enough row) and scales from `scale`.
+fn mxfp4_row(rng: &mut Rng, blocks: usize, scale: &mut dyn FnMut(&mut Rng) -> u8) -> (Vec<u8>, Vec<u8>) {
+    let codes = (0..blocks * mxfp4::BLOCK_BYTES).map(|_| rng.next_u64() as u8).collect();
+    let scales = (0..blocks).map(|_| scale(rng)).collect();
+    (codes, scales)
+}
+
+/// `sum |w_i x_i|` over the decoded row.
+fn mxfp4_sum_abs(codes: &[u8], scales: &[u8], x: &[f32]) -> f64 {
+    let mut w = vec![0.0f32; x.len()];
+    mxfp4::dequantize_row(codes, scales, &mut w);
+    w.iter().zip(x).map(|(a, b)| (*a as f64 * *b as f64).abs()).sum()
+}
+
+#[test]
+fn mxfp4_kernels_match_the_reference() {
+    let mut rng = Rng::new(11);
+    // Scales near 1, and at the extremes: 0 (the subnormal 2^-127), 1, 252 (the largest at
+    // which every code is finite), and 253/254 with codes of magnitude at most 1.5 (finite).
+    type Case = (&'static str, fn(&mut Rng) -> u8, bool);
+    let cases: [Case; 5] = [
+        ("scales 120..134", |r| 120 + (r.next_u64() % 14) as u8, false),
+        ("scales 0 and 1", |r| (r.next_u64() % 2) as u8, false),
+        ("scale 252", |_| 252, false),
+        ("scales 253 and 254, small codes", |r| 253 + (r.next_u64() % 2) as u8, true),
+        ("any finite scale", |r| (r.next_u64() % 253) as u8, false),
+    ];
+    for path in simd_paths() {
+        for &blocks in &MXFP4_BLOCKS {
+            for (what, mut scale, small) in cases {
+                for trial in 0..4 {
+                    let (mut codes, scales) = mxfp4_row(&mut rng, blocks, &mut scale);
+                    if small {
+                        // Codes 0..=3 and 8..=11 (|value| <= 1.5) in both nibbles.
+                        codes.iter_mut().for_each(|c| *c &= 0xbb);
+                    }
+                    let cols = blocks * mxfp4::BLOCK;
+                    // Small inputs at the largest scales keep every partial sum finite in any
+                    // order: `sum |w x| <= 90 * 32 * 6 * 2^127 * 2^-16 < 2^126` (and `< 2^118` below 230).
+                    let x: Vec<f32> = rng
+                        .vec(cols, trial % 2 == 1)
+                        .iter()
+                        .map(|v| if scales.iter().any(|&e| e >= 230) { v / 65536.0 } else { *v })
+                        .collect();
+                    let want = mxfp4::dot_reference(&codes, &scales, &x);
+                    assert!(want.is_finite(), "{what}: the reference is finite");
+                    let got = kernels::mxfp4_dot_with(path, &codes, &scales, &x);
+                    // Per term: product, 32 in-block additions, the scale, the outer additions;
+                    // plus absolute slack for sums that round in the subnormal range.
+                    let depth = mxfp4::BLOCK + 2 + blocks;
+                    let tol = float_tolerance(depth, mxfp4_sum_abs(&codes, &scales, &x))
+                        + 2.0 * depth as f64 * f32::from_bits(1) as f64;
+                    check(&format!("mxfp4 {what}"), path, cols, got, want, tol);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn mxfp4_kernels_decode_every_code_in_both_nibbles_exactly() {
+    // Every code in the low and the high nibble, against small integer inputs: every partial
+    // sum is exact in f32, so every path must give the reference's value bit for bit.
+    for path in all_paths() {
+        for scale in [0u8, 1, 120, 127, 134, 200] {
+            for shift in 0..16u8 {
+                let codes: Vec<u8> =
+                    (0..64u8).map(|j| ((j + shift) % 16) | (((j / 2 + 3 * shift) % 16) << 4)).collect();
+                let scales = [scale, scale.wrapping_add(1), 127, 126];
+                let x: Vec<f32> = (0..128).map(|i| ((i * 7 + shift as usize) % 9) as f32 - 4.0).collect();
+                let want = mxfp4::dot_reference(&codes, &scales, &x);
+                let got = kernels::mxfp4_dot_with(path, &codes, &scales, &x);
+                assert_eq!(got.to_bits(), want.to_bits(), "{} scale {scale} shift {shift}", path.name());
+                // And each element alone: a one-hot input reads back the decoded weight.
+                let mut w = vec![0.0f32; 128];
+                mxfp4::dequantize_row(&codes, &scales, &mut w);
+                for i in (shift as usize..128).step_by(16) {
+                    let mut e = vec![0.0f32; 128];
+                    e[i] = 1.0;
+                    let got = kernels::mxfp4_dot_with(path, &codes, &scales, &e);
+                    // (`==`: a decoded -0 reads back as +0 from a sum started at +0.)
+                    assert_eq!(got, w[i], "{} element {i}", path.name());
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn mxfp4_multi_input_kernels_equal_single_input_kernels_for_1_to_17_inputs() {
+    let mut rng = Rng::new(12);
+    for path in all_paths() {
+        for (i, &blocks) in MXFP4_BLOCKS.iter().enumerate() {
+            let rows = [1, 7, 8, 9, 19][i % 5];
+            let cols = blocks * mxfp4::BLOCK;
+            let (codes, scales) =
+                mxfp4_row(&mut rng, rows * blocks, &mut |r| 118 + (r.next_u64() % 18) as u8);
+            let rb = mxfp4::row_bytes(cols);
+            for n in 1..=17 {
+                let xs: Vec<Vec<f32>> = (0..n).map(|_| rng.vec(cols, false)).collect();
+                let xr: Vec<&[f32]> = xs.iter().map(|x| &x[..]).collect();
+                let qs: Vec<QuantizedX> = xs.iter().map(|x| QuantizedX::new(x)).collect();
+                let qr: Vec<&QuantizedX> = qs.iter().collect();
+                let row = |r: usize| (&codes[r * rb..(r + 1) * rb], &scales[r * blocks..(r + 1) * blocks]);
+                let mut out = vec![f32::NAN; rows * n];
+                kernels::mxfp4_dot_multi_with(path, &codes, &scales, cols, &xr, &mut out);
+                let want: Vec<f32> = (0..rows * n)
+                    .map(|i| {
+                        let (c, s) = row(i / n);
+                        kernels::mxfp4_dot_with(path, c, s, xr[i % n])
+                    })
+                    .collect();
+                assert_eq!(bits(&out), bits(&want), "mxfp4 {rows}x{cols}, {n} inputs, on {}", path.name());
+                let mut out = vec![f32::NAN; rows * n];
+                kernels::mxfp4_dot_q8_multi_with(path, &codes, &scales, cols, &qr, &mut out);
+                let want: Vec<f32> = (0..rows * n)
+                    .map(|i| {
+                        let (c, s) = row(i / n);
+                        kernels::mxfp4_dot_q8_with(path, c, s, qr[i % n])
+                    })
+                    .collect();
+                assert_eq!(bits(&out), bits(&want), "mxfp4 q8 {rows}x{cols}, {n} inputs, on {}", path.name());
+            }
+        }
+    }
+}
+
 #[test]
 fn mismatched_lengths_never_read_out_of_bounds() {
     // The SIMD kernels take the common length instead of trusting either slice (the scalar
@@ -232,6 +364,21 @@ fn vnni_kernels_match_the_quantized_references() {
             check("int4 q8", path, cols, got, want, 2.0 * gamma(scales.len() + 16) * sum_abs);
             let tol = q8_vs_float_tolerance(&w, &qx, &x, int4::GROUP + 2 + scales.len());
             check("int4 q8 vs float", path, cols, got, int4::dot_reference(&codes, &scales, &x), tol);
+
+            // MXFP4 (whole blocks): exact integer inner sums again.
+            let blocks = cols.div_ceil(mxfp4::BLOCK);
+            let (codes, scales) = mxfp4_row(&mut rng, blocks, &mut |r| 118 + (r.next_u64() % 18) as u8);
+            let x = rng.vec(blocks * mxfp4::BLOCK, trial % 3 == 2);
+            let qx = QuantizedX::new(&x);
+            let mut w = vec![0.0f32; x.len()];
+            mxfp4::dequantize_row(&codes, &scales, &mut w);
+            let sum_abs: f64 =
+                w.iter().enumerate().map(|(i, a)| (*a as f64 * qx.dequantized(i) as f64).abs()).sum();
+            let want = q8::mxfp4_dot_reference(&codes, &scales, &qx);
+            let got = kernels::mxfp4_dot_q8_with(path, &codes, &scales, &qx);
+            check("mxfp4 q8", path, cols, got, want, 2.0 * gamma(blocks + 16) * sum_abs);
+            let tol = q8_vs_float_tolerance(&w, &qx, &x, mxfp4::BLOCK + 2 + blocks);
+            check("mxfp4 q8 vs float", path, cols, got, mxfp4::dot_reference(&codes, &scales, &x), tol);
 
             // INT8.
             let codes: Vec<i8> = (0..cols).map(|_| rng.next_u64() as i8).collect();

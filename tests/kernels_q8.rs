@@ -4,7 +4,7 @@
 //! bit, as with the float kernels (`tests/kernels.rs`), on one and two threads.
 
 use picchio::quant::kernels::{self, KernelPath};
-use picchio::quant::{Matrix, MatrixData, WeightBuf, int4, int8};
+use picchio::quant::{Matrix, MatrixData, WeightBuf, int4, int8, mxfp4};
 
 /// Xorshift64*, as in `tests/kernels.rs`.
 struct Rng(u64);
@@ -22,7 +22,8 @@ impl Rng {
     }
 }
 
-/// A random `rows x cols` matrix in `format` ("int8", "int4", "bf16").
+/// A random `rows x cols` matrix in `format` ("int8", "int4", "bf16", "mxfp4": `cols` a
+/// multiple of 32, random codes and scales near 1).
 fn matrix(rng: &mut Rng, format: &str, rows: usize, cols: usize) -> Matrix {
     let w: Vec<f32> = rng.vec(rows * cols).iter().map(|v| v * 0.1).collect();
     let data = match format {
@@ -34,6 +35,12 @@ fn matrix(rng: &mut Rng, format: &str, rows: usize, cols: usize) -> Matrix {
             let scales =
                 w.chunks(cols).zip(codes.chunks_mut(cols)).map(|(r, c)| int8::quantize_row(r, c)).collect();
             MatrixData::Int8Rows { codes: WeightBuf::owned(codes), scales: WeightBuf::owned(scales) }
+        }
+        "mxfp4" => {
+            let (rb, b) = (mxfp4::row_bytes(cols), mxfp4::blocks(cols));
+            let codes = (0..rows * rb).map(|_| (rng.next().to_bits() >> 7) as u8).collect();
+            let scales = (0..rows * b).map(|_| 120 + (rng.next().to_bits() >> 9) as u8 % 10).collect();
+            MatrixData::Mxfp4 { codes: WeightBuf::owned(codes), scales: WeightBuf::owned(scales) }
         }
         _ => {
             let (rb, g) = (int4::row_bytes(cols), int4::groups(cols));
@@ -64,8 +71,10 @@ fn matmul_equals_matvec_per_input_with_int8_activations() {
     let pool = |n| rayon::ThreadPoolBuilder::new().num_threads(n).build().unwrap();
     let pools = [pool(1), pool(2)];
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
-    for format in ["int8", "int4", "bf16"] {
-        for (rows, cols) in [(3, 5), (17, 65), (67, 100), (45, 2880), (130, 1000), (9, 4099)] {
+    for format in ["int8", "int4", "bf16", "mxfp4"] {
+        for (rows, cols) in [(3, 5usize), (17, 65), (67, 100), (45, 2880), (130, 1000), (9, 4099)] {
+            // MXFP4 rows are whole blocks of 32.
+            let cols = if format == "mxfp4" { cols.div_ceil(32) * 32 } else { cols };
             let m = matrix(&mut rng, format, rows, cols);
             for n in (1..=17).chain([31, 64]) {
                 let x = rng.vec(n * cols);
@@ -73,7 +82,7 @@ fn matmul_equals_matvec_per_input_with_int8_activations() {
                 for (xt, yt) in x.chunks(cols).zip(want.chunks_mut(rows)) {
                     m.matvec(xt, yt);
                 }
-                // On the VNNI path INT4 and INT8 products are the integer kernels' here.
+                // On the VNNI path INT4, INT8 and MXFP4 products are the integer kernels' here.
                 if path.quantizes_activations() && format != "bf16" {
                     let mut q8 = vec![0.0f32; n * rows];
                     for (xt, yt) in x.chunks(cols).zip(q8.chunks_mut(rows)) {

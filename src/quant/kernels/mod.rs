@@ -291,8 +291,22 @@ pub fn int4_dot_with(path: KernelPath, codes: &[u8], scales: &[u16], x: &[f32]) 
 /// blocks that `codes`, `scales` and `x` all hold in full.
 pub fn mxfp4_dot_with(path: KernelPath, codes: &[u8], scales: &[u8], x: &[f32]) -> f32 {
     let b = scales.len().min(codes.len() / mxfp4::BLOCK_BYTES).min(x.len() / mxfp4::BLOCK);
-    let _ = usable(path); // no SIMD kernel yet: every path runs the reference
-    mxfp4::dot_reference(&codes[..b * mxfp4::BLOCK_BYTES], &scales[..b], &x[..b * mxfp4::BLOCK])
+    let (codes, scales, cols) = (&codes[..b * mxfp4::BLOCK_BYTES], &scales[..b], b * mxfp4::BLOCK);
+    let mut o = [0.0f32];
+    match usable(path) {
+        _ if b == 0 => return 0.0,
+        // SAFETY (all arms): `usable` returned the path only if the CPU has its features.
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx2 => unsafe { x86::mxfp4_dot_avx2::<1, 1>(codes, scales, 1, cols, &[x], &mut o, 1) },
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx512 | KernelPath::Avx512Vnni => unsafe {
+            x86::mxfp4_dot_avx512::<1, 1>(codes, scales, 1, cols, &[x], &mut o, 1)
+        },
+        #[cfg(target_arch = "aarch64")]
+        KernelPath::Neon => unsafe { neon::mxfp4_dot_neon::<1, 1>(codes, scales, 1, cols, &[x], &mut o, 1) },
+        _ => return mxfp4::dot_reference(codes, scales, &x[..cols]),
+    }
+    o[0]
 }
 
 /// [`int8_dot`] on `path` (the scalar reference if this CPU cannot run `path`). The SIMD
@@ -335,12 +349,21 @@ pub fn int4_dot_q8_with(path: KernelPath, codes: &[u8], scales: &[u16], x: &Quan
     q8::int4_dot_reference(codes, scales, x)
 }
 
-/// One MXFP4 row with quantized activations ([`q8::mxfp4_dot_reference`]): the scalar
-/// definition on every path for now.
+/// One MXFP4 row with quantized activations ([`q8::mxfp4_dot_reference`]): the VNNI kernel
+/// on [`KernelPath::Avx512Vnni`] (when this CPU has it), the scalar definition on every other
+/// path.
 pub fn mxfp4_dot_q8_with(path: KernelPath, codes: &[u8], scales: &[u8], x: &QuantizedX) -> f32 {
     let b = scales.len().min(codes.len() / mxfp4::BLOCK_BYTES);
-    let _ = usable(path);
-    q8::mxfp4_dot_reference(&codes[..b * mxfp4::BLOCK_BYTES], &scales[..b], x)
+    let (codes, scales) = (&codes[..b * mxfp4::BLOCK_BYTES], &scales[..b]);
+    #[cfg(target_arch = "x86_64")]
+    if b > 0 && usable(path) == KernelPath::Avx512Vnni {
+        let mut o = [0.0f32];
+        // SAFETY: `usable` returned the path only if the CPU has its features.
+        unsafe { x86::mxfp4_dot_q8_vnni::<1, 1>(codes, scales, 1, b * mxfp4::BLOCK, &[x], &mut o, 1) };
+        return o[0];
+    }
+    let _ = path; // only x86 has an integer kernel
+    q8::mxfp4_dot_reference(codes, scales, x)
 }
 
 /// One INT8 row with quantized activations ([`q8::int8_dot_reference`]): the VNNI kernel on
@@ -398,6 +421,12 @@ pub fn max_inputs(path: KernelPath, product: Product) -> usize {
         (P::Avx512Vnni, D::Int8Q8 | D::Int4Q8) => 8,
         (P::Neon, D::F32 | D::Bf16 | D::Int8) => 6,
         (P::Neon, D::Int4) => 4,
+        // MXFP4: two accumulators per input plus the looked-up block (4 vectors on AVX2,
+        // 2 on AVX-512, 1 on VNNI) and the table.
+        (P::Avx2, D::Mxfp4) => 3,
+        (P::Avx512 | P::Avx512Vnni, D::Mxfp4) => 8,
+        (P::Avx512Vnni, D::Mxfp4Q8) => 8,
+        (P::Neon, D::Mxfp4) => 4,
         // Scalar references, one input at a time.
         _ => 1,
     }
@@ -714,7 +743,23 @@ pub fn mxfp4_dot_multi_with(
         .checked_div(rb)
         .unwrap_or(usize::MAX)
         .min(scales.len().checked_div(b).unwrap_or(usize::MAX));
-    let kernel = |_: &[&[f32]], _: &mut [f32], _: usize, _: usize| false;
+    let kernel = |xs: &[&[f32]], out: &mut [f32], rows: usize, n: usize| match path {
+        _ if cols == 0 => false,
+        // SAFETY (all arms): `usable` returned the path only if the CPU has its features.
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx2 => by_count!(xs, [1, 2, 3], |a| unsafe {
+            x86::mxfp4_dot_avx2::<_, ROW_BLOCK>(codes, scales, rows, cols, a, out, n)
+        }),
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx512 | KernelPath::Avx512Vnni => by_count!(xs, [1, 2, 3, 4, 5, 6, 7, 8], |a| unsafe {
+            x86::mxfp4_dot_avx512::<_, ROW_BLOCK>(codes, scales, rows, cols, a, out, n)
+        }),
+        #[cfg(target_arch = "aarch64")]
+        KernelPath::Neon => by_count!(xs, [1, 2, 3, 4], |a| unsafe {
+            neon::mxfp4_dot_neon::<_, ROW_BLOCK>(codes, scales, rows, cols, a, out, n)
+        }),
+        _ => false,
+    };
     let single = |r: usize, x: &[f32]| {
         mxfp4_dot_with(path, &codes[r * rb..(r + 1) * rb], &scales[r * b..(r + 1) * b], x)
     };
@@ -723,6 +768,7 @@ pub fn mxfp4_dot_multi_with(
 
 /// [`mxfp4_dot_multi_with`] on quantized activations: `out[r * n + t] =
 /// mxfp4_dot_q8_with(path, row r, xs[t])`, bit for bit.
+#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
 pub fn mxfp4_dot_q8_multi_with(
     path: KernelPath,
     codes: &[u8],
@@ -738,7 +784,15 @@ pub fn mxfp4_dot_q8_multi_with(
         .checked_div(rb)
         .unwrap_or(usize::MAX)
         .min(scales.len().checked_div(b).unwrap_or(usize::MAX));
-    let kernel = |_: &[&QuantizedX], _: &mut [f32], _: usize, _: usize| false;
+    let kernel = |xs: &[&QuantizedX], out: &mut [f32], rows: usize, n: usize| match path {
+        _ if cols == 0 => false,
+        // SAFETY: `usable` returned the path only if the CPU has its features.
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx512Vnni => by_count!(xs, [1, 2, 3, 4, 5, 6, 7, 8], |a| unsafe {
+            x86::mxfp4_dot_q8_vnni::<_, ROW_BLOCK>(codes, scales, rows, cols, a, out, n)
+        }),
+        _ => false,
+    };
     let single = |r: usize, x: &QuantizedX| {
         mxfp4_dot_q8_with(path, &codes[r * rb..(r + 1) * rb], &scales[r * b..(r + 1) * b], x)
     };

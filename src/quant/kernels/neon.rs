@@ -19,6 +19,7 @@ use std::arch::aarch64::*;
 
 use super::{k_step, store};
 use crate::quant::int4::{self, GROUP, GROUP_BYTES};
+use crate::quant::mxfp4::{self, BLOCK, BLOCK_BYTES};
 use crate::quant::reference::bf16_to_f32;
 
 /// 4 floats.
@@ -306,6 +307,97 @@ pub fn int4_dot_neon<const T: usize, const R: usize>(
                 *st = acc;
             }
             g0 = g1;
+        }
+        for (r, acc) in state.iter().enumerate().take(rr) {
+            let mut s = [0.0f32; T];
+            for t in 0..T {
+                s[t] = vaddvq_f32(vaddq_f32(acc[0][t], acc[1][t]));
+            }
+            store(out, (r0 + r) * stride, &s);
+        }
+        r0 += rr;
+    }
+}
+
+/// MXFP4 rows of `cols` inputs (`codes`, `scales`: whole rows) with each input (whole
+/// blocks), with NEON, into `out[r * stride + t]`. The 4-bit codes are decoded by table
+/// lookup (`tbl`) into the doubled E2M1 values [`mxfp4::FP4_DOUBLED`] (integers, exact in
+/// f32), in element order (`zip` of the low and high nibbles). Per row and input, each
+/// block's `sum 2 FP4[c_i] x_i` in four accumulators (`acc[k]` gets the 4-element chunks
+/// `4 j + k`), added as `(a0 + a1) + (a2 + a3)`, times `2^(e - 127) / 2` (exact) into
+/// accumulator `b % 2`; one horizontal sum at the end.
+#[target_feature(enable = "neon")]
+pub fn mxfp4_dot_neon<const T: usize, const R: usize>(
+    codes: &[u8],
+    scales: &[u8],
+    rows: usize,
+    cols: usize,
+    xs: &[&[f32]; T],
+    out: &mut [f32],
+    stride: usize,
+) {
+    let (rb, bpr) = (mxfp4::row_bytes(cols), mxfp4::blocks(cols));
+    if rows.checked_mul(rb).is_none_or(|len| len > codes.len())
+        || rows.checked_mul(bpr).is_none_or(|len| len > scales.len())
+    {
+        return;
+    }
+    let n = xs.iter().fold(bpr, |n, x| n.min(x.len() / BLOCK));
+    let mut xb: [&[[f32; BLOCK]]; T] = [&[]; T];
+    for t in 0..T {
+        xb[t] = &xs[t].as_chunks::<BLOCK>().0[..n];
+    }
+    // SAFETY: 16 readable bytes.
+    let table = unsafe { vld1q_s8(mxfp4::FP4_DOUBLED.as_ptr()) };
+    let mask = vdupq_n_u8(0x0f);
+    let step = k_step::<R>(n, BLOCK * 4 * T, 2);
+    let mut r0 = 0;
+    while r0 < rows {
+        let rr = R.min(rows - r0);
+        let mut state = [[[vdupq_n_f32(0.0); T]; 2]; R];
+        let mut b0 = 0;
+        while b0 < n {
+            let b1 = n.min(b0 + step);
+            for (r, st) in state.iter_mut().enumerate().take(rr) {
+                let cb = &codes[(r0 + r) * rb..][..rb].as_chunks::<BLOCK_BYTES>().0[..n];
+                let sc = &scales[(r0 + r) * bpr..][..n];
+                let mut acc = *st;
+                macro_rules! block {
+                    ($b:expr, $acc:expr) => {{
+                        let b: usize = $b;
+                        let d = mxfp4::scale_f32(sc[b]) * 0.5;
+                        // SAFETY: `cb[b]` is 16 readable bytes.
+                        let v = unsafe { vld1q_u8(cb[b].as_ptr()) };
+                        let (lo, hi) = (vandq_u8(v, mask), vshrq_n_u8::<4>(v));
+                        let mut ba = [[vdupq_n_f32(0.0); 4]; T];
+                        for (h, idx) in [vzip1q_u8(lo, hi), vzip2q_u8(lo, hi)].into_iter().enumerate() {
+                            let w = widen16_i8(vqtbl1q_s8(table, idx));
+                            for t in 0..T {
+                                let (x4, _) = xb[t][b].as_chunks::<4>();
+                                for k in 0..4 {
+                                    ba[t][k] = vfmaq_f32(ba[t][k], w[k], load4(&x4[4 * h + k]));
+                                }
+                            }
+                        }
+                        for t in 0..T {
+                            let [a0, a1, a2, a3] = ba[t];
+                            $acc[t] =
+                                vfmaq_n_f32($acc[t], vaddq_f32(vaddq_f32(a0, a1), vaddq_f32(a2, a3)), d);
+                        }
+                    }};
+                }
+                let mut b = b0;
+                while b + 2 <= b1 {
+                    block!(b, acc[0]);
+                    block!(b + 1, acc[1]);
+                    b += 2;
+                }
+                if b < b1 {
+                    block!(b, acc[0]);
+                }
+                *st = acc;
+            }
+            b0 = b1;
         }
         for (r, acc) in state.iter().enumerate().take(rr) {
             let mut s = [0.0f32; T];

@@ -39,6 +39,7 @@ use std::arch::x86_64::*;
 use super::q8::QuantizedX;
 use super::{k_step, store};
 use crate::quant::int4::{self, GROUP, GROUP_BYTES};
+use crate::quant::mxfp4::{self, BLOCK, BLOCK_BYTES};
 use crate::quant::reference::bf16_to_f32;
 
 /// The length every input and the weights have in common.
@@ -348,6 +349,118 @@ pub fn int4_dot_avx2<const T: usize, const R: usize>(
     }
 }
 
+/// The 16 code bytes of an MXFP4 block as two vectors of 16 nibble indices in element order
+/// (elements 0..16, then 16..32): byte `k` of the first is element `k`'s code in its low 4
+/// bits, with garbage in the high 4 (the lookups below read the low bits only, or mask).
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn mxfp4_nibbles(c: &[u8; BLOCK_BYTES]) -> (__m128i, __m128i) {
+    // SAFETY: `c` is 16 readable bytes; unaligned loads are allowed.
+    let v = unsafe { _mm_loadu_si128(c.as_ptr().cast()) };
+    // Byte k of `h` holds byte k's high nibble in its low 4 bits.
+    let h = _mm_srli_epi16::<4>(v);
+    (_mm_unpacklo_epi8(v, h), _mm_unpackhi_epi8(v, h))
+}
+
+/// Eight E2M1 values looked up from the low 8 nibble indices of `idx` (bytes 0..8): the
+/// magnitude from the first 8 table entries with `vpermps` (low 3 bits), the sign from bit 3.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+fn fp4_lookup8(mag: __m256, idx: __m128i) -> __m256 {
+    let i = _mm256_cvtepu8_epi32(idx);
+    let sign = _mm256_and_si256(_mm256_slli_epi32::<28>(i), _mm256_set1_epi32(i32::MIN));
+    _mm256_xor_ps(_mm256_permutevar8x32_ps(mag, i), _mm256_castsi256_ps(sign))
+}
+
+/// MXFP4 rows of `cols` inputs (`codes`, `scales`: whole rows) with each input (whole
+/// blocks), with AVX2 + FMA, into `out[r * stride + t]`. The 4-bit codes are decoded by table
+/// lookup ([`fp4_lookup8`]). Per row and input, each block's `sum FP4[c_i] x_i` in 8 lanes
+/// (`(w0 x0 + w2 x2) + (w1 x1 + w3 x3)` over its four 8-element quarters), times the
+/// block's scale into accumulator `b % 2`; one horizontal sum at the end.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn mxfp4_dot_avx2<const T: usize, const R: usize>(
+    codes: &[u8],
+    scales: &[u8],
+    rows: usize,
+    cols: usize,
+    xs: &[&[f32]; T],
+    out: &mut [f32],
+    stride: usize,
+) {
+    let (rb, bpr) = (mxfp4::row_bytes(cols), mxfp4::blocks(cols));
+    if rows.checked_mul(rb).is_none_or(|len| len > codes.len())
+        || rows.checked_mul(bpr).is_none_or(|len| len > scales.len())
+    {
+        return;
+    }
+    let n = xs.iter().fold(bpr, |n, x| n.min(x.len() / BLOCK));
+    let mut xb: [&[[f32; BLOCK]]; T] = [&[]; T];
+    for t in 0..T {
+        xb[t] = &xs[t].as_chunks::<BLOCK>().0[..n];
+    }
+    // SAFETY: the first 8 of the 16 values are readable.
+    let mag = unsafe { _mm256_loadu_ps(mxfp4::FP4_VALUES.as_ptr()) };
+    let step = k_step::<R>(n, BLOCK * 4 * T, 2);
+    let mut r0 = 0;
+    while r0 < rows {
+        let rr = R.min(rows - r0);
+        let mut state = [[[_mm256_setzero_ps(); T]; 2]; R];
+        let mut b0 = 0;
+        while b0 < n {
+            let b1 = n.min(b0 + step);
+            for (r, st) in state.iter_mut().enumerate().take(rr) {
+                prefetch_next::<_, R>(r0 + r, rows, |r| {
+                    [
+                        &codes[r * rb + b0 * BLOCK_BYTES..r * rb + b1 * BLOCK_BYTES],
+                        &scales[r * bpr + b0..r * bpr + b1],
+                    ]
+                });
+                let cb = &codes[(r0 + r) * rb..][..rb].as_chunks::<BLOCK_BYTES>().0[..n];
+                let sc = &scales[(r0 + r) * bpr..][..n];
+                let mut acc = *st;
+                macro_rules! block {
+                    ($b:expr, $acc:expr) => {{
+                        let b: usize = $b;
+                        let e = _mm256_set1_ps(mxfp4::scale_f32(sc[b]));
+                        let (lo, hi) = mxfp4_nibbles(&cb[b]);
+                        let w0 = fp4_lookup8(mag, lo);
+                        let w1 = fp4_lookup8(mag, _mm_unpackhi_epi64(lo, lo));
+                        let w2 = fp4_lookup8(mag, hi);
+                        let w3 = fp4_lookup8(mag, _mm_unpackhi_epi64(hi, hi));
+                        for t in 0..T {
+                            let (x8, _) = xb[t][b].as_chunks::<8>();
+                            let s0 = _mm256_mul_ps(w0, load8(&x8[0]));
+                            let s1 = _mm256_mul_ps(w1, load8(&x8[1]));
+                            let s0 = _mm256_fmadd_ps(w2, load8(&x8[2]), s0);
+                            let s1 = _mm256_fmadd_ps(w3, load8(&x8[3]), s1);
+                            $acc[t] = _mm256_fmadd_ps(_mm256_add_ps(s0, s1), e, $acc[t]);
+                        }
+                    }};
+                }
+                let mut b = b0;
+                while b + 2 <= b1 {
+                    block!(b, acc[0]);
+                    block!(b + 1, acc[1]);
+                    b += 2;
+                }
+                if b < b1 {
+                    block!(b, acc[0]);
+                }
+                *st = acc;
+            }
+            b0 = b1;
+        }
+        for (r, acc) in state.iter().enumerate().take(rr) {
+            let mut s = [0.0f32; T];
+            for t in 0..T {
+                s[t] = hsum256(_mm256_add_ps(acc[0][t], acc[1][t]));
+            }
+            store(out, (r0 + r) * stride, &s);
+        }
+        r0 += rr;
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // AVX-512 (F, BW, VL)
 // ---------------------------------------------------------------------------------------------
@@ -621,6 +734,91 @@ pub fn int4_dot_avx512<const T: usize, const R: usize>(
     }
 }
 
+/// MXFP4 rows of `cols` inputs (`codes`, `scales`: whole rows) with each input (whole
+/// blocks), with AVX-512, into `out[r * stride + t]`. The 4-bit codes are decoded by one
+/// `vpermps` over the 16 E2M1 values held in a register (16 weights an instruction). Per row
+/// and input, each block's `sum FP4[c_i] x_i` in 16 lanes (`w0 x0 + w1 x1` over its two
+/// halves), times the block's scale into accumulator `b % 2`; one horizontal sum at the end.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+pub fn mxfp4_dot_avx512<const T: usize, const R: usize>(
+    codes: &[u8],
+    scales: &[u8],
+    rows: usize,
+    cols: usize,
+    xs: &[&[f32]; T],
+    out: &mut [f32],
+    stride: usize,
+) {
+    let (rb, bpr) = (mxfp4::row_bytes(cols), mxfp4::blocks(cols));
+    if rows.checked_mul(rb).is_none_or(|len| len > codes.len())
+        || rows.checked_mul(bpr).is_none_or(|len| len > scales.len())
+    {
+        return;
+    }
+    let n = xs.iter().fold(bpr, |n, x| n.min(x.len() / BLOCK));
+    let mut xb: [&[[f32; BLOCK]]; T] = [&[]; T];
+    for t in 0..T {
+        xb[t] = &xs[t].as_chunks::<BLOCK>().0[..n];
+    }
+    let table = load16(&mxfp4::FP4_VALUES);
+    let step = k_step::<R>(n, BLOCK * 4 * T, 2);
+    let mut r0 = 0;
+    while r0 < rows {
+        let rr = R.min(rows - r0);
+        let mut state = [[[_mm512_setzero_ps(); T]; 2]; R];
+        let mut b0 = 0;
+        while b0 < n {
+            let b1 = n.min(b0 + step);
+            for (r, st) in state.iter_mut().enumerate().take(rr) {
+                prefetch_next::<_, R>(r0 + r, rows, |r| {
+                    [
+                        &codes[r * rb + b0 * BLOCK_BYTES..r * rb + b1 * BLOCK_BYTES],
+                        &scales[r * bpr + b0..r * bpr + b1],
+                    ]
+                });
+                let cb = &codes[(r0 + r) * rb..][..rb].as_chunks::<BLOCK_BYTES>().0[..n];
+                let sc = &scales[(r0 + r) * bpr..][..n];
+                let mut acc = *st;
+                macro_rules! block {
+                    ($b:expr, $acc:expr) => {{
+                        let b: usize = $b;
+                        let e = _mm512_set1_ps(mxfp4::scale_f32(sc[b]));
+                        let (lo, hi) = mxfp4_nibbles(&cb[b]);
+                        // `vpermps` reads the low 4 bits of each index lane.
+                        let w0 = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(lo), table);
+                        let w1 = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(hi), table);
+                        for t in 0..T {
+                            let (x16, _) = xb[t][b].as_chunks::<16>();
+                            let s = _mm512_mul_ps(w0, load16(&x16[0]));
+                            let s = _mm512_fmadd_ps(w1, load16(&x16[1]), s);
+                            $acc[t] = _mm512_fmadd_ps(s, e, $acc[t]);
+                        }
+                    }};
+                }
+                let mut b = b0;
+                while b + 2 <= b1 {
+                    block!(b, acc[0]);
+                    block!(b + 1, acc[1]);
+                    b += 2;
+                }
+                if b < b1 {
+                    block!(b, acc[0]);
+                }
+                *st = acc;
+            }
+            b0 = b1;
+        }
+        for (r, acc) in state.iter().enumerate().take(rr) {
+            let mut s = [0.0f32; T];
+            for t in 0..T {
+                s[t] = hsum512(_mm512_add_ps(acc[0][t], acc[1][t]));
+            }
+            store(out, (r0 + r) * stride, &s);
+        }
+        r0 += rr;
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // AVX-512 VNNI: integer kernels over quantized activations (see `q8`)
 // ---------------------------------------------------------------------------------------------
@@ -809,6 +1007,100 @@ pub fn int8_dot_q8_vnni<const T: usize, const R: usize>(
             let mut s = [0.0f32; T];
             for t in 0..T {
                 s[t] = scales[r0 + r] * hsum256(_mm256_add_ps(acc[0][t], acc[1][t]));
+            }
+            store(out, (r0 + r) * stride, &s);
+        }
+        r0 += rr;
+    }
+}
+
+/// The integer-kernel dot products of MXFP4 rows of `cols` inputs (`codes`, `scales`: whole
+/// rows) with each of `T` quantized inputs ([`super::q8::mxfp4_dot_reference`]), with AVX-512
+/// VNNI, in 256-bit registers, into `out[r * stride + t]`. Per block, the 32 codes in element
+/// order are looked up (`vpshufb`) in the doubled E2M1 values [`mxfp4::FP4_DOUBLED`]
+/// (integers in -12..=12); `vpdpbusd` multiplies their magnitudes with the activation codes
+/// carrying the weight's sign (`vpsignb`; exact since `|p| <= 127`), so each of the 8 i32
+/// lanes holds an exact partial `sum 2 FP4[c] p`; converted to f32 and multiplied by
+/// `(2^(e - 127) / 2) * s_g` into accumulator `b % 2`; one horizontal sum at the end.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub fn mxfp4_dot_q8_vnni<const T: usize, const R: usize>(
+    codes: &[u8],
+    scales: &[u8],
+    rows: usize,
+    cols: usize,
+    xs: &[&QuantizedX; T],
+    out: &mut [f32],
+    stride: usize,
+) {
+    let (rb, bpr) = (mxfp4::row_bytes(cols), mxfp4::blocks(cols));
+    if rows.checked_mul(rb).is_none_or(|len| len > codes.len())
+        || rows.checked_mul(bpr).is_none_or(|len| len > scales.len())
+    {
+        return;
+    }
+    // Block `b` meets activation group `b / 2` (two blocks a group of 64).
+    let n = xs.iter().fold(bpr, |n, x| n.min(x.codes().len() / BLOCK).min(2 * x.scales().len()));
+    let mut pb: [&[[i8; BLOCK]]; T] = [&[]; T];
+    let mut sx: [&[f32]; T] = [&[]; T];
+    for t in 0..T {
+        pb[t] = &xs[t].codes().as_chunks::<BLOCK>().0[..n];
+        sx[t] = xs[t].scales();
+    }
+    // SAFETY: 16 readable bytes; unaligned loads are allowed.
+    let table = _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(mxfp4::FP4_DOUBLED.as_ptr().cast()) });
+    let mask = _mm256_set1_epi8(0x0f);
+    let step = k_step::<R>(n, BLOCK * T, 2);
+    let mut r0 = 0;
+    while r0 < rows {
+        let rr = R.min(rows - r0);
+        let mut state = [[[_mm256_setzero_ps(); T]; 2]; R];
+        let mut b0 = 0;
+        while b0 < n {
+            let b1 = n.min(b0 + step);
+            for (r, st) in state.iter_mut().enumerate().take(rr) {
+                prefetch_next::<_, R>(r0 + r, rows, |r| {
+                    [
+                        &codes[r * rb + b0 * BLOCK_BYTES..r * rb + b1 * BLOCK_BYTES],
+                        &scales[r * bpr + b0..r * bpr + b1],
+                    ]
+                });
+                let cb = &codes[(r0 + r) * rb..][..rb].as_chunks::<BLOCK_BYTES>().0[..n];
+                let sc = &scales[(r0 + r) * bpr..][..n];
+                let mut acc = *st;
+                macro_rules! block {
+                    ($b:expr, $acc:expr) => {{
+                        let b: usize = $b;
+                        let (lo, hi) = mxfp4_nibbles(&cb[b]);
+                        // `vpshufb` zeroes a lane whose index has bit 7 set: mask first.
+                        let idx = _mm256_and_si256(_mm256_set_m128i(hi, lo), mask);
+                        let w = _mm256_shuffle_epi8(table, idx);
+                        let a = _mm256_abs_epi8(w);
+                        let d = mxfp4::scale_f32(sc[b]) * 0.5;
+                        for t in 0..T {
+                            let p = _mm256_sign_epi8(load32_i8(&pb[t][b]), w);
+                            let sum = _mm256_dpbusd_epi32(_mm256_setzero_si256(), a, p);
+                            let ds = _mm256_set1_ps(d * sx[t][b / 2]);
+                            $acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), ds, $acc[t]);
+                        }
+                    }};
+                }
+                let mut b = b0;
+                while b + 2 <= b1 {
+                    block!(b, acc[0]);
+                    block!(b + 1, acc[1]);
+                    b += 2;
+                }
+                if b < b1 {
+                    block!(b, acc[0]);
+                }
+                *st = acc;
+            }
+            b0 = b1;
+        }
+        for (r, acc) in state.iter().enumerate().take(rr) {
+            let mut s = [0.0f32; T];
+            for t in 0..T {
+                s[t] = hsum256(_mm256_add_ps(acc[0][t], acc[1][t]));
             }
             store(out, (r0 + r) * stride, &s);
         }
