@@ -6,12 +6,9 @@ mod common;
 
 use std::path::Path;
 
-use common::{FIXTURES, Reference, argmax, convert_fixture, fixture, max_abs_diff};
-use picchio::engine::{self, LoadedModel, OpenOptions, RunOptions};
+use common::{FIXTURES, Reference, argmax, convert_fixture, cpu_prompt_and_greedy, fixture, max_abs_diff};
+use picchio::engine::{self, LoadedModel, OpenOptions};
 use picchio::format::container::{DenseFormat, ExpertFormat, Formats};
-use picchio::model::{LogitRows, NoObserver};
-use picchio::sample::Sampler;
-use picchio::session::Session;
 
 const EXACT: Formats = Formats { experts: ExpertFormat::F32, dense: DenseFormat::F32 };
 const DEFAULT: Formats = Formats { experts: ExpertFormat::Int4, dense: DenseFormat::Auto };
@@ -20,28 +17,12 @@ fn open(dir: &Path, ram_bytes: Option<u64>) -> LoadedModel {
     engine::load_container(dir, &OpenOptions { ram_bytes, ctx: 128, ..Default::default() }).unwrap()
 }
 
-fn session(model: &LoadedModel) -> Session {
-    let ctx = 128.min(model.config.max_position_embeddings);
-    Session::new(
-        engine::cpu_runner(model, &RunOptions { ctx, max_batch: 256, ..Default::default() }).unwrap(),
-    )
-}
-
-/// Prompt logits and the 32-token greedy continuation.
-fn run(model: &LoadedModel, r: &Reference) -> (Vec<f32>, Vec<u32>) {
-    let logits = session(model).feed(&r.prompt, LogitRows::All, &mut NoObserver).unwrap();
-    let out = session(model)
-        .generate(&r.prompt, r.greedy.len(), &mut Sampler::greedy(), &[], &mut |_| true)
-        .unwrap();
-    (logits, out.tokens)
-}
-
 #[test]
 fn f32_container_is_token_exact_against_transformers() {
     for name in FIXTURES {
         let r = Reference::load(&fixture(name));
         let dir = convert_fixture(name, EXACT);
-        let (logits, greedy) = run(&open(dir.path(), None), &r);
+        let (logits, greedy) = cpu_prompt_and_greedy(&open(dir.path(), None), &r);
         let d = max_abs_diff(&logits, &r.logits);
         assert!(d < 1e-4, "{name}: F32 container logits differ from Transformers by {d}");
         assert_eq!(greedy, r.greedy, "{name}: F32 container greedy tokens");
@@ -56,8 +37,8 @@ fn default_container_matches_its_l1_reference() {
         let model = open(dir.path(), None);
         let reference = model.dequantized().unwrap();
         let vocab = model.config.vocab_size;
-        let (logits, greedy) = run(&model, &r);
-        let (ref_logits, ref_greedy) = run(&reference, &r);
+        let (logits, greedy) = cpu_prompt_and_greedy(&model, &r);
+        let (ref_logits, ref_greedy) = cpu_prompt_and_greedy(&reference, &r);
         for pos in 0..r.prompt.len() {
             let (a, b) =
                 (&logits[pos * vocab..(pos + 1) * vocab], &ref_logits[pos * vocab..(pos + 1) * vocab]);
@@ -78,7 +59,7 @@ fn default_container_l2_gap_is_reported_and_explained() {
         let dir = convert_fixture(name, DEFAULT);
         let model = open(dir.path(), None);
         let vocab = model.config.vocab_size;
-        let (logits, greedy) = run(&model, &r);
+        let (logits, greedy) = cpu_prompt_and_greedy(&model, &r);
         let t = r.prompt.len();
         let mut agree = 0;
         let mut worst = 0.0f32;
@@ -117,14 +98,15 @@ fn output_is_identical_for_every_ram_cache_size() {
         let expert = c.experts().record_bytes();
         let all = expert * (cfg.num_layers * cfg.num_experts) as u64;
         let sizes = [expert * cfg.num_layers as u64, all / 2, all];
-        let results: Vec<_> = sizes.iter().map(|&ram| run(&open(dir.path(), Some(ram)), &r)).collect();
+        let results: Vec<_> =
+            sizes.iter().map(|&ram| cpu_prompt_and_greedy(&open(dir.path(), Some(ram)), &r)).collect();
         for (size, res) in sizes.iter().zip(&results).skip(1) {
             assert!(res.0 == results[0].0, "{name}: logits differ with a {size}-byte cache");
             assert_eq!(res.1, results[0].1, "{name}: tokens differ with a {size}-byte cache");
         }
         // The smallest cache really did evict and re-read.
         let small = open(dir.path(), Some(sizes[0]));
-        run(&small, &r);
+        cpu_prompt_and_greedy(&small, &r);
         let s = small.experts.stats();
         assert!(s.evictions > 0 && s.misses > (cfg.num_layers * cfg.num_experts) as u64, "{name}: {s:?}");
     }

@@ -7,12 +7,9 @@ mod common;
 
 use std::path::Path;
 
-use common::{Reference, argmax, convert_fixture, fixture, max_abs_diff};
-use picchio::engine::{self, LoadedModel, OpenOptions, RunOptions};
+use common::{Reference, argmax, convert_fixture, cpu_prompt_and_greedy, fixture, max_abs_diff};
+use picchio::engine::{self, LoadedModel, OpenOptions};
 use picchio::format::container::{ConvertOptions, DenseFormat, ExpertFormat, Formats, Manifest, convert};
-use picchio::model::{LogitRows, NoObserver};
-use picchio::sample::Sampler;
-use picchio::session::Session;
 use safetensors::SafeTensors;
 
 const MXFP4_FIXTURES: [&str; 2] = ["tiny-mxfp4", "alt-mxfp4"];
@@ -33,22 +30,6 @@ fn open(dir: &Path) -> LoadedModel {
     engine::load_container(dir, &OpenOptions { ctx: 128, ..Default::default() }).unwrap()
 }
 
-fn session(model: &LoadedModel) -> Session {
-    let ctx = 128.min(model.config.max_position_embeddings);
-    Session::new(
-        engine::cpu_runner(model, &RunOptions { ctx, max_batch: 256, ..Default::default() }).unwrap(),
-    )
-}
-
-/// Prompt logits and the greedy continuation as long as the reference's.
-fn run(model: &LoadedModel, r: &Reference) -> (Vec<f32>, Vec<u32>) {
-    let logits = session(model).feed(&r.prompt, LogitRows::All, &mut NoObserver).unwrap();
-    let out = session(model)
-        .generate(&r.prompt, r.greedy.len(), &mut Sampler::greedy(), &[], &mut |_| true)
-        .unwrap();
-    (logits, out.tokens)
-}
-
 #[test]
 fn mxfp4_experts_are_token_exact_against_transformers() {
     for name in MXFP4_FIXTURES {
@@ -57,7 +38,7 @@ fn mxfp4_experts_are_token_exact_against_transformers() {
             let dir = convert_fixture(name, Formats { experts: ExpertFormat::Mxfp4, dense });
             let m = Manifest::read(dir.path()).unwrap();
             assert_eq!(m.experts.scheme, picchio::format::container::manifest::Scheme::Mxfp4);
-            let (logits, greedy) = run(&open(dir.path()), &r);
+            let (logits, greedy) = cpu_prompt_and_greedy(&open(dir.path()), &r);
             let d = max_abs_diff(&logits, &r.logits);
             assert!(d < 1e-4, "{name} mxfp4 + dense {dense:?}: logits differ from Transformers by {d}");
             assert_eq!(greedy, r.greedy, "{name} mxfp4 + dense {dense:?}: greedy tokens");
@@ -184,7 +165,7 @@ fn default_and_int4_agreement_with_transformers_is_reported() {
             let dir = convert_fixture(name, formats);
             let model = open(dir.path());
             let vocab = model.config.vocab_size;
-            let (logits, greedy) = run(&model, &r);
+            let (logits, greedy) = cpu_prompt_and_greedy(&model, &r);
             let t = r.prompt.len();
             let agree = (0..t)
                 .filter(|&p| {

@@ -55,6 +55,14 @@ struct Entry {
     speculative: bool,
 }
 
+impl Entry {
+    /// An expert a caller has just asked for and that is now being read: pinned once by that
+    /// caller, used at `now`.
+    fn demanded(now: u64) -> Self {
+        Entry { slot: Slot::Loading, last_use: now, pins: 1, protected: false, speculative: false }
+    }
+}
+
 #[derive(Default)]
 struct State {
     entries: HashMap<(usize, usize), Entry>,
@@ -351,16 +359,7 @@ impl ExpertSource for CachedExperts {
                     st.stats.hits += 1;
                 } else {
                     st.stats.misses += 1;
-                    st.entries.insert(
-                        (layer, e),
-                        Entry {
-                            slot: Slot::Loading,
-                            last_use: now,
-                            pins: 1,
-                            protected: false,
-                            speculative: false,
-                        },
-                    );
+                    st.entries.insert((layer, e), Entry::demanded(now));
                     to_read.push(e);
                 }
             }
@@ -444,16 +443,7 @@ impl CachedExperts {
                             None => {
                                 // Another caller took this expert's error; read it again.
                                 let now = st.clock;
-                                st.entries.insert(
-                                    key,
-                                    Entry {
-                                        slot: Slot::Loading,
-                                        last_use: now,
-                                        pins: 1,
-                                        protected: false,
-                                        speculative: false,
-                                    },
-                                );
+                                st.entries.insert(key, Entry::demanded(now));
                                 self.submit(layer, ids[i]);
                             }
                         }

@@ -106,3 +106,23 @@ pub fn tiny_real_vocab() -> tempfile::TempDir {
     picchio::format::container::convert(src.path(), out.path(), &opts).unwrap();
     out
 }
+
+/// A CPU session over `model` with a context of 128 positions (or the model's maximum).
+pub fn cpu_session(model: &picchio::engine::LoadedModel) -> picchio::session::Session {
+    use picchio::engine::{self, RunOptions};
+    let ctx = 128.min(model.config.max_position_embeddings);
+    picchio::session::Session::new(
+        engine::cpu_runner(model, &RunOptions { ctx, max_batch: 256, ..Default::default() }).unwrap(),
+    )
+}
+
+/// On the CPU, `r`'s prompt logits (every position) and the greedy continuation as long as
+/// `r`'s, each from a fresh session.
+pub fn cpu_prompt_and_greedy(model: &picchio::engine::LoadedModel, r: &Reference) -> (Vec<f32>, Vec<u32>) {
+    use picchio::model::{LogitRows, NoObserver};
+    let logits = cpu_session(model).feed(&r.prompt, LogitRows::All, &mut NoObserver).unwrap();
+    let out = cpu_session(model)
+        .generate(&r.prompt, r.greedy.len(), &mut picchio::sample::Sampler::greedy(), &[], &mut |_| true)
+        .unwrap();
+    (logits, out.tokens)
+}

@@ -439,6 +439,13 @@ pub fn passes(n: usize, max: usize) -> impl Iterator<Item = usize> {
     (0..count).map(move |i| n / count + usize::from(i < n % count))
 }
 
+/// Rows that `codes` (`row_bytes` a row) and `scales` (`row_scales` a row) both hold in full;
+/// a zero width does not limit the count.
+fn whole_rows(codes: usize, row_bytes: usize, scales: usize, row_scales: usize) -> usize {
+    let per = |len: usize, width: usize| len.checked_div(width).unwrap_or(usize::MAX);
+    per(codes, row_bytes).min(per(scales, row_scales))
+}
+
 /// Something with a length: an input of a multi-input product.
 trait Input {
     fn len(&self) -> usize;
@@ -636,11 +643,7 @@ pub fn int4_dot_multi_with(
 ) {
     let path = usable(path);
     let (rb, g) = (int4::row_bytes(cols), int4::groups(cols));
-    let rows = codes
-        .len()
-        .checked_div(rb)
-        .unwrap_or(usize::MAX)
-        .min(scales.len().checked_div(g).unwrap_or(usize::MAX));
+    let rows = whole_rows(codes.len(), rb, scales.len(), g);
     let kernel = |xs: &[&[f32]], out: &mut [f32], rows: usize, n: usize| match path {
         _ if cols == 0 => false,
         // SAFETY (all arms): `usable` returned the path only if the CPU has its features.
@@ -678,11 +681,7 @@ pub fn int4_dot_q8_multi_with(
 ) {
     let path = usable(path);
     let (rb, g) = (int4::row_bytes(cols), int4::groups(cols));
-    let rows = codes
-        .len()
-        .checked_div(rb)
-        .unwrap_or(usize::MAX)
-        .min(scales.len().checked_div(g).unwrap_or(usize::MAX));
+    let rows = whole_rows(codes.len(), rb, scales.len(), g);
     let kernel = |xs: &[&QuantizedX], out: &mut [f32], rows: usize, n: usize| match path {
         _ if cols == 0 => false,
         // SAFETY: `usable` returned the path only if the CPU has its features.
@@ -738,11 +737,7 @@ pub fn mxfp4_dot_multi_with(
 ) {
     let path = usable(path);
     let (rb, b) = (mxfp4::row_bytes(cols), mxfp4::blocks(cols));
-    let rows = codes
-        .len()
-        .checked_div(rb)
-        .unwrap_or(usize::MAX)
-        .min(scales.len().checked_div(b).unwrap_or(usize::MAX));
+    let rows = whole_rows(codes.len(), rb, scales.len(), b);
     let kernel = |xs: &[&[f32]], out: &mut [f32], rows: usize, n: usize| match path {
         _ if cols == 0 => false,
         // SAFETY (all arms): `usable` returned the path only if the CPU has its features.
@@ -779,11 +774,7 @@ pub fn mxfp4_dot_q8_multi_with(
 ) {
     let path = usable(path);
     let (rb, b) = (mxfp4::row_bytes(cols), mxfp4::blocks(cols));
-    let rows = codes
-        .len()
-        .checked_div(rb)
-        .unwrap_or(usize::MAX)
-        .min(scales.len().checked_div(b).unwrap_or(usize::MAX));
+    let rows = whole_rows(codes.len(), rb, scales.len(), b);
     let kernel = |xs: &[&QuantizedX], out: &mut [f32], rows: usize, n: usize| match path {
         _ if cols == 0 => false,
         // SAFETY: `usable` returned the path only if the CPU has its features.
