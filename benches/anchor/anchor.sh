@@ -37,6 +37,7 @@ GEN=16
 REPS=3
 JOBS=2
 INT8=1
+PREPARE_ONLY=0
 EXTRA_PICCHIO=()
 
 usage() {
@@ -58,6 +59,9 @@ usage: $0 --picchio BIN --container DIR (--synth DIR | --gguf FILE) [options]
   --jobs N           build parallelism (default 2)
   --no-int8          skip the picchio --int8-activations column
   --picchio-arg ARG  one more argument for picchio bench (repeatable)
+  --prepare-only     build llama-bench and the GGUF, then stop (--picchio and --container
+                     are then not needed): the slow steps can run while the machine is busy,
+                     and the measuring run later on an idle machine
 EOF
   exit 2
 }
@@ -76,6 +80,7 @@ while [[ $# -gt 0 ]]; do
     --reps) REPS="$2"; shift 2 ;;
     --jobs) JOBS="$2"; shift 2 ;;
     --no-int8) INT8=0; shift ;;
+    --prepare-only) PREPARE_ONLY=1; shift ;;
     --picchio-arg) EXTRA_PICCHIO+=("$2"); shift 2 ;;
     -h|--help) usage ;;
     *) echo "anchor: unknown argument '$1'" >&2; usage ;;
@@ -85,8 +90,10 @@ done
 die() { echo "anchor: $*" >&2; exit 1; }
 log() { echo "[anchor $(date -u +%H:%M:%S)] $*" >&2; }
 
-[[ -n "$PICCHIO" && -x "$PICCHIO" ]] || die "--picchio: '$PICCHIO' is not an executable"
-[[ -n "$CONTAINER" && -f "$CONTAINER/manifest.json" ]] || die "--container: '$CONTAINER' has no manifest.json"
+if [[ "$PREPARE_ONLY" == 0 ]]; then
+  [[ -n "$PICCHIO" && -x "$PICCHIO" ]] || die "--picchio: '$PICCHIO' is not an executable"
+  [[ -n "$CONTAINER" && -f "$CONTAINER/manifest.json" ]] || die "--container: '$CONTAINER' has no manifest.json"
+fi
 if [[ -z "$GGUF" ]]; then
   [[ -n "$SYNTH" && -f "$SYNTH/config.json" ]] || die "--synth: '$SYNTH' has no config.json (or give --gguf)"
 else
@@ -176,6 +183,10 @@ if [[ ! -x "$BENCH_BIN" ]]; then
     || die "build failed: $WORK/cmake-build.log"
 fi
 flock -u 9
+if [[ "$PREPARE_ONLY" == 1 ]]; then
+  log "prepared: $BENCH_BIN and $GGUF"
+  exit 0
+fi
 
 # ---- 5. interleaved runs ------------------------------------------------------------------------
 STAMP="$(date -u +%Y%m%dT%H%M%SZ)"
