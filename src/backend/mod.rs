@@ -138,6 +138,17 @@ pub trait Backend {
     /// Counters of the expert source behind the backend.
     fn expert_stats(&self) -> ExpertStats;
 
+    /// Runs `f` (a whole forward block) where the backend's parallel ops are cheapest to
+    /// start. The default runs it here; the CPU backend runs it on a worker of its thread
+    /// pool, so that each parallel product forks among workers that are still spinning
+    /// rather than waking them, and the caller, from sleep for every product.
+    fn on_workers<R: Send>(&mut self, f: impl FnOnce(&mut Self) -> R + Send) -> R
+    where
+        Self: Sized,
+    {
+        f(self)
+    }
+
     /// Lines about the device for `--stats` (submissions, readbacks, VRAM cache); empty
     /// when the backend has nothing to add.
     fn report(&self) -> Vec<String> {

@@ -147,67 +147,77 @@ impl<B: Backend> Forward<B> {
         observer: &mut dyn Observer,
     ) -> Result<Vec<f32>> {
         let mut s = self.scratch(ids.len())?;
-        let result = self.layers(&mut s, ids, start_pos, logit_rows, observer);
+        let result = if observer.enabled() {
+            layers(&mut self.backend, &mut self.times, &mut s, ids, start_pos, logit_rows, observer)
+        } else {
+            // Without an observer (which need not be `Send`) the block runs where the
+            // backend's parallel ops start cheapest.
+            let (times, scratch) = (&mut self.times, &mut s);
+            self.backend
+                .on_workers(move |b| layers(b, times, scratch, ids, start_pos, logit_rows, &mut NoObserver))
+        };
         self.scratch = Some(s);
         result
     }
+}
 
-    fn layers(
-        &mut self,
-        s: &mut Scratch<B>,
-        ids: &[u32],
-        start_pos: usize,
-        logit_rows: Option<std::ops::Range<usize>>,
-        observer: &mut dyn Observer,
-    ) -> Result<Vec<f32>> {
-        let observe = observer.enabled();
-        let layers = self.backend.config().num_layers;
-        let b = &mut self.backend;
-        b.embed(ids, &mut s.x)?;
-        for layer in 0..layers {
-            if observe {
-                observer.residual(layer, start_pos, &b.read(&s.x)?);
-            }
-            let t0 = Instant::now();
-            b.rms_norm(NormId::Attention(layer), &s.x, &mut s.normed)?;
-            b.linear(LinearId::Q(layer), &s.normed, &mut s.q)?;
-            b.linear(LinearId::K(layer), &s.normed, &mut s.k)?;
-            b.linear(LinearId::V(layer), &s.normed, &mut s.v)?;
-            b.rope(&mut s.q, start_pos)?;
-            b.rope(&mut s.k, start_pos)?;
-            b.attention(layer, start_pos, &s.q, &s.k, &s.v, &mut s.attn)?;
-            b.linear(LinearId::O(layer), &s.attn, &mut s.proj)?;
-            b.add(&mut s.x, &s.proj)?;
-            let t1 = Instant::now();
-            b.rms_norm(NormId::Mlp(layer), &s.x, &mut s.normed)?;
-            b.route(layer, &s.normed, &mut s.routes)?;
-            if observe {
-                observer.routes(layer, start_pos, &b.read_routes(&s.routes)?);
-            }
-            b.experts(layer, &s.normed, &s.routes, &mut s.proj)?;
-            b.add(&mut s.x, &s.proj)?;
-            b.prefetch_next(layer, &s.x)?;
-            let t2 = Instant::now();
-            self.times.attention += t1 - t0;
-            self.times.experts += t2 - t1;
-        }
+/// The layers and the head over one block of positions: the model's math, in the order
+/// the module documentation gives, timed by phase into `times`.
+fn layers<B: Backend>(
+    b: &mut B,
+    times: &mut PhaseTimes,
+    s: &mut Scratch<B>,
+    ids: &[u32],
+    start_pos: usize,
+    logit_rows: Option<std::ops::Range<usize>>,
+    observer: &mut dyn Observer,
+) -> Result<Vec<f32>> {
+    let observe = observer.enabled();
+    let layers = b.config().num_layers;
+    b.embed(ids, &mut s.x)?;
+    for layer in 0..layers {
         if observe {
-            observer.residual(layers, start_pos, &b.read(&s.x)?);
+            observer.residual(layer, start_pos, &b.read(&s.x)?);
         }
-        let Some(rows) = logit_rows else {
-            return Ok(Vec::new());
-        };
         let t0 = Instant::now();
-        let vocab = b.config().vocab_size;
-        let hidden = b.config().hidden_size;
-        let mut selected = b.alloc(rows.len(), hidden)?;
-        b.copy_rows(&s.x, rows.start, &mut selected)?;
-        let mut normed = b.alloc(rows.len(), hidden)?;
-        b.rms_norm(NormId::Final, &selected, &mut normed)?;
-        let mut logits = b.alloc(rows.len(), vocab)?;
-        b.linear(LinearId::LmHead, &normed, &mut logits)?;
-        let out = b.read(&logits)?;
-        self.times.head += t0.elapsed();
-        Ok(out)
+        b.rms_norm(NormId::Attention(layer), &s.x, &mut s.normed)?;
+        b.linear(LinearId::Q(layer), &s.normed, &mut s.q)?;
+        b.linear(LinearId::K(layer), &s.normed, &mut s.k)?;
+        b.linear(LinearId::V(layer), &s.normed, &mut s.v)?;
+        b.rope(&mut s.q, start_pos)?;
+        b.rope(&mut s.k, start_pos)?;
+        b.attention(layer, start_pos, &s.q, &s.k, &s.v, &mut s.attn)?;
+        b.linear(LinearId::O(layer), &s.attn, &mut s.proj)?;
+        b.add(&mut s.x, &s.proj)?;
+        let t1 = Instant::now();
+        b.rms_norm(NormId::Mlp(layer), &s.x, &mut s.normed)?;
+        b.route(layer, &s.normed, &mut s.routes)?;
+        if observe {
+            observer.routes(layer, start_pos, &b.read_routes(&s.routes)?);
+        }
+        b.experts(layer, &s.normed, &s.routes, &mut s.proj)?;
+        b.add(&mut s.x, &s.proj)?;
+        b.prefetch_next(layer, &s.x)?;
+        let t2 = Instant::now();
+        times.attention += t1 - t0;
+        times.experts += t2 - t1;
     }
+    if observe {
+        observer.residual(layers, start_pos, &b.read(&s.x)?);
+    }
+    let Some(rows) = logit_rows else {
+        return Ok(Vec::new());
+    };
+    let t0 = Instant::now();
+    let vocab = b.config().vocab_size;
+    let hidden = b.config().hidden_size;
+    let mut selected = b.alloc(rows.len(), hidden)?;
+    b.copy_rows(&s.x, rows.start, &mut selected)?;
+    let mut normed = b.alloc(rows.len(), hidden)?;
+    b.rms_norm(NormId::Final, &selected, &mut normed)?;
+    let mut logits = b.alloc(rows.len(), vocab)?;
+    b.linear(LinearId::LmHead, &normed, &mut logits)?;
+    let out = b.read(&logits)?;
+    times.head += t0.elapsed();
+    Ok(out)
 }

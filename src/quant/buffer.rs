@@ -209,6 +209,12 @@ impl AlignedRows {
     pub fn rows(&self) -> impl Iterator<Item = &[f32]> {
         (0..self.rows).map(|i| self.row(i))
     }
+
+    /// Row `i` (`len` elements), to rearrange in place.
+    pub fn row_mut(&mut self, i: usize) -> &mut [f32] {
+        let flat: &mut [f32] = bytemuck::cast_slice_mut(&mut self.buf);
+        &mut flat[i * self.stride..][..self.len]
+    }
 }
 
 #[cfg(test)]

@@ -164,42 +164,6 @@ impl Matrix {
         }
     }
 
-    /// Dot product of row `r` with `x` (`padded_cols` long) on `path`; INT4 and INT8 rows use
-    /// the quantized activations `qx` instead of `x` when given.
-    #[inline]
-    fn row_dot(&self, path: KernelPath, r: usize, x: &[f32], qx: Option<&QuantizedX>) -> f32 {
-        let c = self.cols;
-        match &self.data {
-            MatrixData::F32(b) => kernels::f32_dot_with(path, &b.as_slice()[r * c..(r + 1) * c], x),
-            MatrixData::Bf16(b) => kernels::bf16_dot_with(path, &b.as_slice()[r * c..(r + 1) * c], x),
-            MatrixData::Int8Rows { codes, scales } => {
-                let (row, scale) = (&codes.as_slice()[r * c..(r + 1) * c], scales.as_slice()[r]);
-                match qx {
-                    Some(qx) => kernels::int8_dot_q8_with(path, row, scale, qx),
-                    None => kernels::int8_dot_with(path, row, scale, x),
-                }
-            }
-            MatrixData::Int4G64 { codes, scales } => {
-                let (rb, g) = (int4::row_bytes(c), int4::groups(c));
-                let (row, row_scales) =
-                    (&codes.as_slice()[r * rb..(r + 1) * rb], &scales.as_slice()[r * g..(r + 1) * g]);
-                match qx {
-                    Some(qx) => kernels::int4_dot_q8_with(path, row, row_scales, qx),
-                    None => kernels::int4_dot_with(path, row, row_scales, x),
-                }
-            }
-            MatrixData::Mxfp4 { codes, scales } => {
-                let (rb, b) = (mxfp4::row_bytes(c), mxfp4::blocks(c));
-                let (row, row_scales) =
-                    (&codes.as_slice()[r * rb..(r + 1) * rb], &scales.as_slice()[r * b..(r + 1) * b]);
-                match qx {
-                    Some(qx) => kernels::mxfp4_dot_q8_with(path, row, row_scales, qx),
-                    None => kernels::mxfp4_dot_with(path, row, row_scales, x),
-                }
-            }
-        }
-    }
-
     /// Writes row `r`, decoded to f32, into `out` (embedding lookup).
     pub fn row_to_f32(&self, r: usize, out: &mut [f32]) {
         let c = self.cols;
@@ -254,29 +218,46 @@ impl Matrix {
         self.matvec_impl(path, true, x, y)
     }
 
-    /// `y = W x` on `path`, with INT4 and INT8 matrices on quantized activations if `quantize`.
+    /// `y = W x` on `path`, with INT4 and INT8 matrices on quantized activations if `quantize`:
+    /// the multi-row kernels with one input (bit-identical to the single-row product), rows
+    /// split across threads in chunks of whole row blocks.
     fn matvec_impl(&self, path: KernelPath, quantize: bool, x: &[f32], y: &mut [f32]) {
         assert_eq!(x.len(), self.cols, "matvec input length");
         assert_eq!(y.len(), self.rows, "matvec output length");
         let integer = self.has_integer_kernels();
         let qx = (integer && quantize).then(|| QuantizedX::new(x));
-        let qx = qx.as_ref();
-        // The kernels read `x` from a copy aligned to cache lines (and padded to whole INT4
-        // groups): cheap next to the product, and no vector load then straddles two lines.
-        let aligned = qx.is_none().then(|| AlignedRows::new(x, 1, self.cols, self.padded_cols()));
-        let x = aligned.as_ref().map_or(x, |a| a.row(0));
+        // The kernels read `x` from a copy aligned to cache lines (padded to whole INT4 groups,
+        // in the order the MXFP4 kernels read): cheap next to the product, and no vector load
+        // then straddles two lines.
+        let aligned = qx.is_none().then(|| self.arranged_inputs(path, x, 1));
+        let inputs = Inputs {
+            x: aligned.as_ref().map_or_else(Vec::new, |a| a.rows().collect()),
+            q: qx.iter().collect(),
+        };
         if self.rows * self.cols < PARALLEL_MIN_WORK {
-            for (r, out) in y.iter_mut().enumerate() {
-                *out = self.row_dot(path, r, x, qx);
-            }
+            self.rows_dot_multi(path, 0, &inputs, y);
         } else {
-            let chunk = (PARALLEL_MIN_WORK / self.cols).max(1);
-            y.par_chunks_mut(chunk).enumerate().for_each(|(ci, ys)| {
-                for (i, out) in ys.iter_mut().enumerate() {
-                    *out = self.row_dot(path, ci * chunk + i, x, qx);
-                }
-            });
+            // About eight chunks a thread, for balance, each a whole number of row blocks.
+            let tasks = rayon::current_num_threads().max(1) * 8;
+            let min_rows = (PARALLEL_MIN_WORK / self.cols.max(1)).max(1);
+            let chunk = self.rows.div_ceil(tasks).max(min_rows).next_multiple_of(kernels::ROW_BLOCK);
+            y.par_chunks_mut(chunk)
+                .enumerate()
+                .for_each(|(ci, ys)| self.rows_dot_multi(path, ci * chunk, &inputs, ys));
         }
+    }
+
+    /// The `n` input rows of `x` copied into rows aligned to cache lines, padded to the
+    /// kernels' width (whole INT4 groups), and for MXFP4 in the order the kernels of `path`
+    /// read ([`kernels::mxfp4_wants_split`]).
+    fn arranged_inputs(&self, path: KernelPath, x: &[f32], n: usize) -> AlignedRows {
+        let mut rows = AlignedRows::new(x, n, self.cols, self.padded_cols());
+        if matches!(self.data, MatrixData::Mxfp4 { .. }) && kernels::mxfp4_wants_split(path) {
+            for i in 0..n {
+                kernels::mxfp4_split(rows.row_mut(i));
+            }
+        }
+        rows
     }
 
     /// `Y = X W^T`: `x` holds `n` input rows (`[n, cols]`), `y` gets `[n, rows]`. Every
@@ -320,8 +301,9 @@ impl Matrix {
         let quantize = integer && quantize;
         let quantized: Vec<QuantizedX> =
             if quantize { x.chunks(self.cols).map(QuantizedX::new).collect() } else { Vec::new() };
-        // Float inputs are copied to rows aligned to cache lines (padded to whole INT4 groups).
-        let aligned = (!quantize).then(|| AlignedRows::new(x, n, self.cols, self.padded_cols()));
+        // Float inputs are copied to rows aligned to cache lines (padded to whole INT4 groups,
+        // in the order the MXFP4 kernels read).
+        let aligned = (!quantize).then(|| self.arranged_inputs(path, x, n));
         let inputs = Inputs {
             x: aligned.as_ref().map_or_else(Vec::new, |a| a.rows().collect()),
             q: quantized.iter().collect(),
@@ -347,8 +329,8 @@ impl Matrix {
     }
 
     /// Rows `r0 ..` (as many as `out`, `[rows, n]`, holds) against every input of `inputs`
-    /// (the quantized ones for INT4 and INT8 if there are any): the multi-row, multi-input
-    /// form of [`Matrix::row_dot`].
+    /// (the quantized ones for INT4, INT8 and MXFP4 if there are any, else the float ones
+    /// from [`Matrix::arranged_inputs`]), into `out` (`[rows, n]`).
     fn rows_dot_multi(&self, path: KernelPath, r0: usize, inputs: &Inputs, out: &mut [f32]) {
         let c = self.cols;
         let n = inputs.x.len().max(inputs.q.len());
@@ -383,7 +365,7 @@ impl Matrix {
                 let (codes, scales) =
                     (&codes.as_slice()[r0 * rb..r1 * rb], &scales.as_slice()[r0 * b..r1 * b]);
                 if inputs.q.is_empty() {
-                    kernels::mxfp4_dot_multi_with(path, codes, scales, c, &inputs.x, out)
+                    kernels::mxfp4_dot_multi_arranged_with(path, codes, scales, c, &inputs.x, out)
                 } else {
                     kernels::mxfp4_dot_q8_multi_with(path, codes, scales, c, &inputs.q, out)
                 }

@@ -99,12 +99,23 @@ pub fn row_bytes(cols: usize) -> usize {
 /// bits. Scale 255 (NaN in E8M0) gives infinity: containers and checkpoints are checked for
 /// it before any product runs.
 #[inline]
-pub fn scale_f32(scale: u8) -> f32 {
+pub const fn scale_f32(scale: u8) -> f32 {
     match scale {
         0 => f32::from_bits(0x0040_0000),
         s => f32::from_bits((s as u32) << 23),
     }
 }
+
+/// [`scale_f32`] of every scale byte, for kernels that look a block's scale up in memory.
+pub static SCALES_F32: [f32; 256] = {
+    let mut t = [0.0f32; 256];
+    let mut s = 0;
+    while s < 256 {
+        t[s] = scale_f32(s as u8);
+        s += 1;
+    }
+    t
+};
 
 /// The reference dot product of one row (`scales.len()` blocks) with `x` (`32` inputs a
 /// block): `sum_b 2^(e_b - 127) * (sum_{i in b} FP4[c_i] * x_i)`, each block's sum taken in

@@ -154,6 +154,15 @@ impl Backend for CpuBackend {
     type Act = CpuAct;
     type Routes = RouteTable;
 
+    fn on_workers<R: Send>(&mut self, f: impl FnOnce(&mut Self) -> R + Send) -> R {
+        if rayon::current_thread_index().is_some() {
+            return f(self);
+        }
+        // A join called from outside the pool runs both halves on its workers and blocks
+        // this thread once, for the whole block.
+        rayon::join(|| f(self), || ()).0
+    }
+
     fn describe(&self) -> String {
         let path = crate::quant::kernels::selected();
         format!(

@@ -291,6 +291,40 @@ pub fn int4_dot_with(path: KernelPath, codes: &[u8], scales: &[u16], x: &[f32]) 
 /// blocks that `codes`, `scales` and `x` all hold in full.
 pub fn mxfp4_dot_with(path: KernelPath, codes: &[u8], scales: &[u8], x: &[f32]) -> f32 {
     let b = scales.len().min(codes.len() / mxfp4::BLOCK_BYTES).min(x.len() / mxfp4::BLOCK);
+    let x = &x[..b * mxfp4::BLOCK];
+    if mxfp4_wants_split(path) {
+        let mut split = x.to_vec();
+        mxfp4_split(&mut split);
+        mxfp4_dot_arranged_with(path, codes, scales, &split)
+    } else {
+        mxfp4_dot_arranged_with(path, codes, scales, x)
+    }
+}
+
+/// Whether the MXFP4 float kernels on `path` read their inputs in split order
+/// ([`mxfp4_split`]) rather than in element order: the callers of the `*_arranged_*` forms
+/// arrange each input once so that the kernels need not move nibbles.
+pub fn mxfp4_wants_split(path: KernelPath) -> bool {
+    matches!(usable(path), KernelPath::Avx512 | KernelPath::Avx512Vnni)
+}
+
+/// Rearranges `x` (whole blocks of 32; a partial last block is left as it is) into split
+/// order: in every block, the 16 even-indexed values, then the 16 odd-indexed ones (the
+/// order in which a block's code bytes hold their low and high nibbles).
+pub fn mxfp4_split(x: &mut [f32]) {
+    for block in x.chunks_exact_mut(mxfp4::BLOCK) {
+        let v: [f32; mxfp4::BLOCK] = std::array::from_fn(|i| block[i]);
+        for j in 0..mxfp4::BLOCK / 2 {
+            block[j] = v[2 * j];
+            block[mxfp4::BLOCK / 2 + j] = v[2 * j + 1];
+        }
+    }
+}
+
+/// [`mxfp4_dot_with`] with `x` already in the order the kernels of `path` read
+/// ([`mxfp4_wants_split`]): split order where that says so, element order elsewhere.
+pub fn mxfp4_dot_arranged_with(path: KernelPath, codes: &[u8], scales: &[u8], x: &[f32]) -> f32 {
+    let b = scales.len().min(codes.len() / mxfp4::BLOCK_BYTES).min(x.len() / mxfp4::BLOCK);
     let (codes, scales, cols) = (&codes[..b * mxfp4::BLOCK_BYTES], &scales[..b], b * mxfp4::BLOCK);
     let mut o = [0.0f32];
     match usable(path) {
@@ -421,10 +455,11 @@ pub fn max_inputs(path: KernelPath, product: Product) -> usize {
         (P::Avx512Vnni, D::Int8Q8 | D::Int4Q8) => 8,
         (P::Neon, D::F32 | D::Bf16 | D::Int8) => 6,
         (P::Neon, D::Int4) => 4,
-        // MXFP4: two accumulators per input plus the looked-up block (4 vectors on AVX2,
-        // 2 on AVX-512, 1 on VNNI) and the table.
+        // MXFP4: two accumulators per input plus the looked-up block (4 vectors) and the
+        // table on AVX2; four per input plus the table, the scaled table, the indices and
+        // the two looked-up halves on AVX-512; one per input plus the block on VNNI.
         (P::Avx2, D::Mxfp4) => 3,
-        (P::Avx512 | P::Avx512Vnni, D::Mxfp4) => 8,
+        (P::Avx512 | P::Avx512Vnni, D::Mxfp4) => 6,
         (P::Avx512Vnni, D::Mxfp4Q8) => 8,
         (P::Neon, D::Mxfp4) => 4,
         // Scalar references, one input at a time.
@@ -735,6 +770,33 @@ pub fn mxfp4_dot_multi_with(
     xs: &[&[f32]],
     out: &mut [f32],
 ) {
+    if mxfp4_wants_split(path) {
+        let split: Vec<Vec<f32>> = xs
+            .iter()
+            .map(|x| {
+                let mut v = x[..x.len().min(cols)].to_vec();
+                mxfp4_split(&mut v);
+                v
+            })
+            .collect();
+        let split: Vec<&[f32]> = split.iter().map(Vec::as_slice).collect();
+        mxfp4_dot_multi_arranged_with(path, codes, scales, cols, &split, out)
+    } else {
+        mxfp4_dot_multi_arranged_with(path, codes, scales, cols, xs, out)
+    }
+}
+
+/// [`mxfp4_dot_multi_with`] with the inputs already in the order the kernels of `path` read
+/// ([`mxfp4_wants_split`]): `out[r * n + t] = mxfp4_dot_arranged_with(path, row r, xs[t])`,
+/// bit for bit. [`crate::quant::Matrix`] arranges its inputs once per product and calls this.
+pub fn mxfp4_dot_multi_arranged_with(
+    path: KernelPath,
+    codes: &[u8],
+    scales: &[u8],
+    cols: usize,
+    xs: &[&[f32]],
+    out: &mut [f32],
+) {
     let path = usable(path);
     let (rb, b) = (mxfp4::row_bytes(cols), mxfp4::blocks(cols));
     let rows = whole_rows(codes.len(), rb, scales.len(), b);
@@ -746,7 +808,7 @@ pub fn mxfp4_dot_multi_with(
             x86::mxfp4_dot_avx2::<_, ROW_BLOCK>(codes, scales, rows, cols, a, out, n)
         }),
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512 | KernelPath::Avx512Vnni => by_count!(xs, [1, 2, 3, 4, 5, 6, 7, 8], |a| unsafe {
+        KernelPath::Avx512 | KernelPath::Avx512Vnni => by_count!(xs, [1, 2, 3, 4, 5, 6], |a| unsafe {
             x86::mxfp4_dot_avx512::<_, ROW_BLOCK>(codes, scales, rows, cols, a, out, n)
         }),
         #[cfg(target_arch = "aarch64")]
@@ -756,7 +818,7 @@ pub fn mxfp4_dot_multi_with(
         _ => false,
     };
     let single = |r: usize, x: &[f32]| {
-        mxfp4_dot_with(path, &codes[r * rb..(r + 1) * rb], &scales[r * b..(r + 1) * b], x)
+        mxfp4_dot_arranged_with(path, &codes[r * rb..(r + 1) * rb], &scales[r * b..(r + 1) * b], x)
     };
     multi(xs, out, rows, max_inputs(path, Product::Mxfp4), kernel, single);
 }

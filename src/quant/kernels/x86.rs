@@ -735,10 +735,17 @@ pub fn int4_dot_avx512<const T: usize, const R: usize>(
 }
 
 /// MXFP4 rows of `cols` inputs (`codes`, `scales`: whole rows) with each input (whole
-/// blocks), with AVX-512, into `out[r * stride + t]`. The 4-bit codes are decoded by one
-/// `vpermps` over the 16 E2M1 values held in a register (16 weights an instruction). Per row
-/// and input, each block's `sum FP4[c_i] x_i` in 16 lanes (`w0 x0 + w1 x1` over its two
-/// halves), times the block's scale into accumulator `b % 2`; one horizontal sum at the end.
+/// blocks) **in split order** ([`super::mxfp4_split`]: each block's 16 even-indexed inputs,
+/// then its 16 odd-indexed ones), with AVX-512, into `out[r * stride + t]`.
+///
+/// A code byte holds an even element in its low nibble and the next odd one in its high
+/// nibble, so with split inputs no nibble is moved: `vpmovzxbd` widens a block's 16 bytes to
+/// dwords, and `vpermps` (which reads the low 4 bits of each index) looks up the even
+/// weights from them and the odd ones from them shifted right by 4, in the block's 16 E2M1
+/// values already multiplied by its scale (a power of two: exact for the finite scales a
+/// loaded matrix has). Per row and input, four accumulators: `acc[2 (b % 2)]` takes the even
+/// products of block `b` and `acc[2 (b % 2) + 1]` the odd ones, by fused multiply-add; they
+/// are added as `(acc0 + acc1) + (acc2 + acc3)` and summed horizontally at the end.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
 pub fn mxfp4_dot_avx512<const T: usize, const R: usize>(
     codes: &[u8],
@@ -756,16 +763,16 @@ pub fn mxfp4_dot_avx512<const T: usize, const R: usize>(
         return;
     }
     let n = xs.iter().fold(bpr, |n, x| n.min(x.len() / BLOCK));
-    let mut xb: [&[[f32; BLOCK]]; T] = [&[]; T];
+    let mut xb: [&[[[f32; 16]; 2]]; T] = [&[]; T];
     for t in 0..T {
-        xb[t] = &xs[t].as_chunks::<BLOCK>().0[..n];
+        xb[t] = &xs[t].as_chunks::<16>().0.as_chunks::<2>().0[..n];
     }
     let table = load16(&mxfp4::FP4_VALUES);
     let step = k_step::<R>(n, BLOCK * 4 * T, 2);
     let mut r0 = 0;
     while r0 < rows {
         let rr = R.min(rows - r0);
-        let mut state = [[[_mm512_setzero_ps(); T]; 2]; R];
+        let mut state = [[[_mm512_setzero_ps(); 4]; T]; R];
         let mut b0 = 0;
         while b0 < n {
             let b1 = n.min(b0 + step);
@@ -780,29 +787,28 @@ pub fn mxfp4_dot_avx512<const T: usize, const R: usize>(
                 let sc = &scales[(r0 + r) * bpr..][..n];
                 let mut acc = *st;
                 macro_rules! block {
-                    ($b:expr, $acc:expr) => {{
+                    ($b:expr, $a:literal) => {{
                         let b: usize = $b;
-                        let e = _mm512_set1_ps(mxfp4::scale_f32(sc[b]));
-                        let (lo, hi) = mxfp4_nibbles(&cb[b]);
-                        // `vpermps` reads the low 4 bits of each index lane.
-                        let w0 = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(lo), table);
-                        let w1 = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(hi), table);
+                        let scaled = _mm512_mul_ps(table, _mm512_set1_ps(mxfp4::SCALES_F32[sc[b] as usize]));
+                        // SAFETY: `cb[b]` is 16 readable bytes; unaligned loads are allowed.
+                        let idx = _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(cb[b].as_ptr().cast()) });
+                        let even = _mm512_permutexvar_ps(idx, scaled);
+                        let odd = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(idx), scaled);
                         for t in 0..T {
-                            let (x16, _) = xb[t][b].as_chunks::<16>();
-                            let s = _mm512_mul_ps(w0, load16(&x16[0]));
-                            let s = _mm512_fmadd_ps(w1, load16(&x16[1]), s);
-                            $acc[t] = _mm512_fmadd_ps(s, e, $acc[t]);
+                            let [xe, xo] = &xb[t][b];
+                            acc[t][$a] = _mm512_fmadd_ps(even, load16(xe), acc[t][$a]);
+                            acc[t][$a + 1] = _mm512_fmadd_ps(odd, load16(xo), acc[t][$a + 1]);
                         }
                     }};
                 }
                 let mut b = b0;
                 while b + 2 <= b1 {
-                    block!(b, acc[0]);
-                    block!(b + 1, acc[1]);
+                    block!(b, 0);
+                    block!(b + 1, 2);
                     b += 2;
                 }
                 if b < b1 {
-                    block!(b, acc[0]);
+                    block!(b, 0);
                 }
                 *st = acc;
             }
@@ -811,7 +817,8 @@ pub fn mxfp4_dot_avx512<const T: usize, const R: usize>(
         for (r, acc) in state.iter().enumerate().take(rr) {
             let mut s = [0.0f32; T];
             for t in 0..T {
-                s[t] = hsum512(_mm512_add_ps(acc[0][t], acc[1][t]));
+                let a = &acc[t];
+                s[t] = hsum512(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])));
             }
             store(out, (r0 + r) * stride, &s);
         }
