@@ -99,7 +99,7 @@ pub fn row_bytes(cols: usize) -> usize {
 /// bits. Scale 255 (NaN in E8M0) gives infinity: containers and checkpoints are checked for
 /// it before any product runs.
 #[inline]
-pub fn scale_f32(scale: u8) -> f32 {
+pub const fn scale_f32(scale: u8) -> f32 {
     match scale {
         0 => f32::from_bits(0x0040_0000),
         s => f32::from_bits((s as u32) << 23),

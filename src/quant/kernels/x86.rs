@@ -916,13 +916,14 @@ pub fn int4_dot_q8_vnni<const T: usize, const R: usize>(
                         let v = unsafe { _mm256_loadu_si256(cg[g].as_ptr().cast()) };
                         let lo = _mm256_and_si256(v, mask);
                         let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask);
-                        let d = f16_to_f32(sc[g]);
+                        let d = _mm256_set1_ps(f16_to_f32(sc[g]));
                         for t in 0..T {
                             let (ps, _) = pg[t][g].as_chunks::<32>();
                             let start = _mm256_zextsi128_si256(_mm_cvtsi32_si128(bias[t][g]));
                             let sum = _mm256_dpbusd_epi32(start, lo, load32_i8(&ps[0]));
                             let sum = _mm256_dpbusd_epi32(sum, hi, load32_i8(&ps[1]));
-                            let ds = _mm256_set1_ps(d * sx[t][g]);
+                            // `d * s_g` in every lane (a broadcast operand, not a scalar product).
+                            let ds = _mm256_mul_ps(d, _mm256_set1_ps(sx[t][g]));
                             $acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), ds, $acc[t]);
                         }
                     }};
@@ -1043,6 +1044,18 @@ pub fn int8_dot_q8_vnni<const T: usize, const R: usize>(
     }
 }
 
+/// `2^(e - 127) / 2` for each MXFP4 scale byte `e` (`mxfp4::scale_f32(e) * 0.5`): the
+/// weight scale of the doubled E2M1 values, looked up rather than rebuilt per block.
+static HALF_SCALES: [f32; 256] = {
+    let mut t = [0.0f32; 256];
+    let mut e = 0;
+    while e < 256 {
+        t[e] = mxfp4::scale_f32(e as u8) * 0.5;
+        e += 1;
+    }
+    t
+};
+
 /// The integer-kernel dot products of MXFP4 rows of `cols` inputs (`codes`, `scales`: whole
 /// rows) with each of `T` quantized inputs ([`super::q8::mxfp4_dot_reference`]), with AVX-512
 /// VNNI, into `out[r * stride + t]`, one activation group (two blocks) a 512-bit step.
@@ -1090,8 +1103,6 @@ pub fn mxfp4_dot_q8_vnni<const T: usize, const R: usize>(
     // Shift counts for `vpsrlvw`: 0 in the lower 256 bits (low nibbles), 4 in the upper.
     let shifts = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi16(4));
     let u128s = _mm512_set1_epi8(-128);
-    // Lane `i` takes the scale of block `(i / 4) % 2` of the pair.
-    let spread = _mm512_set_epi32(1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0);
     let zero = _mm512_setzero_si512();
     // One block pair's weights (`v`: its code bytes in both halves) and the lanes' scales
     // (`e0`, `e1`: the blocks' `2^(e - 127) / 2`) into `$acc[t]`, for pair `$g` of the inputs.
@@ -1100,13 +1111,16 @@ pub fn mxfp4_dot_q8_vnni<const T: usize, const R: usize>(
             let (v, g): (__m512i, usize) = ($v, $g);
             let w = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srlv_epi16(v, shifts), mask));
             let c = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, u128s, w));
-            let e = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_set_ps(0.0, 0.0, $e1, $e0)));
+            let e = _mm256_set_m128(_mm_set1_ps($e1), _mm_set1_ps($e0));
             for t in 0..T {
                 // SAFETY: `pu[t][g]` is 64 readable bytes; unaligned loads are allowed.
                 let p = unsafe { _mm512_loadu_si512(pu[t][g].as_ptr().cast()) };
                 let sum = _mm512_dpbusd_epi32(c, p, w);
-                let ds = _mm512_mul_ps(e, _mm512_set1_ps(sx[t][g]));
-                $acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), ds, $acc[t]);
+                // Lanes `i` and `i + 8` belong to the same block: fold them (exactly) first,
+                // so the float work is on 8 lanes.
+                let sum = _mm256_add_epi32(_mm512_castsi512_si256(sum), _mm512_extracti64x4_epi64::<1>(sum));
+                let ds = _mm256_mul_ps(e, _mm256_set1_ps(sx[t][g]));
+                $acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), ds, $acc[t]);
             }
         }};
     }
@@ -1114,7 +1128,7 @@ pub fn mxfp4_dot_q8_vnni<const T: usize, const R: usize>(
     let mut r0 = 0;
     while r0 < rows {
         let rr = R.min(rows - r0);
-        let mut state = [[[_mm512_setzero_ps(); T]; 2]; R];
+        let mut state = [[[_mm256_setzero_ps(); T]; 2]; R];
         let mut g0 = 0;
         while g0 < pairs {
             let g1 = pairs.min(g0 + step);
@@ -1133,8 +1147,7 @@ pub fn mxfp4_dot_q8_vnni<const T: usize, const R: usize>(
                         let g: usize = $g;
                         // SAFETY: `cp[g]` is 32 readable bytes; unaligned loads are allowed.
                         let v = _mm512_broadcast_i64x4(unsafe { _mm256_loadu_si256(cp[g].as_ptr().cast()) });
-                        let (e0, e1) =
-                            (mxfp4::scale_f32(sc[2 * g]) * 0.5, mxfp4::scale_f32(sc[2 * g + 1]) * 0.5);
+                        let (e0, e1) = (HALF_SCALES[sc[2 * g] as usize], HALF_SCALES[sc[2 * g + 1] as usize]);
                         pair!(v, e0, e1, g, $acc);
                     }};
                 }
@@ -1159,11 +1172,11 @@ pub fn mxfp4_dot_q8_vnni<const T: usize, const R: usize>(
                 let v = _mm512_broadcast_i64x4(_mm256_zextsi128_si256(unsafe {
                     _mm_loadu_si128(tail.as_ptr().cast())
                 }));
-                pair!(v, mxfp4::scale_f32(scales[(r0 + r) * bpr + b]) * 0.5, 0.0, pairs, acc[1]);
+                pair!(v, HALF_SCALES[scales[(r0 + r) * bpr + b] as usize], 0.0, pairs, acc[1]);
             }
             let mut s = [0.0f32; T];
             for t in 0..T {
-                s[t] = hsum512(_mm512_add_ps(acc[0][t], acc[1][t]));
+                s[t] = hsum256(_mm256_add_ps(acc[0][t], acc[1][t]));
             }
             store(out, (r0 + r) * stride, &s);
         }
