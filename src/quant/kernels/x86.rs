@@ -1068,9 +1068,10 @@ static HALF_SCALES: [f32; 256] = {
 /// `p + 128`, reordered once per input). With `c = -128 sum w` per i32 lane (a `vpdpbusd` of
 /// 128s), each input costs one `vpdpbusd` started from `c`, so each of the 16 lanes holds an
 /// exact partial `sum 2 FP4[c_i] p_i` of one block (lanes `0..4` and `8..12` block `2 g`,
-/// the others block `2 g + 1`); converted to f32 and multiplied by the lanes'
-/// `(2^(e_b - 127) / 2) * s_g` into accumulator `g % 2`. A last odd block is decoded with a
-/// zero second block into accumulator 1; one horizontal sum at the end.
+/// the others block `2 g + 1`). Lanes `i` and `i + 8` are added (exactly) into 8 lanes,
+/// which are converted to f32 and multiplied by `(2^(e_b - 127) / 2) * s_g` (the block
+/// scales from [`HALF_SCALES`]) into 256-bit accumulator `g % 2`. A last odd block is decoded
+/// with a zero second block into accumulator 1; one horizontal sum at the end.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub fn mxfp4_dot_q8_vnni<const T: usize, const R: usize>(
     codes: &[u8],
