@@ -178,6 +178,33 @@ fn int4_kernels_match_the_reference() {
     }
 }
 
+#[test]
+fn int4_kernels_decode_every_code_in_both_nibbles_exactly() {
+    // Two groups holding every code in the low and the high nibble (and every pair of
+    // them); a one-hot input reads back each decoded weight, and small integer inputs give
+    // sums exact in f32, so every path must match the reference bit for bit.
+    for path in all_paths() {
+        for shift in 0..16u8 {
+            let codes: Vec<u8> =
+                (0..64u8).map(|j| ((j + shift) % 16) | (((j / 2 + 5 * shift) % 16) << 4)).collect();
+            let scales = [half::f16::from_f32(0.5).to_bits(), half::f16::from_f32(-2.0).to_bits()];
+            let x: Vec<f32> = (0..128).map(|i| ((i * 7 + shift as usize) % 9) as f32 - 4.0).collect();
+            let want = int4::dot_reference(&codes, &scales, &x);
+            let got = kernels::int4_dot_with(path, &codes, &scales, &x);
+            assert_eq!(got.to_bits(), want.to_bits(), "{} shift {shift}", path.name());
+            let mut w = vec![0.0f32; 128];
+            int4::dequantize_row(&codes, &scales, &mut w);
+            for i in 0..128 {
+                let mut e = vec![0.0f32; 128];
+                e[i] = 1.0;
+                let got = kernels::int4_dot_with(path, &codes, &scales, &e);
+                // (`==`: a decoded -0 reads back as +0 from a sum started at +0.)
+                assert_eq!(got, w[i], "{} shift {shift} element {i}", path.name());
+            }
+        }
+    }
+}
+
 /// Block counts for the MXFP4 tests: one block, odd counts (a leftover block for the
 /// alternating accumulators), and GPT-OSS's 2880 inputs (90 blocks).
 const MXFP4_BLOCKS: [usize; 8] = [1, 2, 3, 5, 8, 17, 33, 90];
@@ -398,6 +425,47 @@ fn vnni_kernels_match_the_quantized_references() {
 }
 
 #[test]
+fn vnni_mxfp4_kernel_decodes_every_code_in_both_nibbles_exactly() {
+    if !KernelPath::Avx512Vnni.is_available() {
+        eprintln!("SKIPPED: avx512-vnni not available on this CPU");
+        return;
+    }
+    let path = KernelPath::Avx512Vnni;
+    // Integer inputs whose every group holds a 127 quantize exactly (`s_g = 1`, `p = x`),
+    // and with block scales `e` and `e + 1` every partial sum is a small multiple of
+    // `2^(e - 128)`: exact in f32 in any order, so the kernel must give the reference's value
+    // bit for bit. Four blocks (two pairs) and three (a last odd block).
+    for blocks in [4usize, 3] {
+        for scale in [0u8, 1, 120, 127, 134, 200] {
+            for shift in 0..16u8 {
+                let codes: Vec<u8> = (0..blocks as u8 * 16)
+                    .map(|j| ((j + shift) % 16) | (((j / 2 + 3 * shift) % 16) << 4))
+                    .collect();
+                let scales: Vec<u8> = (0..blocks as u8).map(|b| scale + b % 2).collect();
+                let cols = blocks * mxfp4::BLOCK;
+                let mut x: Vec<f32> =
+                    (0..cols).map(|i| ((i * 7 + shift as usize) % 9) as f32 - 4.0).collect();
+                x.iter_mut().step_by(q8::GROUP).for_each(|v| *v = 127.0);
+                let qx = QuantizedX::new(&x);
+                assert!(qx.scales().iter().all(|&s| s == 1.0));
+                let want = q8::mxfp4_dot_reference(&codes, &scales, &qx);
+                let got = kernels::mxfp4_dot_q8_with(path, &codes, &scales, &qx);
+                assert_eq!(got.to_bits(), want.to_bits(), "{blocks} blocks, scale {scale} shift {shift}");
+                // Each element alone: a one-hot input reads back 127 times the decoded weight.
+                let mut w = vec![0.0f32; cols];
+                mxfp4::dequantize_row(&codes, &scales, &mut w);
+                for i in (shift as usize..cols).step_by(16) {
+                    let mut e = vec![0.0f32; cols];
+                    e[i] = 127.0;
+                    let got = kernels::mxfp4_dot_q8_with(path, &codes, &scales, &QuantizedX::new(&e));
+                    assert_eq!(got, 127.0 * w[i], "{blocks} blocks, scale {scale}, element {i}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn vnni_kernels_propagate_non_finite_inputs() {
     if !KernelPath::Avx512Vnni.is_available() {
         eprintln!("SKIPPED: avx512-vnni not available on this CPU");
@@ -410,6 +478,12 @@ fn vnni_kernels_propagate_non_finite_inputs() {
         let int4 = kernels::int4_dot_q8_with(KernelPath::Avx512Vnni, &[0x99; 64], &[0x3c00; 2], &q);
         let int8 = kernels::int8_dot_q8_with(KernelPath::Avx512Vnni, &[1; 100], 1.0, &q);
         assert!(!int4.is_finite() && !int8.is_finite(), "{bad}: {int4} {int8}");
+        // MXFP4, four blocks (the zero-padded 128 inputs): the bad input is in the second pair.
+        let mx = kernels::mxfp4_dot_q8_with(KernelPath::Avx512Vnni, &[0x99; 64], &[127; 4], &q);
+        assert!(!mx.is_finite(), "{bad}: mxfp4 {mx}");
+        // And in a last odd block (three blocks).
+        let mx = kernels::mxfp4_dot_q8_with(KernelPath::Avx512Vnni, &[0x99; 48], &[127; 3], &q);
+        assert!(!mx.is_finite(), "{bad}: mxfp4, three blocks, {mx}");
     }
 }
 

@@ -42,11 +42,35 @@ unsafe impl bytemuck::Zeroable for CodeGroup {}
 // SAFETY: as above; it is `Copy` and `'static`.
 unsafe impl bytemuck::Pod for CodeGroup {}
 
+/// 64 unsigned bytes on their own cache line (see [`CodeGroup`]).
+#[derive(Clone, Copy, Debug)]
+#[repr(C, align(64))]
+struct ByteGroup([u8; GROUP]);
+
+// SAFETY: `ByteGroup` is `repr(C)`, 64 bytes with alignment 64: no padding, and every bit
+// pattern is valid.
+unsafe impl bytemuck::Zeroable for ByteGroup {}
+// SAFETY: as above; it is `Copy` and `'static`.
+unsafe impl bytemuck::Pod for ByteGroup {}
+
+/// Where code `i` of a group goes in its [`QuantizedX::mxfp4_codes`] copy: the group covers
+/// two MXFP4 blocks (`b = i / 32`), and within each half of 32 the even elements of block 0,
+/// then of block 1, come first (`16 b + j` for element `2 j`), the odd ones second
+/// (`32 + 16 b + j` for element `2 j + 1`), which is the order in which the integer MXFP4
+/// kernel decodes the low and the high nibbles of a block pair's 32 code bytes.
+pub const fn mxfp4_position(i: usize) -> usize {
+    let (b, e) = (i / mxfp4::BLOCK, i % mxfp4::BLOCK);
+    (e % 2) * 32 + b * 16 + e / 2
+}
+
 /// Activations quantized to INT8 with one f32 scale per 64 inputs.
 #[derive(Clone, Debug)]
 pub struct QuantizedX {
     /// `groups * 64` codes, group by group; zero past `len`.
     codes: Vec<CodeGroup>,
+    /// The same codes as unsigned bytes `p + 128`, each group reordered by
+    /// [`mxfp4_position`], for the integer MXFP4 kernel.
+    mxfp4_codes: Vec<ByteGroup>,
     /// One scale per group.
     scales: Vec<f32>,
     /// Per group, `-8 * sum(codes)`: turns the unsigned INT4 codes `q + 8` into `q`.
@@ -62,6 +86,7 @@ impl QuantizedX {
         let mut codes = vec![CodeGroup([0; GROUP]); groups];
         let mut scales = vec![0.0f32; groups];
         let mut int4_bias = vec![0i32; groups];
+        let mut mxfp4_codes = vec![ByteGroup([128; GROUP]); groups];
         for (g, (xs, CodeGroup(qs))) in x.chunks(GROUP).zip(codes.iter_mut()).enumerate() {
             let amax = xs.iter().fold(0.0f32, |m, v| m.max(v.abs()));
             let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
@@ -71,8 +96,11 @@ impl QuantizedX {
             // A NaN input makes its group's scale NaN, so it reaches the output as with floats.
             scales[g] = if xs.iter().any(|v| v.is_nan()) { f32::NAN } else { amax / 127.0 };
             int4_bias[g] = -8 * qs.iter().map(|&q| q as i32).sum::<i32>();
+            for (i, &q) in qs.iter().enumerate() {
+                mxfp4_codes[g].0[mxfp4_position(i)] = (q as u8) ^ 0x80;
+            }
         }
-        QuantizedX { codes, scales, int4_bias, len: x.len() }
+        QuantizedX { codes, mxfp4_codes, scales, int4_bias, len: x.len() }
     }
 
     /// Number of inputs quantized.
@@ -93,6 +121,14 @@ impl QuantizedX {
     /// The codes, `groups() * 64` of them, zero past `len()`.
     pub fn codes(&self) -> &[i8] {
         bytemuck::cast_slice(&self.codes)
+    }
+
+    /// The codes as unsigned bytes `p + 128` (in `1..=255`), `groups() * 64` of them, each
+    /// group in the order of [`mxfp4_position`]: what the integer MXFP4 kernel multiplies
+    /// with the signed weights (`vpdpbusd` takes one unsigned operand), with no shuffle per
+    /// row.
+    pub fn mxfp4_codes(&self) -> &[u8] {
+        bytemuck::cast_slice(&self.mxfp4_codes)
     }
 
     /// One scale per group.
@@ -176,10 +212,28 @@ mod tests {
             assert!((v - q.dequantized(i)).abs() <= s * (0.5 + 1.0 / 16384.0), "input {i}");
         }
         assert!(q.codes()[100..].iter().all(|&c| c == 0));
+        for (i, &c) in q.codes().iter().enumerate() {
+            let at = i / GROUP * GROUP + mxfp4_position(i % GROUP);
+            assert_eq!(q.mxfp4_codes()[at], (c as i32 + 128) as u8, "input {i}");
+        }
         for g in 0..2 {
             let sum: i32 = q.codes()[g * GROUP..(g + 1) * GROUP].iter().map(|&c| c as i32).sum();
             assert_eq!(q.int4_bias()[g], -8 * sum);
         }
+    }
+
+    #[test]
+    fn mxfp4_positions_are_a_permutation_in_nibble_order() {
+        let mut seen = [false; GROUP];
+        for i in 0..GROUP {
+            let p = mxfp4_position(i);
+            assert!(!seen[p], "position {p} twice");
+            seen[p] = true;
+        }
+        // Block 0's element 2j (low nibble of its byte j) at j, element 2j + 1 (high nibble)
+        // at 32 + j; block 1's at 16 + j and 48 + j.
+        let cases = [(0, 0), (1, 32), (2, 1), (31, 47), (32, 16), (33, 48), (62, 31), (63, 63)];
+        assert_eq!(cases.map(|(i, _)| mxfp4_position(i)), cases.map(|(_, p)| p));
     }
 
     #[test]

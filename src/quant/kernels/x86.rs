@@ -654,9 +654,39 @@ avx512_dot!(
     load16_i8_tail
 );
 
+/// The INT4 values `q = nibble - 8` as f32, indexed by the nibble: the table of
+/// [`int4_lookup16`].
+const INT4_VALUES: [f32; 16] =
+    [-8.0, -7.0, -6.0, -5.0, -4.0, -3.0, -2.0, -1.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0];
+
+/// The 64 values `q` of an INT4 group as f32, in its four 16-element quarters (elements
+/// `0..16`, `16..32`, `32..48`, `48..64`), by table lookup: `table` holds [`INT4_VALUES`].
+/// Code bytes `0..16` and `16..32` are zero-extended to 16 dwords each; `vpermps` reads only
+/// the low 4 bits of an index lane, so the dwords index the low nibbles (elements `k`) as
+/// they are and the high nibbles (elements `k + 32`) after a shift right by 4. Exact, with no
+/// masking and no integer-to-float conversion.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+fn int4_lookup16(table: __m512, c: &[u8; GROUP_BYTES]) -> [__m512; 4] {
+    let (halves, _) = c.as_chunks::<16>();
+    // SAFETY: each half is 16 readable bytes; unaligned loads are allowed.
+    let (i0, i1) = unsafe {
+        (
+            _mm512_cvtepu8_epi32(_mm_loadu_si128(halves[0].as_ptr().cast())),
+            _mm512_cvtepu8_epi32(_mm_loadu_si128(halves[1].as_ptr().cast())),
+        )
+    };
+    [
+        _mm512_permutexvar_ps(i0, table),
+        _mm512_permutexvar_ps(i1, table),
+        _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(i0), table),
+        _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(i1), table),
+    ]
+}
+
 /// INT4-gs64 rows of `cols` inputs (`codes`, `scales`: whole rows) with each input (whole
-/// groups), with AVX-512, into `out[r * stride + t]`: per row and input, each group's
-/// `sum q_i x_i` in 16 lanes (`(q0 x0 + q2 x2) + (q1 x1 + q3 x3)` over its four 16-element
+/// groups), with AVX-512, into `out[r * stride + t]`. The 4-bit codes are decoded by table
+/// lookup ([`int4_lookup16`]). Per row and input, each group's `sum q_i x_i` in 16 lanes (`(q0 x0 + q2 x2) + (q1 x1 + q3 x3)` over its four 16-element
 /// quarters), times the group's scale into accumulator `g % 2`; one horizontal sum at the end.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
 pub fn int4_dot_avx512<const T: usize, const R: usize>(
@@ -677,6 +707,7 @@ pub fn int4_dot_avx512<const T: usize, const R: usize>(
     for t in 0..T {
         xg[t] = &xs[t].as_chunks::<GROUP>().0[..n];
     }
+    let table = load16(&INT4_VALUES);
     let step = k_step::<R>(n, GROUP * 4 * T, 2);
     let mut r0 = 0;
     while r0 < rows {
@@ -697,9 +728,7 @@ pub fn int4_dot_avx512<const T: usize, const R: usize>(
                     ($g:expr, $acc:expr) => {{
                         let g: usize = $g;
                         let d = _mm512_set1_ps(f16_to_f32(sc[g]));
-                        let [q0, q1, q2, q3] = int4_quarters(&cg[g]);
-                        let (q0, q1) = (widen16_i8(q0), widen16_i8(q1));
-                        let (q2, q3) = (widen16_i8(q2), widen16_i8(q3));
+                        let [q0, q1, q2, q3] = int4_lookup16(table, &cg[g]);
                         for t in 0..T {
                             let (x16, _) = xg[t][g].as_chunks::<16>();
                             let s0 = _mm512_mul_ps(q0, load16(&x16[0]));
@@ -894,13 +923,14 @@ pub fn int4_dot_q8_vnni<const T: usize, const R: usize>(
                         let v = unsafe { _mm256_loadu_si256(cg[g].as_ptr().cast()) };
                         let lo = _mm256_and_si256(v, mask);
                         let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask);
-                        let d = f16_to_f32(sc[g]);
+                        let d = _mm256_set1_ps(f16_to_f32(sc[g]));
                         for t in 0..T {
                             let (ps, _) = pg[t][g].as_chunks::<32>();
                             let start = _mm256_zextsi128_si256(_mm_cvtsi32_si128(bias[t][g]));
                             let sum = _mm256_dpbusd_epi32(start, lo, load32_i8(&ps[0]));
                             let sum = _mm256_dpbusd_epi32(sum, hi, load32_i8(&ps[1]));
-                            let ds = _mm256_set1_ps(d * sx[t][g]);
+                            // `d * s_g` in every lane (a broadcast operand, not a scalar product).
+                            let ds = _mm256_mul_ps(d, _mm256_set1_ps(sx[t][g]));
                             $acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), ds, $acc[t]);
                         }
                     }};
@@ -1021,14 +1051,34 @@ pub fn int8_dot_q8_vnni<const T: usize, const R: usize>(
     }
 }
 
+/// `2^(e - 127) / 2` for each MXFP4 scale byte `e` (`mxfp4::scale_f32(e) * 0.5`): the
+/// weight scale of the doubled E2M1 values, looked up rather than rebuilt per block.
+static HALF_SCALES: [f32; 256] = {
+    let mut t = [0.0f32; 256];
+    let mut e = 0;
+    while e < 256 {
+        t[e] = mxfp4::scale_f32(e as u8) * 0.5;
+        e += 1;
+    }
+    t
+};
+
 /// The integer-kernel dot products of MXFP4 rows of `cols` inputs (`codes`, `scales`: whole
 /// rows) with each of `T` quantized inputs ([`super::q8::mxfp4_dot_reference`]), with AVX-512
-/// VNNI, in 256-bit registers, into `out[r * stride + t]`. Per block, the 32 codes in element
-/// order are looked up (`vpshufb`) in the doubled E2M1 values [`mxfp4::FP4_DOUBLED`]
-/// (integers in -12..=12); `vpdpbusd` multiplies their magnitudes with the activation codes
-/// carrying the weight's sign (`vpsignb`; exact since `|p| <= 127`), so each of the 8 i32
-/// lanes holds an exact partial `sum 2 FP4[c] p`; converted to f32 and multiplied by
-/// `(2^(e - 127) / 2) * s_g` into accumulator `b % 2`; one horizontal sum at the end.
+/// VNNI, into `out[r * stride + t]`, one activation group (two blocks) a 512-bit step.
+///
+/// Per row and block pair (shared by every input): the pair's 32 code bytes, broadcast to
+/// both halves of a register, the upper half shifted right by 4 (`vpsrlvw`), masked to
+/// nibbles and looked up (`vpshufb`) in the doubled E2M1 values [`mxfp4::FP4_DOUBLED`] give
+/// the signed weights `w` (integers in -12..=12) of the even elements of each block, then the
+/// odd ones, which is the order of [`QuantizedX::mxfp4_codes`] (the activations as unsigned
+/// `p + 128`, reordered once per input). With `c = -128 sum w` per i32 lane (a `vpdpbusd` of
+/// 128s), each input costs one `vpdpbusd` started from `c`, so each of the 16 lanes holds an
+/// exact partial `sum 2 FP4[c_i] p_i` of one block (lanes `0..4` and `8..12` block `2 g`,
+/// the others block `2 g + 1`). Lanes `i` and `i + 8` are added (exactly) into 8 lanes,
+/// which are converted to f32 and multiplied by `(2^(e_b - 127) / 2) * s_g` (the block
+/// scales from [`HALF_SCALES`]) into 256-bit accumulator `g % 2`. A last odd block is decoded
+/// with a zero second block into accumulator 1; one horizontal sum at the end.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub fn mxfp4_dot_q8_vnni<const T: usize, const R: usize>(
     codes: &[u8],
@@ -1039,6 +1089,7 @@ pub fn mxfp4_dot_q8_vnni<const T: usize, const R: usize>(
     out: &mut [f32],
     stride: usize,
 ) {
+    const PAIR_BYTES: usize = 2 * BLOCK_BYTES;
     let (rb, bpr) = (mxfp4::row_bytes(cols), mxfp4::blocks(cols));
     if rows.checked_mul(rb).is_none_or(|len| len > codes.len())
         || rows.checked_mul(bpr).is_none_or(|len| len > scales.len())
@@ -1046,65 +1097,91 @@ pub fn mxfp4_dot_q8_vnni<const T: usize, const R: usize>(
         return;
     }
     // Block `b` meets activation group `b / 2` (two blocks a group of 64).
-    let n = xs.iter().fold(bpr, |n, x| n.min(x.codes().len() / BLOCK).min(2 * x.scales().len()));
-    let mut pb: [&[[i8; BLOCK]]; T] = [&[]; T];
+    let n = xs.iter().fold(bpr, |n, x| n.min(x.mxfp4_codes().len() / BLOCK).min(2 * x.scales().len()));
+    let (pairs, odd) = (n / 2, n % 2 == 1);
+    let mut pu: [&[[u8; GROUP]]; T] = [&[]; T];
     let mut sx: [&[f32]; T] = [&[]; T];
     for t in 0..T {
-        pb[t] = &xs[t].codes().as_chunks::<BLOCK>().0[..n];
-        sx[t] = xs[t].scales();
+        pu[t] = &xs[t].mxfp4_codes().as_chunks::<GROUP>().0[..n.div_ceil(2)];
+        sx[t] = &xs[t].scales()[..n.div_ceil(2)];
     }
     // SAFETY: 16 readable bytes; unaligned loads are allowed.
-    let table = _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(mxfp4::FP4_DOUBLED.as_ptr().cast()) });
-    let mask = _mm256_set1_epi8(0x0f);
-    let step = k_step::<R>(n, BLOCK * T, 2);
+    let table = _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(mxfp4::FP4_DOUBLED.as_ptr().cast()) });
+    let mask = _mm512_set1_epi8(0x0f);
+    // Shift counts for `vpsrlvw`: 0 in the lower 256 bits (low nibbles), 4 in the upper.
+    let shifts = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi16(4));
+    let u128s = _mm512_set1_epi8(-128);
+    let zero = _mm512_setzero_si512();
+    // One block pair's weights (`v`: its code bytes in both halves) and the lanes' scales
+    // (`e0`, `e1`: the blocks' `2^(e - 127) / 2`) into `$acc[t]`, for pair `$g` of the inputs.
+    macro_rules! pair {
+        ($v:expr, $e0:expr, $e1:expr, $g:expr, $acc:expr) => {{
+            let (v, g): (__m512i, usize) = ($v, $g);
+            let w = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srlv_epi16(v, shifts), mask));
+            let c = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, u128s, w));
+            let e = _mm256_set_m128(_mm_set1_ps($e1), _mm_set1_ps($e0));
+            for t in 0..T {
+                // SAFETY: `pu[t][g]` is 64 readable bytes; unaligned loads are allowed.
+                let p = unsafe { _mm512_loadu_si512(pu[t][g].as_ptr().cast()) };
+                let sum = _mm512_dpbusd_epi32(c, p, w);
+                // Lanes `i` and `i + 8` belong to the same block: fold them (exactly) first,
+                // so the float work is on 8 lanes.
+                let sum = _mm256_add_epi32(_mm512_castsi512_si256(sum), _mm512_extracti64x4_epi64::<1>(sum));
+                let ds = _mm256_mul_ps(e, _mm256_set1_ps(sx[t][g]));
+                $acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), ds, $acc[t]);
+            }
+        }};
+    }
+    let step = k_step::<R>(pairs, GROUP * T, 2);
     let mut r0 = 0;
     while r0 < rows {
         let rr = R.min(rows - r0);
         let mut state = [[[_mm256_setzero_ps(); T]; 2]; R];
-        let mut b0 = 0;
-        while b0 < n {
-            let b1 = n.min(b0 + step);
+        let mut g0 = 0;
+        while g0 < pairs {
+            let g1 = pairs.min(g0 + step);
             for (r, st) in state.iter_mut().enumerate().take(rr) {
                 prefetch_next::<_, R>(r0 + r, rows, |r| {
                     [
-                        &codes[r * rb + b0 * BLOCK_BYTES..r * rb + b1 * BLOCK_BYTES],
-                        &scales[r * bpr + b0..r * bpr + b1],
+                        &codes[r * rb + g0 * PAIR_BYTES..r * rb + g1 * PAIR_BYTES],
+                        &scales[r * bpr + 2 * g0..r * bpr + 2 * g1],
                     ]
                 });
-                let cb = &codes[(r0 + r) * rb..][..rb].as_chunks::<BLOCK_BYTES>().0[..n];
+                let cp = &codes[(r0 + r) * rb..][..rb].as_chunks::<PAIR_BYTES>().0[..pairs];
                 let sc = &scales[(r0 + r) * bpr..][..n];
                 let mut acc = *st;
-                macro_rules! block {
-                    ($b:expr, $acc:expr) => {{
-                        let b: usize = $b;
-                        let (lo, hi) = mxfp4_nibbles(&cb[b]);
-                        // `vpshufb` zeroes a lane whose index has bit 7 set: mask first.
-                        let idx = _mm256_and_si256(_mm256_set_m128i(hi, lo), mask);
-                        let w = _mm256_shuffle_epi8(table, idx);
-                        let a = _mm256_abs_epi8(w);
-                        let d = mxfp4::scale_f32(sc[b]) * 0.5;
-                        for t in 0..T {
-                            let p = _mm256_sign_epi8(load32_i8(&pb[t][b]), w);
-                            let sum = _mm256_dpbusd_epi32(_mm256_setzero_si256(), a, p);
-                            let ds = _mm256_set1_ps(d * sx[t][b / 2]);
-                            $acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), ds, $acc[t]);
-                        }
+                macro_rules! step {
+                    ($g:expr, $acc:expr) => {{
+                        let g: usize = $g;
+                        // SAFETY: `cp[g]` is 32 readable bytes; unaligned loads are allowed.
+                        let v = _mm512_broadcast_i64x4(unsafe { _mm256_loadu_si256(cp[g].as_ptr().cast()) });
+                        let (e0, e1) = (HALF_SCALES[sc[2 * g] as usize], HALF_SCALES[sc[2 * g + 1] as usize]);
+                        pair!(v, e0, e1, g, $acc);
                     }};
                 }
-                let mut b = b0;
-                while b + 2 <= b1 {
-                    block!(b, acc[0]);
-                    block!(b + 1, acc[1]);
-                    b += 2;
+                let mut g = g0;
+                while g + 2 <= g1 {
+                    step!(g, acc[0]);
+                    step!(g + 1, acc[1]);
+                    g += 2;
                 }
-                if b < b1 {
-                    block!(b, acc[0]);
+                if g < g1 {
+                    step!(g, acc[0]);
                 }
                 *st = acc;
             }
-            b0 = b1;
+            g0 = g1;
         }
-        for (r, acc) in state.iter().enumerate().take(rr) {
+        for (r, acc) in state.iter_mut().enumerate().take(rr) {
+            if odd {
+                let b = n - 1;
+                let tail = &codes[(r0 + r) * rb + b * BLOCK_BYTES..][..BLOCK_BYTES];
+                // SAFETY: `tail` is 16 readable bytes; the second block's codes are 0 (value 0).
+                let v = _mm512_broadcast_i64x4(_mm256_zextsi128_si256(unsafe {
+                    _mm_loadu_si128(tail.as_ptr().cast())
+                }));
+                pair!(v, HALF_SCALES[scales[(r0 + r) * bpr + b] as usize], 0.0, pairs, acc[1]);
+            }
             let mut s = [0.0f32; T];
             for t in 0..T {
                 s[t] = hsum256(_mm256_add_ps(acc[0][t], acc[1][t]));
