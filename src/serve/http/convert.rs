@@ -27,6 +27,9 @@ pub(crate) struct Plan {
     pub include_usage: bool,
     /// Return token IDs (extension).
     pub return_token_ids: bool,
+    /// The functions the model may call: the declared tools, none with `tool_choice: "none"`.
+    /// A message addressed to anything else is text.
+    pub declared_functions: Vec<String>,
 }
 
 /// The namespace of OpenAI function tools in Harmony.
@@ -126,6 +129,7 @@ pub(crate) fn plan(req: ChatRequest, date: &str, seed: u64) -> Result<Plan, ApiE
         SystemContent::new().with_reasoning_effort(effort).with_conversation_start_date(date),
     )];
     let tools = if use_tools { tools } else { Vec::new() };
+    let declared_functions = tools.iter().map(|t| t.name.clone()).collect();
     if !instructions.is_empty() || !tools.is_empty() {
         let mut developer = DeveloperContent::new();
         if !instructions.is_empty() {
@@ -144,6 +148,7 @@ pub(crate) fn plan(req: ChatRequest, date: &str, seed: u64) -> Result<Plan, ApiE
         stream: req.stream.unwrap_or(false),
         include_usage: req.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
         return_token_ids: req.return_token_ids.unwrap_or(false),
+        declared_functions,
     })
 }
 
