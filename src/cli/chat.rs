@@ -149,7 +149,8 @@ pub fn require_harmony_vocab(vocab: usize) -> anyhow::Result<()> {
     anyhow::ensure!(
         vocab == VOCAB_SIZE,
         "this model's vocabulary has {vocab} tokens, not the {VOCAB_SIZE} of o200k_harmony; chat needs a GPT-OSS \
-         vocabulary (use `generate --ids` for raw token IDs)"
+         vocabulary: pass -m with a GPT-OSS checkpoint (or, to try it out, a random one: `picchio synth --shape \
+         tiny DIR`), or use `generate --ids` for raw token IDs"
     );
     Ok(())
 }
