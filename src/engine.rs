@@ -460,6 +460,11 @@ pub fn runner(
     gpu: &GpuOptions,
     verify: bool,
 ) -> Result<Box<dyn Runner>> {
+    // A context the model cannot take is the caller's error on every device, not a reason
+    // for `auto` to try the CPU.
+    if opts.ctx == 0 || opts.ctx > model.config.max_position_embeddings {
+        check_context(&model.config, opts.ctx, KvPlacement::Host)?;
+    }
     let primary = match device {
         Device::Cpu => cpu_runner(model, opts)?,
         Device::Gpu => gpu_runner(model, opts, &GpuOptions { allow_software: true, ..gpu.clone() })?,

@@ -9,13 +9,14 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// Everything that can go wrong while loading or running a model.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    /// An operating-system I/O failure on a named file.
-    #[error("{path}: {source}")]
+    /// An operating-system I/O failure on a named file. The OS error is part of the
+    /// message and not a separate `source()`, so a printed chain (`{:#}`) says it once.
+    #[error("{path}: {cause}")]
     Io {
         /// The file being read or written.
         path: PathBuf,
         /// The underlying error.
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// `config.json` is missing a key, has a value of the wrong type, or an impossible value.
     #[error("{path}: {message}")]
@@ -69,7 +70,7 @@ pub enum Error {
 impl Error {
     /// An I/O error on `path`.
     pub fn io(path: impl AsRef<Path>, source: std::io::Error) -> Self {
-        Error::Io { path: path.as_ref().to_path_buf(), source }
+        Error::Io { path: path.as_ref().to_path_buf(), cause: source }
     }
 
     /// A format error in `path`.

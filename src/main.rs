@@ -7,6 +7,7 @@ use clap::Parser;
 mod cli;
 
 fn main() -> ExitCode {
+    cli::runtime_dir::ensure();
     let args = cli::Cli::parse();
     cli::init_logging(args.verbose, args.quiet);
     match cli::run(args) {

@@ -33,6 +33,7 @@ fn second_turn_reuses_the_prefix_and_matches_a_fresh_session() {
     let opts = TurnOptions {
         max_tokens: Some(12),
         sampling: SamplingParams { temperature: 0.8, seed: 11, ..Default::default() },
+        declared_functions: Vec::new(),
     };
     let mut convo = Conversation::from_messages([system(), Message::user("Hello there")]);
     let mut s = session(model.path());
@@ -64,7 +65,11 @@ fn a_stopped_turn_keeps_the_session_consistent() {
     let model = common::tiny_real_vocab();
     let harmony = HarmonyEncoding::new();
     let convo = Conversation::from_messages([system(), Message::user("Count to ten")]);
-    let opts = TurnOptions { max_tokens: Some(20), sampling: SamplingParams::default() };
+    let opts = TurnOptions {
+        max_tokens: Some(20),
+        sampling: SamplingParams::default(),
+        declared_functions: Vec::new(),
+    };
     let mut s = session(model.path());
     let mut seen = 0;
     let cut = complete(&mut s, &harmony, &convo, &opts, &mut |_| {
@@ -87,12 +92,17 @@ fn the_default_limit_is_the_room_after_the_new_prompt() {
     let harmony = HarmonyEncoding::new();
     let mut s = session(model.path());
     let long = Conversation::from_messages([system(), Message::user("a long question ".repeat(100))]);
-    let one = TurnOptions { max_tokens: Some(1), sampling: SamplingParams::default() };
+    let one = TurnOptions {
+        max_tokens: Some(1),
+        sampling: SamplingParams::default(),
+        declared_functions: Vec::new(),
+    };
     complete(&mut s, &harmony, &long, &one, &mut |_| true).unwrap();
     let stale_room = s.capacity() - s.pos();
 
     let short = Conversation::from_messages([system(), Message::user("Hi")]);
-    let opts = TurnOptions { max_tokens: None, sampling: SamplingParams::default() };
+    let opts =
+        TurnOptions { max_tokens: None, sampling: SamplingParams::default(), declared_functions: Vec::new() };
     let turn = complete(&mut s, &harmony, &short, &opts, &mut |_| true).unwrap();
     assert!(turn.prompt_tokens + stale_room < s.capacity(), "the test needs a short second prompt");
     assert!(
@@ -128,7 +138,11 @@ fn a_limit_is_clamped_to_the_room_and_complete_prompt_matches_complete() {
     let prompt = render_prompt(&harmony, &convo).unwrap();
     let mut s = session(model.path());
     let room = s.capacity() - prompt.len();
-    let within = TurnOptions { max_tokens: Some(5), sampling: SamplingParams::default() };
+    let within = TurnOptions {
+        max_tokens: Some(5),
+        sampling: SamplingParams::default(),
+        declared_functions: Vec::new(),
+    };
     let a = complete_prompt(&mut s, &harmony, &prompt, &within, &mut |_| true).unwrap();
     let mut fresh = session(model.path());
     let b = complete(&mut fresh, &harmony, &convo, &within, &mut |_| true).unwrap();
@@ -138,7 +152,11 @@ fn a_limit_is_clamped_to_the_room_and_complete_prompt_matches_complete() {
         assert_eq!(a.completion_tokens, 5);
     }
 
-    let beyond = TurnOptions { max_tokens: Some(room + 1000), sampling: SamplingParams::default() };
+    let beyond = TurnOptions {
+        max_tokens: Some(room + 1000),
+        sampling: SamplingParams::default(),
+        declared_functions: Vec::new(),
+    };
     let c = complete_prompt(&mut s, &harmony, &prompt, &beyond, &mut |_| true).unwrap();
     assert!(c.completion_tokens <= room);
     if !matches!(c.stop, StopReason::Stop(_)) {

@@ -25,6 +25,7 @@ pub mod harmony;
 pub mod json;
 pub mod message;
 pub mod parser;
+pub mod recovery;
 mod schema;
 pub mod tokenizer;
 pub mod turn;
@@ -36,6 +37,7 @@ pub use message::{
     ToolDescription, ToolNamespace,
 };
 pub use parser::{ParseOptions, ParserState, StreamParser};
+pub use recovery::{Delta, DeltaKind, TurnParser, parse_turn};
 pub use tokenizer::{StreamDecoder, Tokenizer, VOCAB_SIZE};
 pub use turn::{
     ChatEvent, TurnOptions, TurnOutcome, complete, complete_prompt, render_prompt, today_utc,

@@ -9,7 +9,7 @@
 use crate::chat::RenderConfig;
 use crate::chat::harmony::HarmonyEncoding;
 use crate::chat::message::{Conversation, Message, Role};
-use crate::chat::parser::{ParseOptions, ParserState};
+use crate::chat::recovery::{Delta, DeltaKind, TurnParser};
 use crate::chat::tokenizer::special;
 use crate::error::Result;
 use crate::sample::{Sampler, SamplingParams};
@@ -22,7 +22,9 @@ pub enum ChatEvent<'a> {
     Reasoning(&'a str),
     /// Text added to the answer (the `final` channel).
     Answer(&'a str),
-    /// Text added to a tool call's arguments (a message addressed to `recipient`).
+    /// Text added to a call of a declared function (a message addressed to `recipient`).
+    /// The first event of each call has empty text: it announces the call, so a call
+    /// without arguments is seen and two calls of one function are told apart.
     ToolCall {
         /// Who the call is for, e.g. `functions.get_weather`.
         recipient: &'a str,
@@ -34,9 +36,6 @@ pub enum ChatEvent<'a> {
     /// A token was generated (sent for every token, before any text it adds), so a caller
     /// can stop the turn at any point, not only when text appears.
     Token(u32),
-    /// Text the model generated outside the Harmony structure (after a token the parser
-    /// could not place), decoded as it comes so the user still sees what the model says.
-    Unparsed(&'a str),
 }
 
 /// Settings of one turn.
@@ -49,6 +48,10 @@ pub struct TurnOptions {
     pub max_tokens: Option<usize>,
     /// Sampling settings.
     pub sampling: SamplingParams,
+    /// The functions the model may call (bare names: `get_weather` for
+    /// `to=functions.get_weather`). A message addressed to anything else is text; empty
+    /// means no tool calls at all (see [`crate::chat::recovery`]).
+    pub declared_functions: Vec<String>,
 }
 
 /// What a turn did.
@@ -133,74 +136,21 @@ pub fn complete_prompt(
     let mut sampler = Sampler::new(opts.sampling.clone())?;
     let reused = session.reuse_prefix(prompt)?;
     let stops = turn_stop_tokens(session.runner().config().vocab_size);
-    let mut parser = harmony.stream_parser(Some(Role::Assistant));
-    let mut parse_error = None;
-    let mut raw = harmony.tokenizer().stream_decoder();
-    let mut header: Vec<u32> = Vec::new();
+    let mut parser = TurnParser::new(*harmony, &opts.declared_functions);
     let mut on_token = |id: u32| -> bool {
         if !on_event(ChatEvent::Token(id)) {
             return false;
         }
-        let mut pending = vec![id];
-        if parse_error.is_none() {
-            match parser.push(id) {
-                Err(e) => parse_error = Some(e.to_string()),
-                Ok(()) if parser.state() == ParserState::Header => {
-                    header.push(id);
-                    if header.len() > MAX_HEADER_TOKENS {
-                        parse_error =
-                            Some(format!("a message header longer than {MAX_HEADER_TOKENS} tokens"));
-                        pending = std::mem::take(&mut header);
-                    }
-                }
-                Ok(()) => header.clear(),
-            }
-        }
-        if parse_error.is_some() {
-            // The model produced something that is not Harmony: keep generating (the turn
-            // ends at a stop token or the limit), stop parsing, show the text as it is.
-            let mut keep_going = true;
-            for t in pending {
-                if let Ok(Some(text)) = raw.push(t)
-                    && !harmony.tokenizer().is_special(t)
-                {
-                    keep_going &= on_event(ChatEvent::Unparsed(&text));
-                }
-            }
-            return keep_going;
-        }
-        let Some(delta) = parser.last_content_delta() else { return true };
-        let event = match (parser.current_recipient(), parser.current_channel()) {
-            (Some(recipient), _) => ChatEvent::ToolCall { recipient, text: delta },
-            (None, Some("analysis")) => ChatEvent::Reasoning(delta),
-            (None, Some("final")) => ChatEvent::Answer(delta),
-            (None, _) => ChatEvent::Commentary(delta),
-        };
-        on_event(event)
+        parser.push(id).iter().all(|delta| on_event(delta_event(delta)))
     };
     let generation = session.generate(&prompt[reused..], max_new, &mut sampler, &stops, &mut on_token)?;
-    let stop = generation.stop;
-    if let Some(e) = parse_error {
-        tracing::warn!("the generated tokens are not valid Harmony from some point on: {e}");
-    }
-    // A turn cut short leaves a partial message: keep what was said.
-    let _ = parser.finish();
-    let mut messages = parser.messages().to_vec();
-    if messages.is_empty() || !matches!(stop, StopReason::Stop(_)) {
-        let lenient = harmony.parse_messages_with_options(
-            &generation.tokens,
-            Some(Role::Assistant),
-            ParseOptions { strict: false },
-        );
-        if let Ok(m) = lenient
-            && m.len() >= messages.len()
-        {
-            messages = m;
-        }
+    // A turn cut short leaves a partial message: keep (and show) what was said.
+    for delta in parser.finish() {
+        on_event(delta_event(&delta));
     }
     Ok(TurnOutcome {
-        messages,
-        stop,
+        messages: parser.into_messages(),
+        stop: generation.stop,
         prompt_tokens: prompt.len(),
         reused,
         completion_tokens: generation.tokens.len(),
@@ -208,9 +158,16 @@ pub fn complete_prompt(
     })
 }
 
-/// Longest message header (`<|channel|>final to=... <|constrain|>json`) accepted before
-/// the output is treated as not Harmony.
-const MAX_HEADER_TOKENS: usize = 48;
+/// The event of a parsed delta.
+fn delta_event(delta: &Delta) -> ChatEvent<'_> {
+    let text = delta.text.as_str();
+    match &delta.kind {
+        DeltaKind::Reasoning => ChatEvent::Reasoning(text),
+        DeltaKind::Answer => ChatEvent::Answer(text),
+        DeltaKind::Commentary => ChatEvent::Commentary(text),
+        DeltaKind::ToolCall(recipient) => ChatEvent::ToolCall { recipient, text },
+    }
+}
 
 /// Today's date in UTC as `YYYY-MM-DD` (for the system message).
 pub fn today_utc() -> String {

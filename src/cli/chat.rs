@@ -112,7 +112,12 @@ impl ChatSettings {
     /// [`complete`], which knows the rendered prompt's length and so what the context has
     /// left for the answer.
     pub fn turn(&self, turn: u64) -> TurnOptions {
-        TurnOptions { max_tokens: self.max_tokens, sampling: self.sampling_with(turn, 1.0) }
+        // No tools are declared here, so the model's calls are shown as its commentary.
+        TurnOptions {
+            max_tokens: self.max_tokens,
+            sampling: self.sampling_with(turn, 1.0),
+            declared_functions: Vec::new(),
+        }
     }
 }
 
@@ -144,7 +149,8 @@ pub fn require_harmony_vocab(vocab: usize) -> anyhow::Result<()> {
     anyhow::ensure!(
         vocab == VOCAB_SIZE,
         "this model's vocabulary has {vocab} tokens, not the {VOCAB_SIZE} of o200k_harmony; chat needs a GPT-OSS \
-         vocabulary (use `generate --ids` for raw token IDs)"
+         vocabulary: pass -m with a GPT-OSS checkpoint (or, to try it out, a random one: `picchio synth --shape \
+         tiny DIR`), or use `generate --ids` for raw token IDs"
     );
     Ok(())
 }
@@ -158,7 +164,12 @@ struct Printer {
 
 impl Printer {
     fn event(&mut self, e: ChatEvent<'_>) {
-        let mut out = std::io::stdout().lock();
+        self.write_event(&mut std::io::stdout().lock(), e);
+    }
+
+    /// Writes one event: a tool call's label once, when the call opens (its first,
+    /// empty event), then its arguments as they come.
+    fn write_event(&mut self, out: &mut impl Write, e: ChatEvent<'_>) {
         match e {
             ChatEvent::Reasoning(t) if !self.hide_reasoning => {
                 if !self.in_reasoning {
@@ -168,13 +179,16 @@ impl Printer {
                 let _ = write!(out, "{t}");
             }
             ChatEvent::Reasoning(_) | ChatEvent::Token(_) => {}
-            ChatEvent::Answer(t) | ChatEvent::Commentary(t) | ChatEvent::Unparsed(t) => {
-                self.end_reasoning(&mut out);
+            ChatEvent::Answer(t) | ChatEvent::Commentary(t) => {
+                self.end_reasoning(out);
                 let _ = write!(out, "{t}");
             }
-            ChatEvent::ToolCall { recipient, text } => {
-                self.end_reasoning(&mut out);
-                let _ = write!(out, "[call {recipient}] {text}");
+            ChatEvent::ToolCall { recipient, text: "" } => {
+                self.end_reasoning(out);
+                let _ = write!(out, "[call {recipient}] ");
+            }
+            ChatEvent::ToolCall { text, .. } => {
+                let _ = write!(out, "{text}");
             }
         }
         let _ = out.flush();
@@ -336,4 +350,29 @@ fn load(path: &Path) -> anyhow::Result<SavedChat> {
         .with_context(|| format!("{} is not a saved picchio chat", path.display()))?;
     anyhow::ensure!(saved.format == "picchio-chat/1", "{}: unknown format {}", path.display(), saved.format);
     Ok(saved)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tool_call_is_labelled_once() {
+        let mut printer = Printer { color: false, hide_reasoning: false, in_reasoning: false };
+        let mut out = Vec::new();
+        let recipient = "functions.get_weather";
+        for e in [
+            ChatEvent::Reasoning("Call it."),
+            ChatEvent::Token(1),
+            ChatEvent::ToolCall { recipient, text: "" },
+            ChatEvent::ToolCall { recipient, text: "{\"city\"" },
+            ChatEvent::ToolCall { recipient, text: ": \"Rome\"}" },
+        ] {
+            printer.write_event(&mut out, e);
+        }
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "[reasoning] Call it.\n\n[call functions.get_weather] {\"city\": \"Rome\"}"
+        );
+    }
 }

@@ -198,9 +198,9 @@ fn chat_turn(args: &GenerateArgs, text: &str) -> anyhow::Result<()> {
     writeln!(out)?;
     if outcome.answer().is_none() {
         tracing::warn!(
-            "the model gave no final answer ({} tokens, stop: {:?})",
-            outcome.completion_tokens,
-            outcome.stop
+            "the model gave no final answer: {} after {} tokens",
+            describe_stop(outcome.stop),
+            outcome.completion_tokens
         );
     }
     if args.model.stats {
@@ -209,9 +209,32 @@ fn chat_turn(args: &GenerateArgs, text: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Why a `-p` turn ended, in words (no raw token IDs).
+fn describe_stop(stop: StopReason) -> String {
+    use picchio::chat::tokenizer::special;
+    match stop {
+        StopReason::Stop(special::CALL) => {
+            "it tried to call a tool (generate -p declares none, so the call is not run)".to_string()
+        }
+        StopReason::Stop(special::RETURN) => "it ended its turn".to_string(),
+        StopReason::Stop(special::ENDOFTEXT) => "it ended the text".to_string(),
+        StopReason::Stop(t) => format!("it stopped at token {t}"),
+        StopReason::MaxTokens => "it reached --max-tokens".to_string(),
+        StopReason::ContextFull => "the context is full (see --ctx)".to_string(),
+        StopReason::Cancelled => "it was stopped".to_string(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn stops_are_described_without_raw_ids() {
+        let call = describe_stop(StopReason::Stop(picchio::chat::tokenizer::special::CALL));
+        assert!(call.contains("call a tool") && !call.contains("200012"), "{call}");
+        assert_eq!(describe_stop(StopReason::MaxTokens), "it reached --max-tokens");
+    }
 
     #[test]
     fn ids_parse_across_lines() {

@@ -6,6 +6,7 @@ mod chat;
 mod convert;
 mod devices;
 mod generate;
+pub mod runtime_dir;
 mod serve;
 mod synth;
 mod verify;
@@ -294,6 +295,8 @@ pub fn init_logging(verbose: u8, quiet: bool) {
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        // Colour only for a terminal: a log file or pipe gets plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .without_time()
         .init();

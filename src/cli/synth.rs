@@ -1,6 +1,6 @@
 //! `picchio synth`: write a random GPT-OSS checkpoint of exact shape.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Context;
@@ -12,9 +12,9 @@ use picchio::system::gib;
 /// Arguments of `picchio synth`.
 #[derive(Args, Debug)]
 pub struct SynthArgs {
-    /// Output directory (a Hugging Face checkpoint).
+    /// Output directory (a Hugging Face checkpoint): new, or empty.
     out: PathBuf,
-    /// Starting shape; every dimension below overrides it.
+    /// Starting shape (default: the full 20B, about 13 GB); every dimension below overrides it.
     #[arg(long, value_enum, default_value_t = SynthShape::GptOss20b)]
     shape: SynthShape,
     /// Decoder layers.
@@ -55,8 +55,30 @@ pub struct SynthArgs {
     shard_gb: f64,
 }
 
+/// Refuses an output directory that exists and is not empty: synth writes gigabytes of
+/// shards and would mix them with what is there.
+fn check_out_dir(out: &Path) -> anyhow::Result<()> {
+    match std::fs::read_dir(out) {
+        Ok(mut entries) => {
+            anyhow::ensure!(
+                entries.next().is_none(),
+                "{} is not empty; synth writes a new checkpoint (the default shape is the full 20B, \
+                 about 13 GB) only into a new or empty directory",
+                out.display()
+            );
+            Ok(())
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => {
+            anyhow::bail!("{} exists and is not a directory", out.display())
+        }
+        Err(e) => Err(e).with_context(|| format!("reading {}", out.display())),
+    }
+}
+
 /// Runs `picchio synth`.
 pub fn run(a: SynthArgs) -> anyhow::Result<()> {
+    check_out_dir(&a.out)?;
     let mut s = SynthSpec::of(a.shape);
     let set = |dst: &mut usize, v: Option<usize>| {
         if let Some(v) = v {
@@ -105,4 +127,21 @@ pub fn run(a: SynthArgs) -> anyhow::Result<()> {
         t0.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_new_or_empty_directory_is_written() {
+        let tmp = tempfile::tempdir().unwrap();
+        assert!(check_out_dir(&tmp.path().join("new")).is_ok());
+        assert!(check_out_dir(tmp.path()).is_ok());
+        std::fs::write(tmp.path().join("notes.txt"), "keep me").unwrap();
+        let e = check_out_dir(tmp.path()).unwrap_err().to_string();
+        assert!(e.contains("is not empty"), "{e}");
+        let e = check_out_dir(&tmp.path().join("notes.txt")).unwrap_err().to_string();
+        assert!(e.contains("not a directory"), "{e}");
+    }
 }

@@ -5,6 +5,8 @@ use std::path::PathBuf;
 use anyhow::Context;
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
+use picchio::format::container::convert::is_hf_checkpoint;
+use picchio::format::container::is_container;
 use picchio::format::container::verify::verify;
 use picchio::system::gib;
 
@@ -17,6 +19,15 @@ pub struct VerifyArgs {
 
 /// Runs `picchio verify`; fails if anything does not match.
 pub fn run(args: VerifyArgs) -> anyhow::Result<()> {
+    let dir = &args.dir;
+    if !is_container(dir) && is_hf_checkpoint(dir) {
+        anyhow::bail!(
+            "{} is a Hugging Face checkpoint, not a Picchio container: there is no manifest to verify \
+             against. Convert it first (`picchio convert {} OUT`), then verify OUT",
+            dir.display(),
+            dir.display()
+        );
+    }
     let bar = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
         let b = ProgressBar::new(0);
         b.set_style(ProgressStyle::with_template(

@@ -27,6 +27,9 @@ pub(crate) struct Plan {
     pub include_usage: bool,
     /// Return token IDs (extension).
     pub return_token_ids: bool,
+    /// The functions the model may call: the declared tools, none with `tool_choice: "none"`.
+    /// A message addressed to anything else is text.
+    pub declared_functions: Vec<String>,
 }
 
 /// The namespace of OpenAI function tools in Harmony.
@@ -34,6 +37,12 @@ const FUNCTIONS: &str = "functions";
 
 /// Parses a request body, naming the field at fault on error.
 pub(crate) fn parse_request(body: &[u8]) -> Result<ChatRequest, ApiError> {
+    // Valid JSON that is not an object (`[]`, `5`): say so, not what serde expected.
+    if body.trim_ascii_start().first() != Some(&b'{')
+        && serde_json::from_slice::<serde::de::IgnoredAny>(body).is_ok()
+    {
+        return Err(ApiError::invalid(None, "the body must be a JSON object (a chat completion request)"));
+    }
     let de = &mut serde_json::Deserializer::from_slice(body);
     let request: ChatRequest = serde_path_to_error::deserialize(&mut *de).map_err(|e| {
         let path = e.path().to_string();
@@ -45,8 +54,8 @@ pub(crate) fn parse_request(body: &[u8]) -> Result<ChatRequest, ApiError> {
             format!("the body is not valid JSON: {inner}")
         } else {
             match &param {
-                Some(p) => format!("invalid value for `{p}`: {inner}"),
-                None => format!("invalid request: {inner}"),
+                Some(p) => format!("invalid value for `{p}`: {}", without_type_names(&inner.to_string())),
+                None => format!("invalid request: {}", without_type_names(&inner.to_string())),
             }
         };
         ApiError::invalid(param.as_deref(), message)
@@ -56,6 +65,21 @@ pub(crate) fn parse_request(body: &[u8]) -> Result<ChatRequest, ApiError> {
         ApiError::invalid(None, format!("the body is not valid JSON: characters after the JSON value ({e})"))
     })?;
     Ok(request)
+}
+
+/// Serde's message with our Rust type names (`expected struct RequestMessage`) said in
+/// JSON's terms (`expected a JSON object`).
+fn without_type_names(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(i) = rest.find("expected struct ") {
+        out.push_str(&rest[..i]);
+        out.push_str("expected a JSON object");
+        rest = &rest[i + "expected struct ".len()..];
+        rest = &rest[rest.find(|c: char| !c.is_alphanumeric() && c != '_').unwrap_or(rest.len())..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// Checks a request and turns it into a Harmony conversation with sampling settings.
@@ -126,6 +150,7 @@ pub(crate) fn plan(req: ChatRequest, date: &str, seed: u64) -> Result<Plan, ApiE
         SystemContent::new().with_reasoning_effort(effort).with_conversation_start_date(date),
     )];
     let tools = if use_tools { tools } else { Vec::new() };
+    let declared_functions = tools.iter().map(|t| t.name.clone()).collect();
     if !instructions.is_empty() || !tools.is_empty() {
         let mut developer = DeveloperContent::new();
         if !instructions.is_empty() {
@@ -144,6 +169,7 @@ pub(crate) fn plan(req: ChatRequest, date: &str, seed: u64) -> Result<Plan, ApiE
         stream: req.stream.unwrap_or(false),
         include_usage: req.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
         return_token_ids: req.return_token_ids.unwrap_or(false),
+        declared_functions,
     })
 }
 
@@ -557,6 +583,17 @@ mod tests {
         assert_eq!((e.status.as_u16(), e.param), (400, None));
         let e = plan_json("[1, 2]").unwrap_err();
         assert_eq!(e.status.as_u16(), 400);
+        for body in ["[]", " [1, 2]", "5", "\"hi\"", "null"] {
+            let e = plan_json(body).unwrap_err();
+            assert_eq!(e.message, "the body must be a JSON object (a chat completion request)", "{body}");
+        }
+        let e = plan_json(r#"{"messages": [5]}"#).unwrap_err();
+        assert!(
+            !e.message.contains("struct") && e.message.contains("expected a JSON object"),
+            "{}",
+            e.message
+        );
+        assert_eq!(e.param.as_deref(), Some("messages[0]"));
     }
 
     #[test]

@@ -381,7 +381,11 @@ async fn chat(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<Response,
     app.submit(Job {
         prompt,
         // The worker clamps the limit to what the context has left after the prompt.
-        turn: TurnOptions { max_tokens: plan.max_tokens, sampling: plan.sampling },
+        turn: TurnOptions {
+            max_tokens: plan.max_tokens,
+            sampling: plan.sampling,
+            declared_functions: plan.declared_functions,
+        },
         events: tx,
         queued_at: Instant::now(),
     })?;

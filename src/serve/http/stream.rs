@@ -99,8 +99,9 @@ impl ChunkStream {
             }
             Piece::Content(t) => self.push_delta(Delta { content: Some(t), ..Delta::default() }, None),
             Piece::ToolCall { recipient, text } => {
+                // Each call opens with an empty piece (see `ChatEvent::ToolCall`).
                 let index = match &self.tool {
-                    Some((r, i)) if *r == recipient => *i,
+                    Some((r, i)) if *r == recipient && !text.is_empty() => *i,
                     _ => {
                         // A new call: its ID and name first, as OpenAI streams them.
                         let index = self.tool_calls;
@@ -119,6 +120,9 @@ impl ChunkStream {
                         index
                     }
                 };
+                if text.is_empty() {
+                    return;
+                }
                 self.push_tool_delta(ToolCallDelta {
                     index,
                     id: None,

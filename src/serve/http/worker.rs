@@ -201,9 +201,7 @@ fn run_job(
                 return !gone;
             }
             ChatEvent::Reasoning(t) => Piece::Reasoning(t.to_string()),
-            ChatEvent::Answer(t) | ChatEvent::Commentary(t) | ChatEvent::Unparsed(t) => {
-                Piece::Content(t.to_string())
-            }
+            ChatEvent::Answer(t) | ChatEvent::Commentary(t) => Piece::Content(t.to_string()),
             ChatEvent::ToolCall { recipient, text } => {
                 Piece::ToolCall { recipient: recipient.to_string(), text: text.to_string() }
             }
