@@ -32,7 +32,11 @@ mod api;
 mod convert;
 mod error;
 mod listen;
+mod responses;
+mod responses_api;
+mod responses_stream;
 mod routes;
+mod store;
 mod stream;
 mod worker;
 
