@@ -70,6 +70,8 @@ pub(crate) struct App {
     pub stopping: Arc<AtomicBool>,
     /// Stored responses of `POST /v1/responses`.
     pub responses: Arc<Mutex<Store>>,
+    /// The origin allowed to make cross-origin requests (`*`: any), if any.
+    pub cors_origin: Option<String>,
 }
 
 impl App {
@@ -90,6 +92,7 @@ impl App {
             counters,
             stopping,
             responses: Arc::new(Mutex::new(Store::default())),
+            cors_origin: options.cors_origin.clone(),
         }
     }
 
@@ -145,12 +148,16 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/responses", post(create_response))
         .route("/v1/responses/{id}", get(get_response).delete(delete_response))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .route("/metrics", get(metrics))
         .route("/v1/models", get(list_models))
         .route("/v1/models/{id}", get(get_model))
         .route("/health", get(health))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(Arc::clone(&app), require_key))
+        .layer(middleware::from_fn_with_state(Arc::clone(&app), super::cors::cors))
         .layer(middleware::from_fn(log_requests))
         .with_state(app)
 }
@@ -529,6 +536,45 @@ async fn respond(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<Respon
         usage.output_tokens,
     )));
     Ok(response)
+}
+
+/// `POST /tokenize`: the token IDs of a text or a conversation.
+async fn tokenize(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {
+    let answer = async {
+        let capacity = app.engine()?.capacity;
+        let bytes = read_body_in_time(&headers, body, app.max_body_bytes, app.body_timeout).await?;
+        let harmony = app.harmony;
+        let tokens = tokio::task::spawn_blocking(move || super::tokens::tokenize(&harmony, &bytes))
+            .await
+            .map_err(|e| ApiError::server(format!("tokenizing failed: {e}")))??;
+        Ok::<_, ApiError>(axum::Json(super::tokens::TokenizeResponse {
+            count: tokens.len(),
+            max_model_len: capacity,
+            tokens,
+        }))
+    };
+    answer.await.map_or_else(IntoResponse::into_response, IntoResponse::into_response)
+}
+
+/// `POST /detokenize`: the text of token IDs.
+async fn detokenize(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {
+    let answer = async {
+        app.engine()?;
+        let bytes = read_body_in_time(&headers, body, app.max_body_bytes, app.body_timeout).await?;
+        let harmony = app.harmony;
+        let prompt = tokio::task::spawn_blocking(move || super::tokens::detokenize(&harmony, &bytes))
+            .await
+            .map_err(|e| ApiError::server(format!("detokenizing failed: {e}")))??;
+        Ok::<_, ApiError>(axum::Json(super::tokens::DetokenizeResponse { prompt }))
+    };
+    answer.await.map_or_else(IntoResponse::into_response, IntoResponse::into_response)
+}
+
+/// `GET /metrics`: the counters in the Prometheus text format.
+async fn metrics(State(app): State<Arc<App>>) -> Response {
+    let stored = app.responses.lock().map_or(0, |s| s.len());
+    let text = super::metrics::render(&app.counters, stored);
+    ([(header::CONTENT_TYPE, super::metrics::CONTENT_TYPE)], text).into_response()
 }
 
 /// The 404 for a response ID that is not stored.

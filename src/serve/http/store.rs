@@ -112,7 +112,6 @@ impl Store {
     }
 
     /// How many responses are stored.
-    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.entries.len()
     }
