@@ -4,8 +4,10 @@
 //! `response.created`, `response.in_progress`; per output item `response.output_item.added`,
 //! for text `response.content_part.added`, the deltas (`response.reasoning_text.delta`,
 //! `response.output_text.delta`, `response.function_call_arguments.delta`), their `.done`,
-//! `response.content_part.done`, `response.output_item.done`; then `response.completed`
-//! (or `response.incomplete` at the token limit, `response.failed` when the engine failed).
+//! `response.content_part.done`, `response.output_item.done`; then `response.completed`,
+//! whose response has status `incomplete` at the token limit (not OpenAI's separate
+//! `response.incomplete` event, on which the SDKs' stream helpers do not finish), or
+//! `response.failed` when the engine failed.
 //! No `[DONE]`: the Responses API ends a stream by closing it.
 //!
 //! Dropping the stream (the client disconnected) drops the receiver, which the engine
@@ -179,7 +181,6 @@ impl ResponseStream {
                 store.insert(object.id.clone(), entry);
             }
         }
-        let kind = if object.status == "incomplete" { "response.incomplete" } else { "response.completed" };
         tracing::info!(
             "stream {}: {} input tokens ({} cached) + {} generated, {}",
             object.id,
@@ -188,7 +189,9 @@ impl ResponseStream {
             usage.output_tokens,
             object.status
         );
-        self.push(kind, json!({ "response": object }));
+        // `response.completed` also for an incomplete response (its status says so), as the
+        // gpt-oss reference server sends it: the SDKs' stream helpers wait for that event.
+        self.push("response.completed", json!({ "response": object }));
     }
 
     fn on_failed(&mut self, message: String) {
