@@ -366,13 +366,19 @@ pub fn start(listener: TcpListener, options: HttpOptions) -> Result<ServerHandle
 /// by the field at fault when there is one. For fuzzing, and for tools that check requests
 /// offline.
 pub fn check_request(body: &[u8]) -> Result<usize> {
+    render_request(body, "2026-01-01").map(|prompt| prompt.len())
+}
+
+/// The token IDs of the prompt the server renders for a `POST /v1/chat/completions` body
+/// (as `POST /tokenize` answers), with `date` (`YYYY-MM-DD`) in the system message; checked
+/// as [`check_request`] checks it. For `picchio render`.
+pub fn render_request(body: &[u8], date: &str) -> Result<Vec<u32>> {
     let refused = |e: error::ApiError| match e.param {
         Some(param) => Error::invalid(format!("{param}: {}", e.message)),
         None => Error::invalid(e.message),
     };
     let request = convert::parse_request(body).map_err(refused)?;
-    let plan = convert::plan(request, "2026-01-01", 0).map_err(refused)?;
-    let prompt = crate::chat::render_prompt(&HarmonyEncoding::new(), &plan.conversation)
-        .map_err(|e| Error::invalid(format!("messages: the conversation cannot be rendered: {e}")))?;
-    Ok(prompt.len())
+    let plan = convert::plan(request, date, 0).map_err(refused)?;
+    crate::chat::render_prompt(&HarmonyEncoding::new(), &plan.conversation)
+        .map_err(|e| Error::invalid(format!("messages: the conversation cannot be rendered: {e}")))
 }
