@@ -9,6 +9,7 @@ mod generate;
 pub mod runtime_dir;
 mod serve;
 mod synth;
+mod tokens;
 mod verify;
 
 use std::path::PathBuf;
@@ -50,6 +51,10 @@ pub enum Command {
     Chat(chat::ChatArgs),
     /// List GPU adapters: backend, type, memory, the limits and features Picchio uses.
     Devices(devices::DevicesArgs),
+    /// Print the o200k_harmony token IDs of a text.
+    Tokenize(tokens::TokenizeArgs),
+    /// Print the token IDs of the prompt a chat completions request renders to.
+    Render(tokens::RenderArgs),
 }
 
 /// An on/off switch.
@@ -313,6 +318,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve(args) => serve::run(args),
         Command::Chat(args) => chat::run(args),
         Command::Devices(args) => devices::run(args),
+        Command::Tokenize(args) => tokens::tokenize(args),
+        Command::Render(args) => tokens::render(args),
     }
 }
 

@@ -48,6 +48,10 @@ pub struct ServeArgs {
     #[arg(long, value_name = "MIB", default_value_t = (http::DEFAULT_MAX_BODY_BYTES >> 20) as u64,
           value_parser = clap::value_parser!(u64).range(1..=4096))]
     max_body_mb: u64,
+    /// HTTP: let browser pages from ORIGIN (`http://localhost:3000`, or `*` for any) call
+    /// the API (CORS; off by default).
+    #[arg(long, value_name = "ORIGIN")]
+    cors: Option<String>,
 }
 
 /// Runs `picchio serve`.
@@ -88,6 +92,7 @@ fn http_options(args: &ServeArgs) -> anyhow::Result<HttpOptions> {
     let mut options = HttpOptions::new(model_id);
     options.api_key = args.api_key.clone();
     options.stop_on_ctrl_c = true;
+    options.cors_origin = args.cors.clone();
     options.header_timeout = Duration::from_secs(args.header_timeout);
     options.body_timeout = Duration::from_secs(args.body_timeout);
     options.max_connections = usize::try_from(args.max_connections).context("--max-connections")?;

@@ -33,18 +33,23 @@ pub(crate) struct Plan {
 }
 
 /// The namespace of OpenAI function tools in Harmony.
-const FUNCTIONS: &str = "functions";
+pub(crate) const FUNCTIONS: &str = "functions";
 
-/// Parses a request body, naming the field at fault on error.
+/// Parses a `POST /v1/chat/completions` body, naming the field at fault on error.
 pub(crate) fn parse_request(body: &[u8]) -> Result<ChatRequest, ApiError> {
+    parse_json(body)
+}
+
+/// Parses a request body of any route, naming the field at fault on error.
+pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     // Valid JSON that is not an object (`[]`, `5`): say so, not what serde expected.
     if body.trim_ascii_start().first() != Some(&b'{')
         && serde_json::from_slice::<serde::de::IgnoredAny>(body).is_ok()
     {
-        return Err(ApiError::invalid(None, "the body must be a JSON object (a chat completion request)"));
+        return Err(ApiError::invalid(None, "the body must be a JSON object"));
     }
     let de = &mut serde_json::Deserializer::from_slice(body);
-    let request: ChatRequest = serde_path_to_error::deserialize(&mut *de).map_err(|e| {
+    let request: T = serde_path_to_error::deserialize(&mut *de).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
         // serde_path_to_error writes `.` for the root and `?` where it lost track.
@@ -117,7 +122,17 @@ pub(crate) fn plan(req: ChatRequest, date: &str, seed: u64) -> Result<Plan, ApiE
             ));
         }
     };
-    let sampling = sampling(&req, seed)?;
+    let sampling = sampling(
+        &SamplingFields {
+            temperature: req.temperature,
+            top_p: req.top_p,
+            top_k: req.top_k,
+            min_p: req.min_p,
+            repetition_penalty: req.repetition_penalty,
+            seed: req.seed.as_ref(),
+        },
+        seed,
+    )?;
     let max_tokens = match req.max_completion_tokens.or(req.max_tokens) {
         Some(0) => {
             let param =
@@ -201,8 +216,25 @@ fn check_response_format(format: Option<&serde_json::Value>) -> Result<(), ApiEr
     }
 }
 
-/// The sampling settings of a request: OpenAI's defaults (temperature 1, top_p 1).
-fn sampling(req: &ChatRequest, default_seed: u64) -> Result<SamplingParams, ApiError> {
+/// The sampling fields of a request, as the chat and the responses APIs both name them.
+pub(crate) struct SamplingFields<'a> {
+    /// Softmax temperature, 0..=2.
+    pub temperature: Option<f32>,
+    /// Nucleus sampling mass, (0, 1].
+    pub top_p: Option<f32>,
+    /// Extension: keep the k most likely tokens (0 or -1: off).
+    pub top_k: Option<i64>,
+    /// Extension: drop tokens less likely than `min_p` times the best one.
+    pub min_p: Option<f32>,
+    /// Extension: multiplicative repetition penalty.
+    pub repetition_penalty: Option<f32>,
+    /// Seed of the sampler.
+    pub seed: Option<&'a serde_json::Number>,
+}
+
+/// The sampling settings of a request: OpenAI's defaults (temperature 1, top_p 1), and
+/// `default_seed` when the request has none.
+pub(crate) fn sampling(req: &SamplingFields<'_>, default_seed: u64) -> Result<SamplingParams, ApiError> {
     let temperature = req.temperature.unwrap_or(1.0);
     if !(temperature.is_finite() && (0.0..=2.0).contains(&temperature)) {
         return Err(ApiError::invalid(
@@ -235,7 +267,7 @@ fn sampling(req: &ChatRequest, default_seed: u64) -> Result<SamplingParams, ApiE
             format!("repetition_penalty must be positive, got {repetition_penalty}"),
         ));
     }
-    let seed = match &req.seed {
+    let seed = match req.seed {
         None => default_seed,
         Some(n) => match (n.as_u64(), n.as_i64()) {
             (Some(u), _) => u,
@@ -262,7 +294,8 @@ fn valid_function_name(name: &str) -> bool {
         && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
-fn check_function_name(name: &str, param: &str) -> Result<(), ApiError> {
+/// Refuses a function name that breaks OpenAI's rule, naming `param`.
+pub(crate) fn check_function_name(name: &str, param: &str) -> Result<(), ApiError> {
     if valid_function_name(name) {
         Ok(())
     } else {
@@ -585,7 +618,7 @@ mod tests {
         assert_eq!(e.status.as_u16(), 400);
         for body in ["[]", " [1, 2]", "5", "\"hi\"", "null"] {
             let e = plan_json(body).unwrap_err();
-            assert_eq!(e.message, "the body must be a JSON object (a chat completion request)", "{body}");
+            assert_eq!(e.message, "the body must be a JSON object", "{body}");
         }
         let e = plan_json(r#"{"messages": [5]}"#).unwrap_err();
         assert!(

@@ -1,7 +1,8 @@
 //! An OpenAI-compatible HTTP server (`picchio serve --http`), specified in `docs/http.md`.
 //!
-//! `POST /v1/chat/completions` (JSON or server-sent events), `GET /v1/models`,
-//! `GET /v1/models/{id}` and `GET /health`. One [`Session`] lives on one engine thread;
+//! `POST /v1/chat/completions` and `POST /v1/responses` (JSON or server-sent events),
+//! `GET`/`DELETE /v1/responses/{id}`, `POST /tokenize`, `POST /detokenize`, `GET /metrics`,
+//! `GET /v1/models`, `GET /v1/models/{id}` and `GET /health`. One [`Session`] lives on one engine thread;
 //! requests queue for it in arrival order, and each renders its whole conversation so that
 //! the longest common prefix with the cache is reused (reported as
 //! `usage.prompt_tokens_details.cached_tokens`). A client that disconnects cancels its
@@ -30,10 +31,17 @@
 
 mod api;
 mod convert;
+mod cors;
 mod error;
 mod listen;
+mod metrics;
+mod responses;
+mod responses_api;
+mod responses_stream;
 mod routes;
+mod store;
 mod stream;
+mod tokens;
 mod worker;
 
 use std::net::{SocketAddr, TcpListener};
@@ -80,6 +88,9 @@ pub struct HttpOptions {
     pub body_timeout: Duration,
     /// Connections served at once; one more gets an immediate 503 and is closed.
     pub max_connections: usize,
+    /// The origin allowed to make cross-origin (browser) requests, `*` for any; `None`
+    /// (the default) sends no CORS headers and leaves `OPTIONS` a 405.
+    pub cors_origin: Option<String>,
     /// Shut down gracefully on Ctrl-C (for the command line; a library user stops the
     /// server with [`ServerHandle::shutdown`]). While no session is attached, Ctrl-C exits
     /// the process at once (status 130): there is nothing to drain.
@@ -88,7 +99,7 @@ pub struct HttpOptions {
 
 impl HttpOptions {
     /// Defaults for a model called `model_id`: no key, 16 MiB bodies, 10 s to send a request
-    /// head, 60 s to send a body, 256 connections, no signal handling.
+    /// head, 60 s to send a body, 256 connections, no CORS, no signal handling.
     pub fn new(model_id: impl Into<String>) -> Self {
         HttpOptions {
             model_id: model_id.into(),
@@ -97,6 +108,7 @@ impl HttpOptions {
             header_timeout: DEFAULT_HEADER_TIMEOUT,
             body_timeout: DEFAULT_BODY_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            cors_origin: None,
             stop_on_ctrl_c: false,
         }
     }
@@ -110,6 +122,13 @@ impl HttpOptions {
         positive("header_timeout", !self.header_timeout.is_zero())?;
         positive("body_timeout", !self.body_timeout.is_zero())?;
         positive("max_connections", self.max_connections > 0)?;
+        if let Some(origin) = &self.cors_origin
+            && (origin.is_empty() || axum::http::HeaderValue::from_str(origin).is_err())
+        {
+            return Err(Error::invalid(format!(
+                "HttpOptions::cors_origin {origin:?} is not an origin (scheme://host[:port], or *)"
+            )));
+        }
         if self.max_connections > listen::MAX_CONNECTIONS {
             return Err(Error::invalid(format!(
                 "HttpOptions::max_connections {} is over the limit of {}",
@@ -131,6 +150,7 @@ impl std::fmt::Debug for HttpOptions {
             .field("header_timeout", &self.header_timeout)
             .field("body_timeout", &self.body_timeout)
             .field("max_connections", &self.max_connections)
+            .field("cors_origin", &self.cors_origin)
             .field("stop_on_ctrl_c", &self.stop_on_ctrl_c)
             .finish()
     }
@@ -346,13 +366,19 @@ pub fn start(listener: TcpListener, options: HttpOptions) -> Result<ServerHandle
 /// by the field at fault when there is one. For fuzzing, and for tools that check requests
 /// offline.
 pub fn check_request(body: &[u8]) -> Result<usize> {
+    render_request(body, "2026-01-01").map(|prompt| prompt.len())
+}
+
+/// The token IDs of the prompt the server renders for a `POST /v1/chat/completions` body
+/// (as `POST /tokenize` answers), with `date` (`YYYY-MM-DD`) in the system message; checked
+/// as [`check_request`] checks it. For `picchio render`.
+pub fn render_request(body: &[u8], date: &str) -> Result<Vec<u32>> {
     let refused = |e: error::ApiError| match e.param {
         Some(param) => Error::invalid(format!("{param}: {}", e.message)),
         None => Error::invalid(e.message),
     };
     let request = convert::parse_request(body).map_err(refused)?;
-    let plan = convert::plan(request, "2026-01-01", 0).map_err(refused)?;
-    let prompt = crate::chat::render_prompt(&HarmonyEncoding::new(), &plan.conversation)
-        .map_err(|e| Error::invalid(format!("messages: the conversation cannot be rendered: {e}")))?;
-    Ok(prompt.len())
+    let plan = convert::plan(request, date, 0).map_err(refused)?;
+    crate::chat::render_prompt(&HarmonyEncoding::new(), &plan.conversation)
+        .map_err(|e| Error::invalid(format!("messages: the conversation cannot be rendered: {e}")))
 }

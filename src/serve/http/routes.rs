@@ -1,12 +1,12 @@
-//! The routes: `POST /v1/chat/completions`, `GET /v1/models`, `GET /v1/models/{id}`,
-//! `GET /health`; the API key check (before routing), the body size and time limits, the
+//! The routes: `POST /v1/chat/completions`, `POST /v1/responses`, `GET` and `DELETE
+//! /v1/responses/{id}`, `GET /v1/models`, `GET /v1/models/{id}`, `GET /health`; the API key check (before routing), the body size and time limits, the
 //! 503 answers while the model loads, request logging, and OpenAI-shaped 404 and 405 answers.
 
 use std::future::poll_fn;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{OnceLock, mpsc};
+use std::sync::{Mutex, OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
 use axum::Router;
@@ -26,6 +26,10 @@ use super::HttpOptions;
 use super::api::{ChatCompletion, Choice, ModelCard, ModelList, Usage};
 use super::convert;
 use super::error::{ApiError, ErrorNote};
+use super::responses::{self as responses_api, Ending, OutputBuilder, ResponseMeta};
+use super::responses_api::ResponsesRequest;
+use super::responses_stream::ResponseStream;
+use super::store::Store;
 use super::stream::{ChunkMeta, ChunkStream};
 use super::worker::{Counters, Failure, Job, Stats, WorkerMsg};
 use crate::chat::{HarmonyEncoding, TurnOptions, render_prompt, today_utc};
@@ -64,6 +68,10 @@ pub(crate) struct App {
     pub counters: Arc<Counters>,
     /// Set when the server shuts down.
     pub stopping: Arc<AtomicBool>,
+    /// Stored responses of `POST /v1/responses`.
+    pub responses: Arc<Mutex<Store>>,
+    /// The origin allowed to make cross-origin requests (`*`: any), if any.
+    pub cors_origin: Option<String>,
 }
 
 impl App {
@@ -83,6 +91,8 @@ impl App {
             engine: OnceLock::new(),
             counters,
             stopping,
+            responses: Arc::new(Mutex::new(Store::default())),
+            cors_origin: options.cors_origin.clone(),
         }
     }
 
@@ -136,12 +146,18 @@ struct StreamNote;
 pub(crate) fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/responses", post(create_response))
+        .route("/v1/responses/{id}", get(get_response).delete(delete_response))
+        .route("/tokenize", post(tokenize))
+        .route("/detokenize", post(detokenize))
+        .route("/metrics", get(metrics))
         .route("/v1/models", get(list_models))
         .route("/v1/models/{id}", get(get_model))
         .route("/health", get(health))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(Arc::clone(&app), require_key))
+        .layer(middleware::from_fn_with_state(Arc::clone(&app), super::cors::cors))
         .layer(middleware::from_fn(log_requests))
         .with_state(app)
 }
@@ -327,12 +343,12 @@ async fn read_body(headers: &HeaderMap, body: Body, limit: usize) -> Result<Byte
 }
 
 /// A random ID: `prefix` and 24 letters and digits.
-fn new_id(prefix: &str) -> String {
+pub(crate) fn new_id(prefix: &str) -> String {
     let tail: String = rand::rng().sample_iter(rand::distr::Alphanumeric).take(24).map(char::from).collect();
     format!("{prefix}{tail}")
 }
 
-fn unix_now() -> u64 {
+pub(crate) fn unix_now() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
 }
 
@@ -428,6 +444,174 @@ async fn chat(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<Response,
     let mut response = axum::Json(completion).into_response();
     response.extensions_mut().insert(TokenNote(usage));
     Ok(response)
+}
+
+/// Renders a conversation off the async workers and checks that it leaves room for an
+/// answer; `param` names the request field a refusal is about.
+async fn render_checked(
+    app: &App,
+    conversation: crate::chat::Conversation,
+    capacity: usize,
+    param: &'static str,
+) -> Result<Vec<u32>, ApiError> {
+    let harmony = app.harmony;
+    let prompt = tokio::task::spawn_blocking(move || render_prompt(&harmony, &conversation))
+        .await
+        .map_err(|e| ApiError::server(format!("rendering the prompt failed: {e}")))?
+        .map_err(|e| ApiError::invalid(Some(param), format!("the conversation cannot be rendered: {e}")))?;
+    if prompt.len() >= capacity {
+        let mut e = ApiError::context_length(format!(
+            "the prompt is {} tokens, but the context holds {} tokens and at least one must be left \
+             for the answer",
+            prompt.len(),
+            capacity
+        ));
+        e.param = Some(param.into());
+        return Err(e);
+    }
+    Ok(prompt)
+}
+
+async fn create_response(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {
+    respond(app, headers, body).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// `POST /v1/responses`: checks the request, rebuilds the conversation of its
+/// `previous_response_id`, renders and queues it, and answers with the response object or
+/// a stream of typed events; stores the finished response unless `store` is false.
+async fn respond(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let capacity = app.engine()?.capacity;
+    let bytes = read_body_in_time(&headers, body, app.max_body_bytes, app.body_timeout).await?;
+    let request: ResponsesRequest = convert::parse_json(&bytes)?;
+    let plan = {
+        let store = app.responses.lock().map_err(|_| ApiError::server("the response store is poisoned"))?;
+        let history = |id: &str| store.history(id);
+        responses_api::plan(request, &history, &today_utc(), rand::random())?
+    };
+    let prompt = render_checked(&app, plan.conversation, capacity, "input").await?;
+    let (tx, mut rx) = unbounded_channel();
+    app.submit(Job {
+        prompt,
+        turn: TurnOptions {
+            max_tokens: plan.max_tokens,
+            sampling: plan.sampling,
+            declared_functions: plan.declared_functions,
+        },
+        events: tx,
+        queued_at: Instant::now(),
+    })?;
+    let store = plan.echo.store;
+    let meta = ResponseMeta {
+        id: new_id("resp_"),
+        created_at: unix_now(),
+        model: app.model_id.clone(),
+        echo: plan.echo,
+    };
+    let mut output = OutputBuilder::new(new_id);
+    if plan.stream {
+        let keep = store.then(|| (Arc::clone(&app.responses), plan.added));
+        let stream = ResponseStream::new(rx, meta, output, app.harmony, keep);
+        let mut response = Sse::new(stream).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)).into_response();
+        response.extensions_mut().insert(StreamNote);
+        return Ok(response);
+    }
+    let mut steps = Vec::new();
+    let finished = loop {
+        match rx.recv().await {
+            Some(WorkerMsg::Done(result)) => break result.map_err(failure_error)?,
+            Some(WorkerMsg::Piece(piece)) => {
+                output.push(piece, &mut steps);
+                steps.clear();
+            }
+            Some(WorkerMsg::Started) => {}
+            None => return Err(ApiError::unavailable("the engine stopped before the answer was complete")),
+        }
+    };
+    let last = responses_api::last_item_status(finished.stop);
+    output.close(last, &mut steps);
+    let usage = responses_api::usage(&app.harmony, &finished);
+    let object = meta.object(output.output(last), Ending::Finished(&finished, usage));
+    if store {
+        let entry = responses_api::stored(&object, plan.added, &output);
+        if let Ok(mut responses) = app.responses.lock() {
+            responses.insert(object.id.clone(), entry);
+        }
+    }
+    let mut response = axum::Json(object).into_response();
+    response.extensions_mut().insert(TokenNote(Usage::new(
+        usage.input_tokens,
+        usage.input_tokens_details.cached_tokens,
+        usage.output_tokens,
+    )));
+    Ok(response)
+}
+
+/// `POST /tokenize`: the token IDs of a text or a conversation.
+async fn tokenize(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {
+    let answer = async {
+        let capacity = app.engine()?.capacity;
+        let bytes = read_body_in_time(&headers, body, app.max_body_bytes, app.body_timeout).await?;
+        let harmony = app.harmony;
+        let tokens = tokio::task::spawn_blocking(move || super::tokens::tokenize(&harmony, &bytes))
+            .await
+            .map_err(|e| ApiError::server(format!("tokenizing failed: {e}")))??;
+        Ok::<_, ApiError>(axum::Json(super::tokens::TokenizeResponse {
+            count: tokens.len(),
+            max_model_len: capacity,
+            tokens,
+        }))
+    };
+    answer.await.map_or_else(IntoResponse::into_response, IntoResponse::into_response)
+}
+
+/// `POST /detokenize`: the text of token IDs.
+async fn detokenize(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {
+    let answer = async {
+        app.engine()?;
+        let bytes = read_body_in_time(&headers, body, app.max_body_bytes, app.body_timeout).await?;
+        let harmony = app.harmony;
+        let prompt = tokio::task::spawn_blocking(move || super::tokens::detokenize(&harmony, &bytes))
+            .await
+            .map_err(|e| ApiError::server(format!("detokenizing failed: {e}")))??;
+        Ok::<_, ApiError>(axum::Json(super::tokens::DetokenizeResponse { prompt }))
+    };
+    answer.await.map_or_else(IntoResponse::into_response, IntoResponse::into_response)
+}
+
+/// `GET /metrics`: the counters in the Prometheus text format.
+async fn metrics(State(app): State<Arc<App>>) -> Response {
+    let stored = app.responses.lock().map_or(0, |s| s.len());
+    let text = super::metrics::render(&app.counters, stored);
+    ([(header::CONTENT_TYPE, super::metrics::CONTENT_TYPE)], text).into_response()
+}
+
+/// The 404 for a response ID that is not stored.
+fn response_not_found(id: &str) -> ApiError {
+    let mut e = ApiError::not_found(format!(
+        "no stored response has the ID {id:?} (it was not stored, was deleted, or was dropped)"
+    ));
+    e.param = Some("response_id".into());
+    e
+}
+
+/// `GET /v1/responses/{id}`: a stored response object.
+async fn get_response(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
+    let found = app.responses.lock().ok().and_then(|store| store.get(&id).cloned());
+    match found {
+        Some(object) => axum::Json(object).into_response(),
+        None => response_not_found(&id).into_response(),
+    }
+}
+
+/// `DELETE /v1/responses/{id}`: forgets a stored response.
+async fn delete_response(State(app): State<Arc<App>>, Path(id): Path<String>) -> Response {
+    let removed = app.responses.lock().is_ok_and(|mut store| store.remove(&id));
+    if removed {
+        axum::Json(serde_json::json!({"id": id, "object": "response.deleted", "deleted": true}))
+            .into_response()
+    } else {
+        response_not_found(&id).into_response()
+    }
 }
 
 #[cfg(test)]

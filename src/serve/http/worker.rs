@@ -94,17 +94,27 @@ pub(crate) enum Failure {
     ShuttingDown,
 }
 
-/// Counters shared by the worker, the handlers and `/health`.
+/// Counters shared by the worker, the handlers, `/health` and `/metrics`.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
-    queued: AtomicU64,
-    busy: AtomicBool,
-    completed: AtomicU64,
-    cancelled: AtomicU64,
-    failed: AtomicU64,
-    prompt_tokens: AtomicU64,
-    cached_tokens: AtomicU64,
-    completion_tokens: AtomicU64,
+    pub(crate) queued: AtomicU64,
+    pub(crate) busy: AtomicBool,
+    pub(crate) completed: AtomicU64,
+    pub(crate) cancelled: AtomicU64,
+    pub(crate) failed: AtomicU64,
+    pub(crate) prompt_tokens: AtomicU64,
+    pub(crate) cached_tokens: AtomicU64,
+    pub(crate) completion_tokens: AtomicU64,
+    /// Prompt tokens computed (not reused from the cache).
+    pub(crate) prefill_tokens: AtomicU64,
+    /// Microseconds from a turn's start to its first generated token.
+    pub(crate) prefill_micros: AtomicU64,
+    /// Microseconds from a turn's first generated token to its end.
+    pub(crate) decode_micros: AtomicU64,
+    /// The runner's expert cache counters after the last turn (cumulative).
+    pub(crate) expert_hits: AtomicU64,
+    pub(crate) expert_misses: AtomicU64,
+    pub(crate) expert_bytes_read: AtomicU64,
 }
 
 /// A snapshot of the server's counters, as `GET /health` reports them.
@@ -193,9 +203,11 @@ fn run_job(
     let started = Instant::now();
     let _ = job.events.send(WorkerMsg::Started);
     let mut gone = false;
+    let mut first_token: Option<Instant> = None;
     let mut on_event = |event: ChatEvent<'_>| {
         let piece = match event {
             ChatEvent::Token(_) => {
+                first_token.get_or_insert_with(Instant::now);
                 // Checked on every token, so a client that went away stops generation at once.
                 gone |= job.events.is_closed() || stopping.load(Ordering::SeqCst);
                 return !gone;
@@ -215,11 +227,14 @@ fn run_job(
     let result = catch_unwind(AssertUnwindSafe(|| {
         complete_prompt(session, &harmony, &job.prompt, &job.turn, &mut on_event)
     }));
+    record_times(session, counters, started, first_token);
     let outcome = match result {
         Ok(Ok(turn)) => {
             counters.prompt_tokens.fetch_add(turn.prompt_tokens as u64, Ordering::SeqCst);
             counters.cached_tokens.fetch_add(turn.reused as u64, Ordering::SeqCst);
             counters.completion_tokens.fetch_add(turn.completion_tokens as u64, Ordering::SeqCst);
+            let computed = turn.prompt_tokens.saturating_sub(turn.reused) as u64;
+            counters.prefill_tokens.fetch_add(computed, Ordering::SeqCst);
             let secs = started.elapsed().as_secs_f64();
             let cancelled = gone || turn.stop == StopReason::Cancelled;
             if cancelled && stopping.load(Ordering::SeqCst) {
@@ -280,4 +295,18 @@ fn run_job(
         }
     };
     let _ = job.events.send(WorkerMsg::Done(outcome));
+}
+
+/// Adds a turn's prefill and decode times to the counters (a turn that generated nothing
+/// counts as prefill only) and copies the runner's expert cache counters.
+fn record_times(session: &Session, counters: &Counters, started: Instant, first_token: Option<Instant>) {
+    let micros = |d: std::time::Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+    let end = Instant::now();
+    let decode_from = first_token.unwrap_or(end);
+    counters.prefill_micros.fetch_add(micros(decode_from.duration_since(started)), Ordering::SeqCst);
+    counters.decode_micros.fetch_add(micros(end.duration_since(decode_from)), Ordering::SeqCst);
+    let experts = session.runner().expert_stats();
+    counters.expert_hits.store(experts.hits, Ordering::SeqCst);
+    counters.expert_misses.store(experts.misses, Ordering::SeqCst);
+    counters.expert_bytes_read.store(experts.bytes_read, Ordering::SeqCst);
 }

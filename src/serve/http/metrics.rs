@@ -1,0 +1,135 @@
+//! `GET /metrics`: the server's counters in the Prometheus text format (version 0.0.4).
+//!
+//! Rates are left to the scraper, as Prometheus wants: the prefill rate is
+//! `rate(picchio_prefill_tokens_total) / rate(picchio_prefill_seconds_total)`, the decode
+//! rate `rate(picchio_completion_tokens_total) / rate(picchio_decode_seconds_total)`.
+
+use std::fmt::Write;
+use std::sync::atomic::Ordering;
+
+use super::worker::Counters;
+
+/// The content type of the Prometheus text format.
+pub(crate) const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// The text of every metric, from `counters` and the number of stored responses.
+pub(crate) fn render(counters: &Counters, stored_responses: usize) -> String {
+    let get = |a: &std::sync::atomic::AtomicU64| a.load(Ordering::SeqCst);
+    let seconds = |a: &std::sync::atomic::AtomicU64| get(a) as f64 / 1e6;
+    let mut out = String::new();
+    let mut metric = |name: &str, kind: &str, help: &str, samples: &[(&str, String)]| {
+        let _ = writeln!(out, "# HELP {name} {help}");
+        let _ = writeln!(out, "# TYPE {name} {kind}");
+        for (labels, value) in samples {
+            let _ = writeln!(out, "{name}{labels} {value}");
+        }
+    };
+    metric(
+        "picchio_requests_total",
+        "counter",
+        "Turns the engine finished, by outcome (cancelled: the client went away).",
+        &[
+            ("{outcome=\"completed\"}", get(&counters.completed).to_string()),
+            ("{outcome=\"cancelled\"}", get(&counters.cancelled).to_string()),
+            ("{outcome=\"failed\"}", get(&counters.failed).to_string()),
+        ],
+    );
+    let plain = |v: String| [("", v)];
+    metric(
+        "picchio_prompt_tokens_total",
+        "counter",
+        "Tokens of the rendered prompts of every turn run.",
+        &plain(get(&counters.prompt_tokens).to_string()),
+    );
+    metric(
+        "picchio_cached_tokens_total",
+        "counter",
+        "Prompt tokens reused from the cache (prefix cache hits).",
+        &plain(get(&counters.cached_tokens).to_string()),
+    );
+    metric(
+        "picchio_prefill_tokens_total",
+        "counter",
+        "Prompt tokens computed (not reused from the cache).",
+        &plain(get(&counters.prefill_tokens).to_string()),
+    );
+    metric(
+        "picchio_completion_tokens_total",
+        "counter",
+        "Tokens generated.",
+        &plain(get(&counters.completion_tokens).to_string()),
+    );
+    metric(
+        "picchio_prefill_seconds_total",
+        "counter",
+        "Time from the start of each turn to its first generated token.",
+        &plain(format!("{:.6}", seconds(&counters.prefill_micros))),
+    );
+    metric(
+        "picchio_decode_seconds_total",
+        "counter",
+        "Time from the first generated token of each turn to its end.",
+        &plain(format!("{:.6}", seconds(&counters.decode_micros))),
+    );
+    metric(
+        "picchio_queue_length",
+        "gauge",
+        "Requests waiting for the engine.",
+        &plain(get(&counters.queued).to_string()),
+    );
+    metric(
+        "picchio_busy",
+        "gauge",
+        "1 while the engine is generating.",
+        &plain(u8::from(counters.busy.load(Ordering::SeqCst)).to_string()),
+    );
+    metric(
+        "picchio_expert_requests_total",
+        "counter",
+        "Expert weight requests of the expert cache, by where they were served from (as of the last turn).",
+        &[
+            ("{result=\"hit\"}", get(&counters.expert_hits).to_string()),
+            ("{result=\"miss\"}", get(&counters.expert_misses).to_string()),
+        ],
+    );
+    metric(
+        "picchio_expert_read_bytes_total",
+        "counter",
+        "Bytes of expert weights read from disk (as of the last turn).",
+        &plain(get(&counters.expert_bytes_read).to_string()),
+    );
+    metric(
+        "picchio_stored_responses",
+        "gauge",
+        "Responses kept for GET /v1/responses/{id} and previous_response_id.",
+        &plain(stored_responses.to_string()),
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_metric_has_help_type_and_a_sample() {
+        let counters = Counters::default();
+        counters.completed.store(3, Ordering::SeqCst);
+        counters.prefill_micros.store(1_500_000, Ordering::SeqCst);
+        let text = render(&counters, 2);
+        assert!(text.contains("picchio_requests_total{outcome=\"completed\"} 3\n"), "{text}");
+        assert!(text.contains("picchio_prefill_seconds_total 1.500000\n"), "{text}");
+        assert!(text.contains("picchio_stored_responses 2\n"), "{text}");
+        let mut last_type = None;
+        for line in text.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                last_type = rest.split(' ').next();
+            } else if !line.starts_with("# HELP ") {
+                let name = line.split(['{', ' ']).next().unwrap();
+                assert_eq!(Some(name), last_type, "a sample follows its TYPE line: {line}");
+                let value = line.rsplit(' ').next().unwrap();
+                assert!(value.parse::<f64>().is_ok(), "{line}");
+            }
+        }
+    }
+}

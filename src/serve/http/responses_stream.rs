@@ -1,0 +1,248 @@
+//! The streaming answer of `POST /v1/responses`: typed server-sent events (`event: TYPE`,
+//! `data: {"type": TYPE, "sequence_number": N, ...}`), in OpenAI's order:
+//!
+//! `response.created`, `response.in_progress`; per output item `response.output_item.added`,
+//! for text `response.content_part.added`, the deltas (`response.reasoning_text.delta`,
+//! `response.output_text.delta`, `response.function_call_arguments.delta`), their `.done`,
+//! `response.content_part.done`, `response.output_item.done`; then `response.completed`,
+//! whose response has status `incomplete` at the token limit (not OpenAI's separate
+//! `response.incomplete` event, on which the SDKs' stream helpers do not finish), or
+//! `response.failed` when the engine failed.
+//! No `[DONE]`: the Responses API ends a stream by closing it.
+//!
+//! Dropping the stream (the client disconnected) drops the receiver, which the engine
+//! notices and stops generating; a response cut so is not stored.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use axum::response::sse::Event;
+use futures_core::Stream;
+use serde_json::{Value, json};
+use tokio::sync::mpsc::UnboundedReceiver;
+
+use super::responses::{
+    Added, Ending, ItemKind, OutputBuilder, ResponseMeta, Step, last_item_status, output_text, stored, usage,
+};
+use super::responses_api::ContentPart;
+use super::routes::failure_error;
+use super::store::Store;
+use super::worker::{Finished, WorkerMsg};
+use crate::chat::HarmonyEncoding;
+
+/// The stream of events of one response.
+pub(crate) struct ResponseStream {
+    rx: UnboundedReceiver<WorkerMsg>,
+    meta: ResponseMeta,
+    output: OutputBuilder,
+    harmony: HarmonyEncoding,
+    /// Where to keep the finished response (with what the request added), if it is stored.
+    store: Option<(Arc<Mutex<Store>>, Added)>,
+    pending: VecDeque<Event>,
+    sequence: u64,
+    done: bool,
+}
+
+impl ResponseStream {
+    /// A stream of the messages on `rx`; it starts with `response.created` and
+    /// `response.in_progress`.
+    pub fn new(
+        rx: UnboundedReceiver<WorkerMsg>,
+        meta: ResponseMeta,
+        output: OutputBuilder,
+        harmony: HarmonyEncoding,
+        store: Option<(Arc<Mutex<Store>>, Added)>,
+    ) -> Self {
+        let mut s = ResponseStream {
+            rx,
+            meta,
+            output,
+            harmony,
+            store,
+            pending: VecDeque::new(),
+            sequence: 0,
+            done: false,
+        };
+        let response = s.meta.object(Vec::new(), Ending::InProgress);
+        s.push("response.created", json!({ "response": response }));
+        s.push("response.in_progress", json!({ "response": response }));
+        s
+    }
+
+    /// Queues an event of `kind` with the fields of `body` (an object), numbered.
+    fn push(&mut self, kind: &str, mut body: Value) {
+        if let Some(fields) = body.as_object_mut() {
+            fields.insert("type".into(), Value::from(kind));
+            fields.insert("sequence_number".into(), Value::from(self.sequence));
+        }
+        self.sequence += 1;
+        self.pending.push_back(Event::default().event(kind).data(body.to_string()));
+    }
+
+    fn on_steps(&mut self, steps: Vec<Step>) {
+        for step in steps {
+            match step {
+                Step::Opened(i) => self.on_opened(i),
+                Step::Delta(i, delta) => self.on_delta(i, delta),
+                Step::Closed(i, status) => self.on_closed(i, status),
+            }
+        }
+    }
+
+    fn kind_and_id(&self, index: usize) -> Option<(ItemKind, String)> {
+        self.output.items().get(index).map(|item| (item.kind.clone(), item.id.clone()))
+    }
+
+    fn on_opened(&mut self, index: usize) {
+        let Some((kind, id)) = self.kind_and_id(index) else { return };
+        let item = self.output.item(index, "in_progress", false);
+        self.push("response.output_item.added", json!({ "output_index": index, "item": item }));
+        let part = match kind {
+            ItemKind::Reasoning => ContentPart::ReasoningText { text: String::new() },
+            ItemKind::Text => output_text(String::new()),
+            ItemKind::Call { .. } => return,
+        };
+        self.push(
+            "response.content_part.added",
+            json!({ "item_id": id, "output_index": index, "content_index": 0, "part": part }),
+        );
+    }
+
+    fn on_delta(&mut self, index: usize, delta: String) {
+        let Some((kind, id)) = self.kind_and_id(index) else { return };
+        match kind {
+            ItemKind::Reasoning => self.push(
+                "response.reasoning_text.delta",
+                json!({ "item_id": id, "output_index": index, "content_index": 0, "delta": delta }),
+            ),
+            ItemKind::Text => self.push(
+                "response.output_text.delta",
+                json!({ "item_id": id, "output_index": index, "content_index": 0, "delta": delta,
+                        "logprobs": [] }),
+            ),
+            ItemKind::Call { .. } => self.push(
+                "response.function_call_arguments.delta",
+                json!({ "item_id": id, "output_index": index, "delta": delta }),
+            ),
+        }
+    }
+
+    fn on_closed(&mut self, index: usize, status: &'static str) {
+        let Some(item) = self.output.items().get(index) else { return };
+        let (kind, id, text) = (item.kind.clone(), item.id.clone(), item.text.clone());
+        let whole = self.output.item(index, status, true);
+        let part = match &kind {
+            ItemKind::Reasoning => {
+                self.push(
+                    "response.reasoning_text.done",
+                    json!({ "item_id": id, "output_index": index, "content_index": 0, "text": text }),
+                );
+                Some(ContentPart::ReasoningText { text })
+            }
+            ItemKind::Text => {
+                self.push(
+                    "response.output_text.done",
+                    json!({ "item_id": id, "output_index": index, "content_index": 0, "text": text,
+                            "logprobs": [] }),
+                );
+                Some(output_text(text))
+            }
+            ItemKind::Call { recipient, .. } => {
+                let name = super::convert::function_name(recipient).to_string();
+                self.push(
+                    "response.function_call_arguments.done",
+                    json!({ "item_id": id, "output_index": index, "name": name, "arguments": text }),
+                );
+                None
+            }
+        };
+        if let Some(part) = part {
+            self.push(
+                "response.content_part.done",
+                json!({ "item_id": id, "output_index": index, "content_index": 0, "part": part }),
+            );
+        }
+        self.push("response.output_item.done", json!({ "output_index": index, "item": whole }));
+    }
+
+    fn on_finished(&mut self, fin: &Finished) {
+        let last = last_item_status(fin.stop);
+        let mut steps = Vec::new();
+        self.output.close(last, &mut steps);
+        self.on_steps(steps);
+        let usage = usage(&self.harmony, fin);
+        let object = self.meta.object(self.output.output(last), Ending::Finished(fin, usage));
+        if let Some((store, added)) = self.store.take() {
+            let entry = stored(&object, added, &self.output);
+            if let Ok(mut store) = store.lock() {
+                store.insert(object.id.clone(), entry);
+            }
+        }
+        tracing::info!(
+            "stream {}: {} input tokens ({} cached) + {} generated, {}",
+            object.id,
+            usage.input_tokens,
+            usage.input_tokens_details.cached_tokens,
+            usage.output_tokens,
+            object.status
+        );
+        // `response.completed` also for an incomplete response (its status says so), as the
+        // gpt-oss reference server sends it: the SDKs' stream helpers wait for that event.
+        self.push("response.completed", json!({ "response": object }));
+    }
+
+    fn on_failed(&mut self, message: String) {
+        tracing::warn!("stream {} failed: {message}", self.meta.id);
+        let mut steps = Vec::new();
+        self.output.close("incomplete", &mut steps);
+        self.on_steps(steps);
+        let object = self.meta.object(self.output.output("incomplete"), Ending::Failed(message));
+        self.push("response.failed", json!({ "response": object }));
+    }
+
+    fn on_message(&mut self, msg: WorkerMsg) {
+        match msg {
+            WorkerMsg::Started => {}
+            WorkerMsg::Piece(piece) => {
+                let mut steps = Vec::new();
+                self.output.push(piece, &mut steps);
+                self.on_steps(steps);
+            }
+            WorkerMsg::Done(Ok(fin)) => {
+                self.on_finished(&fin);
+                self.done = true;
+            }
+            WorkerMsg::Done(Err(failure)) => {
+                self.on_failed(failure_error(failure).message);
+                self.done = true;
+            }
+        }
+    }
+}
+
+impl Stream for ResponseStream {
+    type Item = Result<Event, Infallible>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        loop {
+            if let Some(event) = this.pending.pop_front() {
+                return Poll::Ready(Some(Ok(event)));
+            }
+            if this.done {
+                return Poll::Ready(None);
+            }
+            match this.rx.poll_recv(cx) {
+                Poll::Ready(Some(msg)) => this.on_message(msg),
+                Poll::Ready(None) => {
+                    this.on_failed("the engine stopped before the answer was complete".into());
+                    this.done = true;
+                }
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    }
+}
