@@ -36,6 +36,10 @@ pub struct BenchArgs {
     /// Do not load every expert into the RAM cache before timing (measure cold reads).
     #[arg(long)]
     no_preload: bool,
+    /// Do not run the one warm-up token (rewound before timing) that pages in the dense
+    /// weights and starts the worker threads.
+    #[arg(long)]
+    no_warmup: bool,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -150,6 +154,13 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let description = runner.describe();
     let mut session = Session::new(runner);
     let prompt = prompt_ids(args.prompt, cfg.vocab_size, args.seed);
+    // One warm-up token, then rewound, as llama-bench's warm-up run: it pages in the dense
+    // weights (memory-mapped, perhaps evicted by whatever ran before) and starts the worker
+    // threads, so that neither is charged to the prefill.
+    if !args.no_warmup {
+        session.feed(&prompt[..1], LogitRows::Last, &mut NoObserver)?;
+        session.rewind(0)?;
+    }
 
     let snap = |s: &Session| (s.runner().times(), s.runner().expert_stats());
     let (t_a, e_a) = snap(&session);
