@@ -38,6 +38,12 @@ pub trait Runner: Send {
         rows: LogitRows,
         observer: &mut dyn Observer,
     ) -> Result<Vec<f32>>;
+    /// Most positions one forward call computes at once (the prefill block, `--prefill-block`);
+    /// a session feeds long prompts in blocks of this size so it can stop between them.
+    /// By default a runner takes any number of positions in one call.
+    fn prefill_block(&self) -> usize {
+        usize::MAX
+    }
     /// Time spent so far, by phase.
     fn times(&self) -> PhaseTimes;
     /// Counters of the expert source.
@@ -69,6 +75,10 @@ impl<B: Backend + Send> Runner for Forward<B> {
         observer: &mut dyn Observer,
     ) -> Result<Vec<f32>> {
         self.run(ids, start_pos, rows, observer)
+    }
+
+    fn prefill_block(&self) -> usize {
+        self.max_batch()
     }
 
     fn times(&self) -> PhaseTimes {
