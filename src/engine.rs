@@ -38,6 +38,12 @@ pub trait Runner: Send {
         rows: LogitRows,
         observer: &mut dyn Observer,
     ) -> Result<Vec<f32>>;
+    /// Most positions one forward call computes at once (the prefill block, `--prefill-block`);
+    /// a session feeds long prompts in blocks of this size so it can stop between them.
+    /// By default a runner takes any number of positions in one call.
+    fn prefill_block(&self) -> usize {
+        usize::MAX
+    }
     /// Time spent so far, by phase.
     fn times(&self) -> PhaseTimes;
     /// Counters of the expert source.
@@ -69,6 +75,10 @@ impl<B: Backend + Send> Runner for Forward<B> {
         observer: &mut dyn Observer,
     ) -> Result<Vec<f32>> {
         self.run(ids, start_pos, rows, observer)
+    }
+
+    fn prefill_block(&self) -> usize {
+        self.max_batch()
     }
 
     fn times(&self) -> PhaseTimes {
@@ -168,10 +178,41 @@ impl Default for RunOptions {
     }
 }
 
-/// The context capacity used when none is asked for: 4096 positions, or the model's
-/// maximum if smaller.
+/// Positions a default context holds when memory allows ([`default_ctx_for_memory`]).
+pub const DEFAULT_CTX_TARGET: usize = 32_768;
+
+/// Fewest positions a default context holds (unless the model's maximum is smaller).
+pub const DEFAULT_CTX_FLOOR: usize = 4096;
+
+/// The context capacity used when `--ctx` is not given, sized from this machine's physical
+/// memory by [`default_ctx_for_memory`] (8 GiB assumed when the OS does not say).
 pub fn default_ctx(cfg: &ModelConfig) -> usize {
-    4096.min(cfg.max_position_embeddings)
+    default_ctx_for_memory(cfg, crate::system::total_memory().unwrap_or(8 << 30))
+}
+
+/// The default context on a machine with `total_memory` bytes of RAM: the rule is
+/// [`DEFAULT_CTX_TARGET`] positions when their F32 key/value cache (every layer, sliding
+/// ones included, holds every position: `layers x 2 x kv_heads x head_dim x 4` bytes per
+/// position) plus the RoPE tables take at most a quarter of the memory left after the
+/// system reserve the expert cache also leaves (4 GiB, or a quarter of RAM on small
+/// machines); otherwise the most positions that do, rounded down to a multiple of 1024 and
+/// not below [`DEFAULT_CTX_FLOOR`]. Either way capped by the model's
+/// `max_position_embeddings`. The other three quarters stay for the dense weights and the
+/// expert cache, whose default budget subtracts this cache ([`default_ram_budget`]).
+pub fn default_ctx_for_memory(cfg: &ModelConfig, total_memory: u64) -> usize {
+    let reserve = (4u64 << 30).min(total_memory / 4);
+    let kv_room = total_memory.saturating_sub(reserve) / 4;
+    let per_position = cfg.kv_bytes(1).zip(cfg.rope_table_bytes(1)).and_then(|(k, r)| k.checked_add(r));
+    let fits = match per_position {
+        Some(b) if b > 0 => usize::try_from(kv_room / b).unwrap_or(usize::MAX),
+        _ => 0,
+    };
+    let ctx = if fits >= DEFAULT_CTX_TARGET {
+        DEFAULT_CTX_TARGET
+    } else {
+        (fits / 1024 * 1024).max(DEFAULT_CTX_FLOOR)
+    };
+    ctx.min(cfg.max_position_embeddings)
 }
 
 /// Options for opening a model directory.
@@ -480,4 +521,60 @@ pub fn runner(
         return Ok(Box::new(crate::lockstep::LockstepRunner::new(primary, cpu_runner(model, opts)?)));
     }
     Ok(primary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::synth::{SynthShape, SynthSpec};
+
+    fn config(shape: SynthShape) -> ModelConfig {
+        let json = SynthSpec::of(shape).config_json().to_string();
+        ModelConfig::from_json_str(&json, Path::new("synth/config.json")).unwrap()
+    }
+
+    const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn the_default_context_is_the_target_where_its_cache_fits_in_a_quarter_of_the_room() {
+        let cfg = config(SynthShape::GptOss20b);
+        // 24 layers x 2 x 8 KV heads x 64 x 4 bytes = 96 KiB per position (plus RoPE).
+        assert_eq!(cfg.kv_bytes(1), Some(24 * 2 * 8 * 64 * 4));
+        let per_position = cfg.kv_bytes(1).unwrap() + cfg.rope_table_bytes(1).unwrap();
+        for total in [64 * GIB, 128 * GIB, 1 << 50] {
+            assert_eq!(default_ctx_for_memory(&cfg, total), DEFAULT_CTX_TARGET, "{total} bytes");
+        }
+        // 16 GiB: a quarter of the 12 GiB after the reserve is 3 GiB, just short of 32768
+        // positions' 3 GiB plus RoPE: the most that fit, a multiple of 1024.
+        let room = (16 * GIB - 4 * GIB) / 4;
+        let expected = (room / per_position) as usize / 1024 * 1024;
+        assert_eq!(default_ctx_for_memory(&cfg, 16 * GIB), expected);
+        assert!((30 * 1024..DEFAULT_CTX_TARGET).contains(&expected), "{expected}");
+        // 8 GiB: the reserve is a quarter of RAM (2 GiB); 1.5 GiB holds 15 Ki positions.
+        assert_eq!(
+            default_ctx_for_memory(&cfg, 8 * GIB),
+            ((6 * GIB / 4) / per_position) as usize / 1024 * 1024
+        );
+        // Tiny machines keep the floor.
+        assert_eq!(default_ctx_for_memory(&cfg, GIB), DEFAULT_CTX_FLOOR);
+        assert_eq!(default_ctx_for_memory(&cfg, 0), DEFAULT_CTX_FLOOR);
+    }
+
+    #[test]
+    fn the_default_context_grows_with_the_model_and_never_passes_its_maximum() {
+        let big = config(SynthShape::GptOss120b);
+        let small = config(SynthShape::GptOss20b);
+        // 36 layers need more memory for the same positions.
+        assert!(default_ctx_for_memory(&big, 16 * GIB) < default_ctx_for_memory(&small, 16 * GIB));
+        assert_eq!(default_ctx_for_memory(&big, 64 * GIB), DEFAULT_CTX_TARGET);
+        let mut short = small.clone();
+        short.max_position_embeddings = 2048;
+        assert_eq!(default_ctx_for_memory(&short, 128 * GIB), 2048);
+        assert_eq!(default_ctx_for_memory(&short, 0), 2048);
+        // Every result is a context check_context's limits accept.
+        for total in [0, GIB, 8 * GIB, 16 * GIB, 1 << 40] {
+            let ctx = default_ctx_for_memory(&big, total);
+            assert!((1..=big.max_position_embeddings).contains(&ctx), "{ctx}");
+        }
+    }
 }

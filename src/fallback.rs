@@ -77,6 +77,10 @@ impl Runner for FallbackRunner {
         Ok(out)
     }
 
+    fn prefill_block(&self) -> usize {
+        self.current.prefill_block()
+    }
+
     fn times(&self) -> PhaseTimes {
         self.current.times()
     }

@@ -82,6 +82,10 @@ impl Runner for LockstepRunner {
         })
     }
 
+    fn prefill_block(&self) -> usize {
+        self.primary.prefill_block().min(self.oracle.prefill_block())
+    }
+
     fn times(&self) -> PhaseTimes {
         self.primary.times()
     }

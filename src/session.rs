@@ -118,6 +118,42 @@ impl Session {
         Ok(self.logits.clone())
     }
 
+    /// Consumes `ids` after the cached positions in blocks of the runner's
+    /// [`prefill_block`](Runner::prefill_block), asking `keep_going` between blocks (with the
+    /// number of `ids` consumed so far) whether to go on. Returns whether every ID was
+    /// consumed; the logits for `rows` stay for sampling, as after [`feed`](Self::feed).
+    ///
+    /// Validates IDs and capacity first: on error nothing has changed. When stopped, the
+    /// session holds exactly the blocks that were computed (the cache still matches the
+    /// token history) and no logits, so the next turn reuses those positions as a prefix.
+    pub fn prefill(
+        &mut self,
+        ids: &[u32],
+        rows: LogitRows,
+        keep_going: &mut dyn FnMut(usize) -> bool,
+    ) -> Result<bool> {
+        self.check_ids(ids)?;
+        self.check_fits(self.pos(), ids.len())?;
+        let block = self.runner.prefill_block().max(1);
+        let blocks = ids.len().div_ceil(block);
+        let mut logits = Vec::new();
+        for (b, chunk) in ids.chunks(block).enumerate() {
+            if b > 0 && !keep_going(b * block) {
+                self.logits.clear();
+                return Ok(false);
+            }
+            let block_rows = match rows {
+                LogitRows::All => LogitRows::All,
+                LogitRows::Last if b + 1 == blocks => LogitRows::Last,
+                LogitRows::Last | LogitRows::None => LogitRows::None,
+            };
+            self.consume(chunk, block_rows, &mut NoObserver)?;
+            logits.append(&mut self.logits);
+        }
+        self.logits = logits;
+        Ok(true)
+    }
+
     /// [`feed`](Self::feed) without handing the logits out (they stay for sampling).
     fn consume(&mut self, ids: &[u32], rows: LogitRows, observer: &mut dyn Observer) -> Result<()> {
         self.check_ids(ids)?;

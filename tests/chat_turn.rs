@@ -164,3 +164,67 @@ fn a_limit_is_clamped_to_the_room_and_complete_prompt_matches_complete() {
         assert_eq!(c.completion_tokens, room);
     }
 }
+
+/// A session whose runner computes at most `block` positions per forward call.
+fn session_in_blocks(dir: &std::path::Path, block: usize) -> Session {
+    let model = engine::open(dir, &OpenOptions { ctx: 512, ..Default::default() }).unwrap();
+    Session::new(
+        engine::cpu_runner(&model, &RunOptions { ctx: 512, max_batch: block, ..Default::default() }).unwrap(),
+    )
+}
+
+#[test]
+fn a_prefill_stopped_after_its_first_block_keeps_that_block_and_the_next_turn_matches_a_fresh_session() {
+    let model = common::tiny_real_vocab();
+    let harmony = HarmonyEncoding::new();
+    let convo =
+        Conversation::from_messages([system(), Message::user("Tell me a long story about a woodpecker")]);
+    let opts = TurnOptions {
+        max_tokens: Some(10),
+        sampling: SamplingParams { temperature: 0.8, seed: 5, ..Default::default() },
+        declared_functions: Vec::new(),
+    };
+    let block = 8;
+    let prompt = render_prompt(&harmony, &convo).unwrap();
+    assert!(prompt.len() > 3 * block, "the prompt must span several blocks: {} tokens", prompt.len());
+
+    let mut s = session_in_blocks(model.path(), block);
+    let mut progress = Vec::new();
+    let mut tokens_seen = 0;
+    let stopped = complete_prompt(&mut s, &harmony, &prompt, &opts, &mut |e| match e {
+        ChatEvent::Prefill { done, total } => {
+            progress.push((done, total));
+            false
+        }
+        ChatEvent::Token(_) => {
+            tokens_seen += 1;
+            true
+        }
+        _ => true,
+    })
+    .unwrap();
+    assert_eq!(stopped.stop, StopReason::Cancelled);
+    assert_eq!(progress, vec![(block, prompt.len())], "asked once, after the first block");
+    assert_eq!(tokens_seen, 0, "nothing is generated after a stopped prefill");
+    assert!(stopped.tokens.is_empty() && stopped.messages.is_empty());
+    assert_eq!(s.pos(), block, "the session holds exactly the computed block");
+    assert_eq!(s.tokens(), &prompt[..block]);
+
+    // The same turn again reuses the computed block and gives a fresh session's tokens.
+    let mut blocks = 0;
+    let again = complete_prompt(&mut s, &harmony, &prompt, &opts, &mut |e| {
+        if let ChatEvent::Prefill { done, .. } = e {
+            assert!(done > block && done < prompt.len(), "progress {done} outside the rest of the prompt");
+            blocks += 1;
+        }
+        true
+    })
+    .unwrap();
+    assert_eq!(again.reused, block);
+    assert_eq!(blocks, (prompt.len() - block).div_ceil(block) - 1, "asked between every two blocks");
+    let mut fresh = session_in_blocks(model.path(), block);
+    let expected = complete_prompt(&mut fresh, &harmony, &prompt, &opts, &mut |_| true).unwrap();
+    assert!(!expected.tokens.is_empty());
+    assert_eq!(again.tokens, expected.tokens, "the stopped prefill changed the next turn's tokens");
+    assert_eq!(s.pos(), prompt.len() + again.tokens.len());
+}

@@ -124,7 +124,7 @@ impl Collector {
             ChatEvent::ToolCall { text, .. } => {
                 x.tool_calls.last_mut().expect("arguments before the call opened").arguments.push_str(text)
             }
-            ChatEvent::Token(_) => {}
+            ChatEvent::Token(_) | ChatEvent::Prefill { .. } => {}
         }
     }
 

@@ -59,6 +59,8 @@ struct Scripted {
     reply_start: usize,
     predicted: Option<(usize, u32)>,
     delay: Duration,
+    /// Positions per forward call a session feeds (the prefill block).
+    block: usize,
 }
 
 impl Scripted {
@@ -77,6 +79,7 @@ impl Scripted {
             reply_start: 0,
             predicted: None,
             delay,
+            block: usize::MAX,
         }
     }
 
@@ -119,6 +122,10 @@ impl Runner for Scripted {
 
     fn describe(&self) -> String {
         "scripted".into()
+    }
+
+    fn prefill_block(&self) -> usize {
+        self.block
     }
 
     fn forward(
@@ -557,6 +564,50 @@ fn a_dropped_stream_cancels_its_generation() {
     let stats = server.stats();
     assert_eq!((stats.cancelled, stats.completed), (1, 1));
     assert!(stats.completion_tokens < 5_000, "{} tokens were generated", stats.completion_tokens);
+}
+
+#[test]
+fn a_client_that_disconnects_during_a_long_prefill_frees_the_server_at_the_next_block() {
+    use std::io::Write;
+    // One position per forward call, 20 ms each: the prompt below takes seconds to prefill.
+    let mut runner = Scripted::new(100_000, Duration::from_millis(20));
+    runner.block = 1;
+    let server = serve(listener(), Session::new(Box::new(runner)), HttpOptions::new("s")).unwrap();
+    let long = "paste ".repeat(400);
+    let body = json!({"messages": [user(&long)], "max_tokens": 5}).to_string();
+    let mut socket = std::net::TcpStream::connect(server.local_addr()).unwrap();
+    write!(
+        socket,
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !server.stats().busy {
+        assert!(Instant::now() < deadline, "the request never started");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    drop(socket);
+    let dropped = Instant::now();
+    while server.stats().cancelled != 1 || server.stats().busy {
+        assert!(Instant::now() < deadline, "not cancelled: {:?}", server.stats());
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    // The whole prefill is 400+ positions, 8 s or more; stopping at a block boundary is quick.
+    let stopped_in = dropped.elapsed();
+    assert!(
+        stopped_in < Duration::from_secs(3),
+        "the prefill ran on for {stopped_in:?} after the disconnect"
+    );
+    let stats = server.stats();
+    assert_eq!((stats.completed, stats.completion_tokens), (0, 0), "{stats:?}");
+
+    // The server is free: a short request completes at once.
+    let v = complete(&server, &json!({"messages": [user("Hi")], "max_tokens": 5}));
+    assert_eq!(v["choices"][0]["finish_reason"], "length", "{v}");
+    assert_eq!(server.stats().completed, 1);
 }
 
 #[test]

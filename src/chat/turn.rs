@@ -12,6 +12,7 @@ use crate::chat::message::{Conversation, Message, Role};
 use crate::chat::recovery::{Delta, DeltaKind, TurnParser};
 use crate::chat::tokenizer::special;
 use crate::error::Result;
+use crate::model::LogitRows;
 use crate::sample::{Sampler, SamplingParams};
 use crate::session::{Session, StopReason};
 
@@ -36,6 +37,15 @@ pub enum ChatEvent<'a> {
     /// A token was generated (sent for every token, before any text it adds), so a caller
     /// can stop the turn at any point, not only when text appears.
     Token(u32),
+    /// The prompt is being computed: `done` of its `total` tokens are in the cache (reused
+    /// ones included). Sent between prefill blocks, so a caller can stop a long prompt
+    /// before its first token; the cache then keeps the computed blocks.
+    Prefill {
+        /// Prompt tokens in the cache so far.
+        done: usize,
+        /// Tokens of the whole prompt.
+        total: usize,
+    },
 }
 
 /// Settings of one turn.
@@ -137,13 +147,32 @@ pub fn complete_prompt(
     let reused = session.reuse_prefix(prompt)?;
     let stops = turn_stop_tokens(session.runner().config().vocab_size);
     let mut parser = TurnParser::new(*harmony, &opts.declared_functions);
+    // The prompt goes in block by block, so the caller can stop it between blocks; an empty
+    // rest (an empty prompt) continues from the last consumed token inside `generate`.
+    let rest = &prompt[reused..];
+    if !rest.is_empty() {
+        let rows = if max_new > 0 { LogitRows::Last } else { LogitRows::None };
+        let total = prompt.len();
+        let finished = session
+            .prefill(rest, rows, &mut |done| on_event(ChatEvent::Prefill { done: reused + done, total }))?;
+        if !finished {
+            return Ok(TurnOutcome {
+                messages: Vec::new(),
+                stop: StopReason::Cancelled,
+                prompt_tokens: prompt.len(),
+                reused,
+                completion_tokens: 0,
+                tokens: Vec::new(),
+            });
+        }
+    }
     let mut on_token = |id: u32| -> bool {
         if !on_event(ChatEvent::Token(id)) {
             return false;
         }
         parser.push(id).iter().all(|delta| on_event(delta_event(delta)))
     };
-    let generation = session.generate(&prompt[reused..], max_new, &mut sampler, &stops, &mut on_token)?;
+    let generation = session.generate(&[], max_new, &mut sampler, &stops, &mut on_token)?;
     // A turn cut short leaves a partial message: keep (and show) what was said.
     for delta in parser.finish() {
         on_event(delta_event(&delta));

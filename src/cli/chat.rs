@@ -178,7 +178,7 @@ impl Printer {
                 }
                 let _ = write!(out, "{t}");
             }
-            ChatEvent::Reasoning(_) | ChatEvent::Token(_) => {}
+            ChatEvent::Reasoning(_) | ChatEvent::Token(_) | ChatEvent::Prefill { .. } => {}
             ChatEvent::Answer(t) | ChatEvent::Commentary(t) => {
                 self.end_reasoning(out);
                 let _ = write!(out, "{t}");

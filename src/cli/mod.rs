@@ -90,8 +90,10 @@ pub struct ModelArgs {
     /// Print cache, disk and timing statistics at the end.
     #[arg(long)]
     pub stats: bool,
-    /// Context capacity in positions (the key/value cache size). Default: 4096, or the
-    /// model's maximum if smaller.
+    /// Context capacity in positions (the key/value cache size). Default: 32768 when that
+    /// cache takes at most a quarter of the RAM left after a system reserve (4 GiB, or a
+    /// quarter of RAM), else the most that does (a multiple of 1024, at least 4096); never
+    /// above the model's maximum.
     #[arg(long)]
     pub ctx: Option<usize>,
     /// Worker threads (default: all cores).
@@ -165,6 +167,10 @@ impl ModelArgs {
         let ram_bytes = self.ram_gb.map(|g| gib_flag("--ram-gb", g)).transpose()?;
         check_count("--io-threads", self.io_threads, MAX_IO_THREADS)?;
         self.check_ctx_early(&dir, ctx)?;
+        // The expert cache's default budget leaves room for the context actually used: the
+        // default one, computed from config.json as the front-ends compute it after loading.
+        let ctx = ctx
+            .or_else(|| picchio::ModelConfig::from_dir(&dir).ok().map(|c| picchio::engine::default_ctx(&c)));
         let opts = picchio::engine::OpenOptions {
             ram_bytes,
             formats: Formats { experts: self.experts, dense: self.dense },

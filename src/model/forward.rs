@@ -88,6 +88,11 @@ impl<B: Backend> Forward<B> {
         &self.backend
     }
 
+    /// Largest number of positions processed in one batch (the prefill block).
+    pub fn max_batch(&self) -> usize {
+        self.max_batch
+    }
+
     /// Time spent so far, by phase.
     pub fn times(&self) -> PhaseTimes {
         self.times

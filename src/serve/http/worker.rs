@@ -1,6 +1,7 @@
 //! The engine thread: one [`Session`] owned by one std thread that serves jobs in the order
 //! they arrive (FIFO). Each job streams what the model says back over its own channel;
-//! a closed channel (the client went away) stops its generation at the next piece of text.
+//! a closed channel (the client went away) stops its prefill at the next block boundary and
+//! its generation at the next token.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
@@ -206,6 +207,11 @@ fn run_job(
     let mut first_token: Option<Instant> = None;
     let mut on_event = |event: ChatEvent<'_>| {
         let piece = match event {
+            ChatEvent::Prefill { .. } => {
+                // Checked between prefill blocks, so a long prompt stops when its client goes.
+                gone |= job.events.is_closed() || stopping.load(Ordering::SeqCst);
+                return !gone;
+            }
             ChatEvent::Token(_) => {
                 first_token.get_or_insert_with(Instant::now);
                 // Checked on every token, so a client that went away stops generation at once.
