@@ -7,7 +7,6 @@ use clap::Args;
 use picchio::bench::{
     copy_bandwidth, decode_bytes_per_token, disk_read_bandwidth, prompt_ids, read_bandwidth,
 };
-use picchio::engine;
 use picchio::experts::ExpertStats;
 use picchio::model::forward::PhaseTimes;
 use picchio::model::{LogitRows, NoObserver};
@@ -115,8 +114,6 @@ impl Phase {
 pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     args.model.apply_threads()?;
     anyhow::ensure!(args.prompt > 0, "--prompt must be at least 1");
-    let model = args.model.open(args.model.ctx)?;
-    let cfg = model.config.clone();
     let needed =
         args.prompt.checked_add(args.decode_tokens).and_then(|n| n.checked_add(1)).ok_or_else(|| {
             anyhow::anyhow!(
@@ -125,7 +122,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 args.decode_tokens
             )
         })?;
-    let ctx = args.model.ctx.unwrap_or_else(|| engine::default_ctx(&cfg)).max(needed);
+    // Without `--ctx`, the positions this run needs (not the serving default, whose key/value
+    // cache would take RAM from the expert cache being measured).
+    let ctx = args.model.ctx.unwrap_or(needed).max(needed);
+    let model = args.model.open(Some(ctx))?;
+    let cfg = model.config.clone();
     let threads = rayon::current_num_threads();
 
     // Floors, measured in this run.

@@ -43,7 +43,8 @@ pub enum Command {
     Verify(verify::VerifyArgs),
     /// Write a random GPT-OSS checkpoint of exact shape (for benchmarks and tests).
     Synth(synth::SynthArgs),
-    /// Measure prefill and decode speed.
+    /// Measure prefill and decode speed (the key/value cache holds the positions the run needs
+    /// unless `--ctx` says more).
     Bench(bench::BenchArgs),
     /// Serve a session to another program (stdio line protocol or OpenAI-compatible HTTP).
     Serve(serve::ServeArgs),
