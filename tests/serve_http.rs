@@ -17,155 +17,12 @@ use picchio::chat::{
     Conversation, DeveloperContent, HarmonyEncoding, Message, ReasoningEffort, RenderConfig, Role,
     SystemContent, Tokenizer, today_utc,
 };
-use picchio::config::ModelConfig;
-use picchio::engine::{self, OpenOptions, RunOptions, Runner};
-use picchio::experts::ExpertStats;
-use picchio::model::forward::PhaseTimes;
-use picchio::model::{LogitRows, Observer};
+use picchio::engine::{self, OpenOptions, RunOptions};
 use picchio::serve::http::{HttpOptions, ServerHandle, serve};
 use picchio::session::Session;
 use serde_json::{Value, json};
 
-// ---------------------------------------------------------------------------------------
-// A scripted model.
-
-/// The default reply: reasoning, then an answer.
-const REASONING: &str = "Thinking about it.";
-const ANSWER: &str = "Hello from the scripted model!";
-const DEFAULT_REPLY: &str = "<|channel|>analysis<|message|>Thinking about it.<|end|>\
-    <|start|>assistant<|channel|>final<|message|>Hello from the scripted model!<|return|>";
-/// When the tool `get_weather` is declared: reasoning, then a call.
-const TOOL_ARGUMENTS: &str = r#"{"city":"Paris"}"#;
-const TOOL_REPLY: &str = "<|channel|>analysis<|message|>The user wants the weather; call the tool.<|end|>\
-    <|start|>assistant to=functions.get_weather<|channel|>commentary <|constrain|>json\
-    <|message|>{\"city\":\"Paris\"}<|call|>";
-/// After the tool's result.
-const AFTER_TOOL_ANSWER: &str = "It is sunny in Paris.";
-const AFTER_TOOL_REPLY: &str = "<|channel|>final<|message|>It is sunny in Paris.<|return|>";
-/// When the user says "forever": an answer that goes on until the token limit.
-const ENDLESS_REPLY: &str = "<|channel|>final<|message|>";
-const ENDLESS_FILLER: &str = " la";
-
-/// A runner that writes a fixed reply after each prompt, chosen by what the prompt says.
-/// It keeps the token history the session feeds it, so it knows where a prompt ends: a
-/// forward call that is not the token it just predicted starts a new reply.
-struct Scripted {
-    config: ModelConfig,
-    capacity: usize,
-    tokenizer: Tokenizer,
-    history: Vec<u32>,
-    reply: Vec<u32>,
-    filler: Option<u32>,
-    reply_start: usize,
-    predicted: Option<(usize, u32)>,
-    delay: Duration,
-    /// Positions per forward call a session feeds (the prefill block).
-    block: usize,
-}
-
-impl Scripted {
-    fn new(capacity: usize, delay: Duration) -> Self {
-        let spec = picchio::synth::SynthSpec::of(picchio::synth::SynthShape::Tiny);
-        let config =
-            ModelConfig::from_json_str(&spec.config_json().to_string(), Path::new("scripted/config.json"))
-                .unwrap();
-        Scripted {
-            config,
-            capacity,
-            tokenizer: Tokenizer::new(),
-            history: Vec::new(),
-            reply: Vec::new(),
-            filler: None,
-            reply_start: 0,
-            predicted: None,
-            delay,
-            block: usize::MAX,
-        }
-    }
-
-    fn choose_reply(&mut self) {
-        let text = self.tokenizer.decode(&self.history).unwrap();
-        let (reply, filler) = if text.contains("<|start|>functions.get_weather") {
-            (AFTER_TOOL_REPLY, None)
-        } else if text.contains("get_weather") {
-            (TOOL_REPLY, None)
-        } else if text.contains("forever") {
-            (ENDLESS_REPLY, Some(ENDLESS_FILLER))
-        } else {
-            (DEFAULT_REPLY, None)
-        };
-        self.reply = self.tokenizer.encode_with_special(reply);
-        self.filler = filler.map(|f| {
-            let t = self.tokenizer.encode(f);
-            assert_eq!(t.len(), 1, "the filler is one token");
-            t[0]
-        });
-    }
-
-    fn next_token(&self) -> u32 {
-        let k = self.history.len() - self.reply_start;
-        match self.reply.get(k) {
-            Some(&t) => t,
-            None => self.filler.unwrap_or(199_999),
-        }
-    }
-}
-
-impl Runner for Scripted {
-    fn config(&self) -> &ModelConfig {
-        &self.config
-    }
-
-    fn capacity(&self) -> usize {
-        self.capacity
-    }
-
-    fn describe(&self) -> String {
-        "scripted".into()
-    }
-
-    fn prefill_block(&self) -> usize {
-        self.block
-    }
-
-    fn forward(
-        &mut self,
-        ids: &[u32],
-        start_pos: usize,
-        rows: LogitRows,
-        _observer: &mut dyn Observer,
-    ) -> picchio::Result<Vec<f32>> {
-        std::thread::sleep(self.delay);
-        let continues = ids.len() == 1 && self.predicted == Some((start_pos, ids[0]));
-        self.history.truncate(start_pos);
-        self.history.extend_from_slice(ids);
-        if !continues {
-            self.reply_start = self.history.len();
-            self.choose_reply();
-        }
-        let next = self.next_token();
-        let n = match rows {
-            LogitRows::Last => 1,
-            LogitRows::All => ids.len(),
-            LogitRows::None => 0,
-        };
-        self.predicted = (n > 0).then_some((self.history.len(), next));
-        let vocab = self.config.vocab_size;
-        let mut logits = vec![0.0f32; n * vocab];
-        for row in logits.chunks_exact_mut(vocab) {
-            row[next as usize] = 40.0;
-        }
-        Ok(logits)
-    }
-
-    fn times(&self) -> PhaseTimes {
-        PhaseTimes::default()
-    }
-
-    fn expert_stats(&self) -> ExpertStats {
-        ExpertStats::default()
-    }
-}
+use common::scripted::{AFTER_TOOL_ANSWER, ANSWER, DEFAULT_REPLY, REASONING, Scripted, TOOL_ARGUMENTS};
 
 // ---------------------------------------------------------------------------------------
 // Servers and a client.
@@ -570,8 +427,7 @@ fn a_dropped_stream_cancels_its_generation() {
 fn a_client_that_disconnects_during_a_long_prefill_frees_the_server_at_the_next_block() {
     use std::io::Write;
     // One position per forward call, 20 ms each: the prompt below takes seconds to prefill.
-    let mut runner = Scripted::new(100_000, Duration::from_millis(20));
-    runner.block = 1;
+    let runner = Scripted::new(100_000, Duration::from_millis(20)).with_prefill_block(1);
     let server = serve(listener(), Session::new(Box::new(runner)), HttpOptions::new("s")).unwrap();
     let long = "paste ".repeat(400);
     let body = json!({"messages": [user(&long)], "max_tokens": 5}).to_string();

@@ -1,7 +1,7 @@
 //! A scripted runner for server tests: it writes fixed Harmony replies (reasoning then an
 //! answer, a tool call, the answer after the tool's result, or an answer that never ends),
 //! chosen by what the prompt says, so that content, reasoning, tool calls and streaming can
-//! be checked exactly. (The same script as `tests/serve_http.rs` uses.)
+//! be checked exactly.
 
 use std::path::Path;
 use std::time::Duration;
@@ -43,6 +43,8 @@ pub struct Scripted {
     reply_start: usize,
     predicted: Option<(usize, u32)>,
     delay: Duration,
+    /// Positions per forward call a session feeds (the prefill block).
+    block: usize,
 }
 
 impl Scripted {
@@ -62,7 +64,14 @@ impl Scripted {
             reply_start: 0,
             predicted: None,
             delay,
+            block: usize::MAX,
         }
+    }
+
+    /// The same runner taking `block` positions per forward call of a prefill.
+    pub fn with_prefill_block(mut self, block: usize) -> Self {
+        self.block = block;
+        self
     }
 
     fn choose_reply(&mut self) {
@@ -104,6 +113,10 @@ impl Runner for Scripted {
 
     fn describe(&self) -> String {
         "scripted".into()
+    }
+
+    fn prefill_block(&self) -> usize {
+        self.block
     }
 
     fn forward(
