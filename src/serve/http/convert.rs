@@ -32,6 +32,25 @@ pub(crate) struct Plan {
     pub declared_functions: Vec<String>,
 }
 
+/// The developer message carrying a request's instructions (joined by blank lines) and
+/// function tools, if it has either: the same for Chat Completions and Responses.
+pub(crate) fn developer_message<S: std::borrow::Borrow<str>>(
+    instructions: &[S],
+    tools: Vec<ToolDescription>,
+) -> Option<Message> {
+    if instructions.is_empty() && tools.is_empty() {
+        return None;
+    }
+    let mut developer = DeveloperContent::new();
+    if !instructions.is_empty() {
+        developer = developer.with_instructions(instructions.join("\n\n"));
+    }
+    if !tools.is_empty() {
+        developer = developer.with_function_tools(tools);
+    }
+    Some(Message::developer(developer))
+}
+
 /// The namespace of OpenAI function tools in Harmony.
 pub(crate) const FUNCTIONS: &str = "functions";
 
@@ -166,16 +185,7 @@ pub(crate) fn plan(req: ChatRequest, date: &str, seed: u64) -> Result<Plan, ApiE
     )];
     let tools = if use_tools { tools } else { Vec::new() };
     let declared_functions = tools.iter().map(|t| t.name.clone()).collect();
-    if !instructions.is_empty() || !tools.is_empty() {
-        let mut developer = DeveloperContent::new();
-        if !instructions.is_empty() {
-            developer = developer.with_instructions(instructions.join("\n\n"));
-        }
-        if !tools.is_empty() {
-            developer = developer.with_function_tools(tools);
-        }
-        conversation.push(Message::developer(developer));
-    }
+    conversation.extend(developer_message(&instructions, tools));
     conversation.extend(body);
     Ok(Plan {
         conversation: Conversation::from_messages(conversation),

@@ -19,8 +19,8 @@ use super::responses_api::{
 use super::store::{History, Stored};
 use super::worker::{Finished, Piece};
 use crate::chat::{
-    Conversation, DeveloperContent, HarmonyEncoding, Message, ParserState, ReasoningEffort, Role,
-    SystemContent, ToolDescription,
+    Conversation, HarmonyEncoding, Message, ParserState, ReasoningEffort, Role, SystemContent,
+    ToolDescription,
 };
 use crate::sample::SamplingParams;
 use crate::session::StopReason;
@@ -176,16 +176,7 @@ pub(crate) fn plan(
         .collect();
     let tools = if use_tools { declared } else { Vec::new() };
     let declared_functions = tools.iter().map(|t| t.name.clone()).collect();
-    if !instructions.is_empty() || !tools.is_empty() {
-        let mut developer = DeveloperContent::new();
-        if !instructions.is_empty() {
-            developer = developer.with_instructions(instructions.join("\n\n"));
-        }
-        if !tools.is_empty() {
-            developer = developer.with_function_tools(tools);
-        }
-        conversation.push(Message::developer(developer));
-    }
+    conversation.extend(convert::developer_message(&instructions, tools));
     conversation.extend(earlier.messages);
     conversation.extend(added.messages.iter().cloned());
     let store = req.store.unwrap_or(true);
