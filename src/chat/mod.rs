@@ -40,6 +40,6 @@ pub use parser::{ParseOptions, ParserState, StreamParser};
 pub use recovery::{Delta, DeltaKind, TurnParser, parse_turn};
 pub use tokenizer::{StreamDecoder, Tokenizer, VOCAB_SIZE};
 pub use turn::{
-    ChatEvent, TurnOptions, TurnOutcome, complete, complete_prompt, render_prompt, today_utc,
-    turn_stop_tokens,
+    ChatEvent, PromptFill, TurnOptions, TurnOutcome, complete, complete_prompt, prefill_prompt,
+    render_prompt, today_utc, turn_stop_tokens,
 };

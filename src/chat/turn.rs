@@ -76,6 +76,9 @@ pub struct TurnOutcome {
     pub prompt_tokens: usize,
     /// Prompt positions reused from the cache.
     pub reused: usize,
+    /// Prompt tokens this turn computed: all those not reused, or fewer when the turn was
+    /// stopped during the prefill (then the cache holds `reused + prefilled` positions).
+    pub prefilled: usize,
     /// Tokens generated (terminator included).
     pub completion_tokens: usize,
     /// The generated token IDs.
@@ -144,28 +147,13 @@ pub fn complete_prompt(
     // With no limit, or one past the room, the session stops when the context is full.
     let max_new = opts.max_tokens.unwrap_or(usize::MAX);
     let mut sampler = Sampler::new(opts.sampling.clone())?;
-    let reused = session.reuse_prefix(prompt)?;
     let stops = turn_stop_tokens(session.runner().config().vocab_size);
     let mut parser = TurnParser::new(*harmony, &opts.declared_functions);
-    // The prompt goes in block by block, so the caller can stop it between blocks; an empty
-    // rest (an empty prompt) continues from the last consumed token inside `generate`.
-    let rest = &prompt[reused..];
-    if !rest.is_empty() {
-        let rows = if max_new > 0 { LogitRows::Last } else { LogitRows::None };
-        let total = prompt.len();
-        let finished = session
-            .prefill(rest, rows, &mut |done| on_event(ChatEvent::Prefill { done: reused + done, total }))?;
-        if !finished {
-            return Ok(TurnOutcome {
-                messages: Vec::new(),
-                stop: StopReason::Cancelled,
-                prompt_tokens: prompt.len(),
-                reused,
-                completion_tokens: 0,
-                tokens: Vec::new(),
-            });
-        }
+    let prefill = prefill_prompt(session, prompt, max_new, on_event)?;
+    if !prefill.finished {
+        return Ok(prefill.cancelled_outcome(prompt.len()));
     }
+    let (reused, prefilled) = (prefill.reused, prefill.computed);
     let mut on_token = |id: u32| -> bool {
         if !on_event(ChatEvent::Token(id)) {
             return false;
@@ -182,9 +170,60 @@ pub fn complete_prompt(
         stop: generation.stop,
         prompt_tokens: prompt.len(),
         reused,
+        prefilled,
         completion_tokens: generation.tokens.len(),
         tokens: generation.tokens,
     })
+}
+
+/// How the prompt of a turn went into the cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PromptFill {
+    /// Prompt positions reused from the cache.
+    pub reused: usize,
+    /// Prompt tokens computed after them.
+    pub computed: usize,
+    /// Whether the whole prompt is in (false: stopped between prefill blocks).
+    pub finished: bool,
+}
+
+impl PromptFill {
+    /// The outcome of a turn stopped during its prefill: nothing generated.
+    pub fn cancelled_outcome(&self, prompt_tokens: usize) -> TurnOutcome {
+        TurnOutcome {
+            messages: Vec::new(),
+            stop: StopReason::Cancelled,
+            prompt_tokens,
+            reused: self.reused,
+            prefilled: self.computed,
+            completion_tokens: 0,
+            tokens: Vec::new(),
+        }
+    }
+}
+
+/// Puts `prompt` in the cache for a turn that generates up to `max_new` tokens: reuses the
+/// longest cached prefix (at most all but the last token), then computes the rest block by
+/// block, sending [`ChatEvent::Prefill`] to `on_event` between blocks; false stops it, and
+/// the cache keeps the blocks computed. Logits of the last position are kept for sampling
+/// unless `max_new` is 0. An empty rest (an empty prompt) continues from the last consumed
+/// token inside [`Session::generate`].
+pub fn prefill_prompt(
+    session: &mut Session,
+    prompt: &[u32],
+    max_new: usize,
+    on_event: &mut dyn FnMut(ChatEvent<'_>) -> bool,
+) -> Result<PromptFill> {
+    let reused = session.reuse_prefix(prompt)?;
+    let rest = &prompt[reused..];
+    if rest.is_empty() {
+        return Ok(PromptFill { reused, computed: 0, finished: true });
+    }
+    let rows = if max_new > 0 { LogitRows::Last } else { LogitRows::None };
+    let total = prompt.len();
+    let finished = session
+        .prefill(rest, rows, &mut |done| on_event(ChatEvent::Prefill { done: reused + done, total }))?;
+    Ok(PromptFill { reused, computed: session.pos() - reused, finished })
 }
 
 /// The event of a parsed delta.

@@ -2,6 +2,8 @@
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use anyhow::Context;
@@ -187,15 +189,27 @@ fn chat_turn(args: &GenerateArgs, text: &str) -> anyhow::Result<()> {
     let opts = args.chat.turn(0);
     let t0 = Instant::now();
     let harmony = picchio::chat::HarmonyEncoding::new();
+    // Ctrl-C stops the turn between prefill blocks or after the token being generated.
+    let interrupted = Arc::new(AtomicBool::new(false));
+    {
+        let flag = Arc::clone(&interrupted);
+        ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst))
+            .context("installing the Ctrl-C handler")?;
+    }
     let mut out = std::io::stdout().lock();
     let outcome = picchio::chat::complete(&mut session, &harmony, &conversation, &opts, &mut |e| {
         if let picchio::chat::ChatEvent::Answer(t) = e {
             let _ = write!(out, "{t}");
             let _ = out.flush();
         }
-        true
+        !interrupted.load(Ordering::SeqCst)
     })?;
     writeln!(out)?;
+    drop(out);
+    if outcome.stop == StopReason::Cancelled {
+        eprintln!("{}", interrupted_message(&outcome));
+        std::process::exit(INTERRUPTED_STATUS);
+    }
     if outcome.answer().is_none() {
         tracing::warn!(
             "the model gave no final answer: {} after {} tokens",
@@ -207,6 +221,22 @@ fn chat_turn(args: &GenerateArgs, text: &str) -> anyhow::Result<()> {
         super::print_stats(session.runner(), outcome.prompt_tokens, outcome.completion_tokens, t0.elapsed());
     }
     Ok(())
+}
+
+/// The exit status after Ctrl-C, as shells report a process ended by SIGINT.
+const INTERRUPTED_STATUS: i32 = 130;
+
+/// What a `-p` turn stopped by Ctrl-C had done.
+fn interrupted_message(outcome: &picchio::chat::TurnOutcome) -> String {
+    let in_cache = outcome.reused + outcome.prefilled;
+    if outcome.completion_tokens == 0 && in_cache < outcome.prompt_tokens {
+        format!(
+            "interrupted: stopped while reading the prompt ({in_cache} of {} tokens computed)",
+            outcome.prompt_tokens
+        )
+    } else {
+        format!("interrupted: stopped after {} generated tokens", outcome.completion_tokens)
+    }
 }
 
 /// Why a `-p` turn ended, in words (no raw token IDs).
@@ -234,6 +264,24 @@ mod tests {
         let call = describe_stop(StopReason::Stop(picchio::chat::tokenizer::special::CALL));
         assert!(call.contains("call a tool") && !call.contains("200012"), "{call}");
         assert_eq!(describe_stop(StopReason::MaxTokens), "it reached --max-tokens");
+    }
+
+    #[test]
+    fn interruptions_say_where_they_stopped() {
+        let outcome = |prefilled, completion_tokens| picchio::chat::TurnOutcome {
+            messages: Vec::new(),
+            stop: StopReason::Cancelled,
+            prompt_tokens: 100,
+            reused: 10,
+            prefilled,
+            completion_tokens,
+            tokens: Vec::new(),
+        };
+        assert_eq!(
+            interrupted_message(&outcome(54, 0)),
+            "interrupted: stopped while reading the prompt (64 of 100 tokens computed)"
+        );
+        assert_eq!(interrupted_message(&outcome(90, 7)), "interrupted: stopped after 7 generated tokens");
     }
 
     #[test]

@@ -77,8 +77,9 @@ fn load_session(model_args: &ModelArgs) -> anyhow::Result<Session> {
 fn run_stdio(args: &ServeArgs) -> anyhow::Result<()> {
     let mut session = load_session(&args.model)?;
     tracing::info!("serving on stdio");
-    let stdin = std::io::stdin();
-    picchio::serve::stdio::serve(&mut session, stdin.lock(), std::io::stdout().lock())?;
+    // Read ahead, so that CANCEL (or closing stdin) stops a turn in progress.
+    let stdin = std::io::BufReader::new(std::io::stdin());
+    picchio::serve::stdio::serve_cancellable(&mut session, stdin, std::io::stdout().lock())?;
     Ok(())
 }
 

@@ -7,12 +7,14 @@
 //! both with a non-fatal `ERROR` that leaves the session as it was.
 
 use std::io::{BufRead, Write};
+use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, sync_channel};
 
 use crate::chat::tokenizer::special;
 use crate::chat::turn_stop_tokens;
 use crate::error::{Error, Result};
+use crate::model::LogitRows;
 use crate::sample::{Sampler, SamplingParams};
-use crate::session::{Session, StopReason};
+use crate::session::{Generation, Session, StopReason};
 
 /// Why a request was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -189,11 +191,137 @@ fn line_text(bytes: &[u8], number: u64) -> std::result::Result<&str, Refusal> {
     })
 }
 
+/// What the line reader hands the protocol loop.
+enum Incoming {
+    /// A line (its bytes, or the length of one over the cap).
+    Line(LineRead, Vec<u8>),
+    /// End of input.
+    End,
+    /// Reading failed.
+    Failed(std::io::Error),
+}
+
+/// Where request lines come from.
+enum Lines<'a> {
+    /// Read from the input when the loop asks for the next request: nothing is read while a
+    /// turn runs, so `CANCEL` cannot stop one.
+    Direct(Box<dyn BufRead + 'a>),
+    /// Read ahead by a thread (one line at a time), so that a `CANCEL` or the end of input
+    /// is seen while a turn runs.
+    ReadAhead {
+        /// Lines from the reader thread.
+        rx: Receiver<Incoming>,
+        /// The next line, taken from `rx` to look at it during a turn.
+        next: Option<Incoming>,
+    },
+}
+
+/// Whether `bytes` is a line the protocol ignores (empty, or only blanks).
+fn is_blank(bytes: &[u8]) -> bool {
+    bytes.iter().all(|b| b.is_ascii_whitespace())
+}
+
+/// Whether `bytes` is the line `CANCEL`.
+fn is_cancel(bytes: &[u8]) -> bool {
+    std::str::from_utf8(bytes).is_ok_and(|l| l.split_whitespace().eq(["CANCEL"]))
+}
+
+impl Lines<'_> {
+    /// The next line, waiting for it; `Incoming::End` at end of input.
+    fn next(&mut self, cap: usize) -> Incoming {
+        match self {
+            Lines::Direct(input) => {
+                let mut buf = Vec::new();
+                match read_line(input, cap, &mut buf) {
+                    Ok(Some(read)) => Incoming::Line(read, buf),
+                    Ok(None) => Incoming::End,
+                    Err(e) => Incoming::Failed(e),
+                }
+            }
+            Lines::ReadAhead { rx, next } => next.take().or_else(|| rx.recv().ok()).unwrap_or(Incoming::End),
+        }
+    }
+
+    /// Whether the turn that runs now should stop: the next line is `CANCEL` (taken, so it
+    /// gets no reply) or input has ended (or failed). Blank lines in between are taken
+    /// (counted in `number`); any other line waits for its turn. Never waits; always false
+    /// for [`Lines::Direct`].
+    fn cancel_waiting(&mut self, number: &mut u64) -> bool {
+        let Lines::ReadAhead { rx, next } = self else { return false };
+        loop {
+            if next.is_none() {
+                match rx.try_recv() {
+                    Ok(incoming) => *next = Some(incoming),
+                    Err(TryRecvError::Empty) => return false,
+                    Err(TryRecvError::Disconnected) => {
+                        *next = Some(Incoming::End);
+                        return true;
+                    }
+                }
+            }
+            match next {
+                Some(Incoming::Line(LineRead::Line, bytes)) if is_blank(bytes) => {
+                    *number = number.saturating_add(1);
+                    *next = None;
+                }
+                Some(Incoming::Line(LineRead::Line, bytes)) if is_cancel(bytes) => {
+                    *number = number.saturating_add(1);
+                    *next = None;
+                    return true;
+                }
+                Some(Incoming::End | Incoming::Failed(_)) => return true,
+                Some(Incoming::Line(..)) | None => return false,
+            }
+        }
+    }
+}
+
+/// Reads lines of at most `cap` bytes from `input` into `tx` until end of input, a read
+/// error, or the receiver is gone.
+fn read_ahead(mut input: impl BufRead, cap: usize, tx: SyncSender<Incoming>) {
+    loop {
+        let mut buf = Vec::new();
+        let (incoming, last) = match read_line(&mut input, cap, &mut buf) {
+            Ok(Some(read)) => (Incoming::Line(read, buf), false),
+            Ok(None) => (Incoming::End, true),
+            Err(e) => (Incoming::Failed(e), true),
+        };
+        if tx.send(incoming).is_err() || last {
+            return;
+        }
+    }
+}
+
 /// Serves the protocol on `input`/`output` until `SHUTDOWN` or end of input. Lines longer
 /// than [`max_line_bytes`] of the session's capacity, lines that are not UTF-8 and malformed
 /// requests get a non-fatal `ERROR` line and leave the session as it was; blank lines are
-/// ignored.
-pub fn serve(session: &mut Session, mut input: impl BufRead, mut output: impl Write) -> Result<()> {
+/// ignored. Lines are read only between requests, so a `CANCEL` cannot stop a turn here
+/// (it is read after the turn, as a no-op); [`serve_cancellable`] reads ahead.
+pub fn serve(session: &mut Session, input: impl BufRead, output: impl Write) -> Result<()> {
+    serve_lines(session, Lines::Direct(Box::new(input)), output)
+}
+
+/// [`serve`] with the input read ahead by a thread, so that a `CANCEL` line (or the end of
+/// input) stops the turn in progress between prefill blocks or after the token being
+/// generated (`DONE CANCELLED`). The thread ends at end of input; when the protocol ends
+/// first (`SHUTDOWN`), it is left waiting on `input` and ends with it (for stdin: when the
+/// process exits).
+pub fn serve_cancellable(
+    session: &mut Session,
+    input: impl BufRead + Send + 'static,
+    output: impl Write,
+) -> Result<()> {
+    let cap = max_line_bytes(session.capacity());
+    let (tx, rx) = sync_channel(1);
+    std::thread::Builder::new()
+        .name("picchio-stdin".into())
+        .spawn(move || read_ahead(input, cap, tx))
+        .map_err(|e| Error::io("<stdin reader thread>", e))?;
+    serve_lines(session, Lines::ReadAhead { rx, next: None }, output)
+}
+
+/// The protocol loop over `lines`.
+fn serve_lines(session: &mut Session, mut lines: Lines<'_>, mut output: impl Write) -> Result<()> {
     let vocab = session.runner().config().vocab_size;
     let stops = turn_stop_tokens(vocab);
     let cap = max_line_bytes(session.capacity());
@@ -204,9 +332,13 @@ pub fn serve(session: &mut Session, mut input: impl BufRead, mut output: impl Wr
     };
     writeln!(output, "{}", ready(session)).map_err(io)?;
     output.flush().map_err(io)?;
-    let mut buf = Vec::new();
     let mut number: u64 = 0;
-    while let Some(read) = read_line(&mut input, cap, &mut buf).map_err(|e| Error::io("<stdin>", e))? {
+    loop {
+        let (read, buf) = match lines.next(cap) {
+            Incoming::Line(read, buf) => (read, buf),
+            Incoming::End => break,
+            Incoming::Failed(e) => return Err(Error::io("<stdin>", e)),
+        };
         number = number.saturating_add(1);
         let outcome = match read {
             LineRead::TooLong(len) => Err(refuse(
@@ -221,9 +353,15 @@ pub fn serve(session: &mut Session, mut input: impl BufRead, mut output: impl Wr
                     let Some((&cmd, args)) = fields.split_first() else { continue };
                     match cmd {
                         "TURN" => match parse_turn(args) {
-                            Ok(turn) => run_turn(session, &turn, &stops, &mut output),
+                            Ok(turn) => {
+                                let mut cancel = || lines.cancel_waiting(&mut number);
+                                run_turn(session, &turn, &stops, &mut output, &mut cancel)
+                            }
                             Err(r) => Err(r),
                         },
+                        // A CANCEL read between turns came too late for its turn: nothing to
+                        // stop, no reply (see docs/protocol.md).
+                        "CANCEL" if args.is_empty() => continue,
                         // Keeps the model and its caches, drops the positions.
                         "RESET" => match session.rewind(0) {
                             Ok(()) => {
@@ -261,12 +399,14 @@ fn error_line(r: &Refusal) -> String {
     format!("ERROR {} {} {}", r.code.as_str(), u8::from(r.fatal), message)
 }
 
-/// Validates and runs one turn, streaming `TOKEN` lines and a final `DONE`.
+/// Validates and runs one turn, streaming `TOKEN` lines and a final `DONE`. `cancel` is
+/// asked between prefill blocks and after each token whether to stop (`DONE CANCELLED`).
 fn run_turn(
     session: &mut Session,
     turn: &Turn,
     stops: &[u32],
     output: &mut impl Write,
+    cancel: &mut dyn FnMut() -> bool,
 ) -> std::result::Result<(), Refusal> {
     // Everything is checked before the cache changes.
     if turn.keep > session.pos() {
@@ -294,16 +434,26 @@ fn run_turn(
         Sampler::new(turn.params.clone()).map_err(|e| refuse(ErrorCode::BadArgument, e.to_string()))?;
     session.rewind(turn.keep).map_err(|e| refuse(ErrorCode::KeepRange, e.to_string()))?;
     let mut write_failed = false;
-    let result = session.generate(&turn.ids, turn.max_new, &mut sampler, stops, &mut |id| {
-        write_failed |= writeln!(output, "TOKEN {id}").and_then(|_| output.flush()).is_err();
-        !write_failed
+    // The IDs go in block by block, so a CANCEL can stop a long prompt between blocks.
+    let rows = if turn.max_new > 0 { LogitRows::Last } else { LogitRows::None };
+    let prefilled =
+        if turn.ids.is_empty() { Ok(true) } else { session.prefill(&turn.ids, rows, &mut |_| !cancel()) };
+    let result = prefilled.and_then(|finished| {
+        if !finished {
+            return Ok(Generation { tokens: Vec::new(), stop: StopReason::Cancelled });
+        }
+        session.generate(&[], turn.max_new, &mut sampler, stops, &mut |id| {
+            write_failed |= writeln!(output, "TOKEN {id}").and_then(|_| output.flush()).is_err();
+            !write_failed && !cancel()
+        })
     });
     match result {
         Ok(g) => {
             let reason = match g.stop {
                 StopReason::Stop(special::CALL) => "CALL",
                 StopReason::Stop(_) => "RETURN",
-                StopReason::MaxTokens | StopReason::Cancelled => "MAX_TOKENS",
+                StopReason::MaxTokens => "MAX_TOKENS",
+                StopReason::Cancelled => "CANCELLED",
                 StopReason::ContextFull => "CONTEXT_FULL",
             };
             let _ = writeln!(output, "DONE {reason} {} {}", g.tokens.len(), session.pos());

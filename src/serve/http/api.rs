@@ -38,6 +38,8 @@ pub(crate) struct ChatRequest {
     pub stop: Option<serde_json::Value>,
     /// `low`, `medium` or `high`.
     pub reasoning_effort: Option<String>,
+    /// `{"effort", "exclude", "enabled"}` (as OpenRouter and LiteLLM send it).
+    pub reasoning: Option<ChatReasoning>,
     /// Function tools.
     pub tools: Option<Vec<Tool>>,
     /// `auto`, `none`; others are refused.
@@ -61,6 +63,19 @@ pub(crate) struct ChatRequest {
 pub(crate) struct StreamOptions {
     /// Send a last chunk with the usage counts.
     pub include_usage: Option<bool>,
+}
+
+/// `reasoning` of a chat completions request.
+#[derive(Deserialize, Debug, Default)]
+pub(crate) struct ChatReasoning {
+    /// `low`, `medium` or `high`, as `reasoning_effort` (which it must agree with).
+    pub effort: Option<String>,
+    /// Leave the reasoning out of the answer (it is still generated and counted).
+    pub exclude: Option<bool>,
+    /// `true` is accepted; `false` is refused: GPT-OSS always reasons.
+    pub enabled: Option<bool>,
+    /// A token budget for the reasoning: refused (Harmony has no such control).
+    pub max_tokens: Option<serde_json::Value>,
 }
 
 /// One message of the request.
@@ -182,8 +197,12 @@ pub(crate) struct ResponseMessage {
     pub role: &'static str,
     /// The answer; null when the model wrote none (e.g. only a tool call).
     pub content: Option<String>,
-    /// The reasoning (analysis channel), null when there is none.
+    /// The reasoning (analysis channel), null when there is none or it is excluded
+    /// (llama-server's and DeepSeek's name).
     pub reasoning_content: Option<String>,
+    /// The same reasoning under the name vLLM (0.10 and later) and OpenAI's gpt-oss
+    /// guidance use.
+    pub reasoning: Option<String>,
     /// Tool calls, absent when there are none.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCall>,
@@ -234,9 +253,12 @@ pub(crate) struct Delta {
     /// Answer text.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
-    /// Reasoning text.
+    /// Reasoning text (llama-server's and DeepSeek's name).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
+    /// The same reasoning text (vLLM's and OpenAI's gpt-oss name).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
     /// Tool call pieces.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tool_calls: Option<Vec<ToolCallDelta>>,

@@ -30,6 +30,8 @@ pub(crate) struct Plan {
     /// The functions the model may call: the declared tools, none with `tool_choice: "none"`.
     /// A message addressed to anything else is text.
     pub declared_functions: Vec<String>,
+    /// `reasoning.exclude`: leave the reasoning out of the answer and the stream.
+    pub exclude_reasoning: bool,
 }
 
 /// The developer message carrying a request's instructions (joined by blank lines) and
@@ -161,17 +163,7 @@ pub(crate) fn plan(req: ChatRequest, date: &str, seed: u64) -> Result<Plan, ApiE
         Some(n) => Some(usize::try_from(n).unwrap_or(usize::MAX)),
         None => None,
     };
-    let effort = match req.reasoning_effort.as_deref() {
-        None | Some("medium") => ReasoningEffort::Medium,
-        Some("low") => ReasoningEffort::Low,
-        Some("high") => ReasoningEffort::High,
-        Some(other) => {
-            return Err(ApiError::invalid(
-                Some("reasoning_effort"),
-                format!("reasoning_effort must be \"low\", \"medium\" or \"high\", got {other:?}"),
-            ));
-        }
-    };
+    let (effort, exclude_reasoning) = reasoning_settings(&req)?;
     let tools = function_tools(req.tools.unwrap_or_default())?;
     let messages =
         req.messages.ok_or_else(|| ApiError::invalid(Some("messages"), "`messages` is required"))?;
@@ -195,10 +187,61 @@ pub(crate) fn plan(req: ChatRequest, date: &str, seed: u64) -> Result<Plan, ApiE
         include_usage: req.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
         return_token_ids: req.return_token_ids.unwrap_or(false),
         declared_functions,
+        exclude_reasoning,
     })
 }
 
-fn check_stop(stop: Option<&serde_json::Value>) -> Result<(), ApiError> {
+/// The reasoning effort (from `reasoning_effort` or `reasoning.effort`, which must agree)
+/// and whether `reasoning.exclude` leaves the reasoning out of the answer.
+fn reasoning_settings(req: &ChatRequest) -> Result<(ReasoningEffort, bool), ApiError> {
+    let nested = req.reasoning.as_ref();
+    if nested.and_then(|r| r.enabled) == Some(false) {
+        return Err(ApiError::unsupported(
+            "reasoning.enabled",
+            "GPT-OSS always reasons: reasoning cannot be disabled (use reasoning.effort \"low\", or \
+             reasoning.exclude to leave it out of the answer)",
+        ));
+    }
+    if nested.and_then(|r| r.max_tokens.as_ref()).is_some_and(|v| !v.is_null()) {
+        return Err(ApiError::unsupported(
+            "reasoning.max_tokens",
+            "a token budget for the reasoning is not supported (use reasoning.effort)",
+        ));
+    }
+    let flat = req.reasoning_effort.as_deref().map(|e| parse_effort(e, "reasoning_effort")).transpose()?;
+    let inner =
+        nested.and_then(|r| r.effort.as_deref()).map(|e| parse_effort(e, "reasoning.effort")).transpose()?;
+    let effort = match (flat, inner) {
+        (Some(a), Some(b)) if a != b => {
+            return Err(ApiError::invalid(
+                Some("reasoning.effort"),
+                format!(
+                    "reasoning.effort {:?} contradicts reasoning_effort {:?}; give one",
+                    b.as_str(),
+                    a.as_str()
+                ),
+            ));
+        }
+        (a, b) => a.or(b).unwrap_or(ReasoningEffort::Medium),
+    };
+    Ok((effort, nested.and_then(|r| r.exclude).unwrap_or(false)))
+}
+
+/// Harmony's reasoning effort of `low`, `medium` or `high`; `param` names the field.
+pub(crate) fn parse_effort(value: &str, param: &str) -> Result<ReasoningEffort, ApiError> {
+    match value {
+        "low" => Ok(ReasoningEffort::Low),
+        "medium" => Ok(ReasoningEffort::Medium),
+        "high" => Ok(ReasoningEffort::High),
+        other => Err(ApiError::invalid(
+            Some(param),
+            format!("{param} must be \"low\", \"medium\" or \"high\", got {other:?}"),
+        )),
+    }
+}
+
+/// Refuses a non-empty `stop` (stop sequences are not supported yet).
+pub(crate) fn check_stop(stop: Option<&serde_json::Value>) -> Result<(), ApiError> {
     let empty = match stop {
         None | Some(serde_json::Value::Null) => true,
         Some(serde_json::Value::String(s)) => s.is_empty(),
@@ -473,7 +516,7 @@ pub(crate) fn function_name(recipient: &str) -> &str {
 }
 
 /// The assistant message of a response, from the messages the model generated: analysis is
-/// the reasoning, messages addressed to a tool are tool calls (`new_id` names each), and
+/// the reasoning (as `reasoning_content` and as `reasoning`), messages addressed to a tool are tool calls (`new_id` names each), and
 /// every other message (final answer, commentary preamble) is content.
 pub(crate) fn response_message(messages: &[Message], new_id: &mut dyn FnMut() -> String) -> ResponseMessage {
     let mut content: Option<String> = None;
@@ -493,7 +536,13 @@ pub(crate) fn response_message(messages: &[Message], new_id: &mut dyn FnMut() ->
             content.get_or_insert_with(String::new).push_str(&text);
         }
     }
-    ResponseMessage { role: "assistant", content, reasoning_content: reasoning, tool_calls }
+    ResponseMessage {
+        role: "assistant",
+        content,
+        reasoning_content: reasoning.clone(),
+        reasoning,
+        tool_calls,
+    }
 }
 
 /// OpenAI's finish reason: `tool_calls` when the turn ended in a tool call, `length` when
@@ -640,6 +689,39 @@ mod tests {
     }
 
     #[test]
+    fn reasoning_settings_agree_or_are_refused() {
+        let user = r#""messages": [{"role": "user", "content": "hi"}]"#;
+        let effort = |p: &Plan| match &p.conversation.messages[0].content[0] {
+            Content::System(sys) => sys.reasoning_effort,
+            _ => None,
+        };
+        let p = plan_json(&format!(r#"{{{user}, "reasoning": {{"effort": "high", "exclude": true}}}}"#)).unwrap();
+        assert_eq!((effort(&p), p.exclude_reasoning), (Some(ReasoningEffort::High), true));
+        let p = plan_json(&format!(r#"{{{user}, "reasoning_effort": "low", "reasoning": {{"effort": "low"}}}}"#))
+            .unwrap();
+        assert_eq!((effort(&p), p.exclude_reasoning), (Some(ReasoningEffort::Low), false));
+        let p = plan_json(&format!(r#"{{{user}, "reasoning": {{"enabled": true}}}}"#)).unwrap();
+        assert_eq!(effort(&p), Some(ReasoningEffort::Medium));
+        let refused = |body: &str| {
+            let e = plan_json(&format!("{{{user}, {body}}}")).unwrap_err();
+            (e.param.unwrap_or_default(), e.code)
+        };
+        assert_eq!(
+            refused(r#""reasoning_effort": "low", "reasoning": {"effort": "high"}"#),
+            ("reasoning.effort".into(), None)
+        );
+        assert_eq!(refused(r#""reasoning": {"effort": "max"}"#), ("reasoning.effort".into(), None));
+        assert_eq!(
+            refused(r#""reasoning": {"enabled": false}"#),
+            ("reasoning.enabled".into(), Some("unsupported_parameter"))
+        );
+        assert_eq!(
+            refused(r#""reasoning": {"max_tokens": 100}"#),
+            ("reasoning.max_tokens".into(), Some("unsupported_parameter"))
+        );
+    }
+
+    #[test]
     fn generated_messages_map_back() {
         let messages = [
             Message::assistant("analysis", "think"),
@@ -652,6 +734,7 @@ mod tests {
             format!("call_{n}")
         });
         assert_eq!(m.reasoning_content.as_deref(), Some("think"));
+        assert_eq!(m.reasoning, m.reasoning_content, "both names carry the reasoning");
         assert_eq!(m.content.as_deref(), Some("Checking."));
         assert_eq!(m.tool_calls[0].id, "call_1");
         assert_eq!(m.tool_calls[0].function.name, "get_weather");

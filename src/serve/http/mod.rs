@@ -1,7 +1,8 @@
 //! An OpenAI-compatible HTTP server (`picchio serve --http`), specified in `docs/http.md`.
 //!
 //! `POST /v1/chat/completions` and `POST /v1/responses` (JSON or server-sent events),
-//! `GET`/`DELETE /v1/responses/{id}`, `POST /tokenize`, `POST /detokenize`, `GET /metrics`,
+//! `POST /v1/completions`, `GET`/`DELETE /v1/responses/{id}`,
+//! `GET /v1/responses/{id}/input_items`, `POST /tokenize`, `POST /detokenize`, `GET /metrics`,
 //! `GET /v1/models`, `GET /v1/models/{id}` and `GET /health`. One [`Session`] lives on one engine thread;
 //! requests queue for it in arrival order, and each renders its whole conversation so that
 //! the longest common prefix with the cache is reused (reported as
@@ -30,11 +31,14 @@
 //! ```
 
 mod api;
+mod completions;
 mod convert;
 mod cors;
 mod error;
+mod input_items;
 mod listen;
 mod metrics;
+mod raw;
 mod responses;
 mod responses_api;
 mod responses_stream;

@@ -54,6 +54,8 @@ pub(crate) struct Added {
     pub messages: Vec<Message>,
     /// Call ID -> recipient of the `function_call` input items.
     pub calls: Vec<(String, String)>,
+    /// The input items as `GET /v1/responses/{id}/input_items` lists them, in order.
+    pub items: Vec<Value>,
 }
 
 /// The request fields a response object repeats.
@@ -122,15 +124,8 @@ pub(crate) fn plan(
         None => None,
     };
     let effort = match req.reasoning.as_ref().and_then(|r| r.effort.as_deref()) {
-        None | Some("medium") => ReasoningEffort::Medium,
-        Some("low") => ReasoningEffort::Low,
-        Some("high") => ReasoningEffort::High,
-        Some(other) => {
-            return Err(ApiError::invalid(
-                Some("reasoning.effort"),
-                format!("reasoning.effort must be \"low\", \"medium\" or \"high\", got {other:?}"),
-            ));
-        }
+        None => ReasoningEffort::Medium,
+        Some(e) => convert::parse_effort(e, "reasoning.effort")?,
     };
     let declared = function_tools(req.tools.as_deref().unwrap_or_default())?;
     let earlier = match &req.previous_response_id {
@@ -206,6 +201,13 @@ pub(crate) fn plan(
 fn refuse_unsupported(req: &ResponsesRequest) -> Result<(), ApiError> {
     if req.background == Some(true) {
         return Err(ApiError::unsupported("background", "background responses are not supported"));
+    }
+    if req.reasoning.as_ref().and_then(|r| r.exclude) == Some(true) {
+        return Err(ApiError::unsupported(
+            "reasoning.exclude",
+            "reasoning.exclude is not supported by the Responses API: the reasoning is its own output \
+             item, which the client may drop",
+        ));
     }
     if req.top_logprobs.is_some_and(|n| n > 0) {
         return Err(ApiError::unsupported("top_logprobs", "log probabilities are not supported"));
@@ -336,6 +338,7 @@ fn convert_input(items: &[Value], calls: &mut HashMap<String, String>) -> Result
                 return Err(ApiError::invalid(Some(&format!("{param}.type")), "type must be a string"));
             }
         };
+        added.items.push(listed_item(item, kind));
         match kind {
             "message" => {
                 let role = string_field(item, "role", &param)?;
@@ -406,6 +409,35 @@ fn convert_input(items: &[Value], calls: &mut HashMap<String, String>) -> Result
         }
     }
     Ok(added)
+}
+
+/// An input item as `GET /v1/responses/{id}/input_items` lists it: with its `type`, an
+/// `id` (the client's, else a new one), and a message's string content as one text part
+/// (`input_text`, or `output_text` for an assistant's), as OpenAI lists them.
+fn listed_item(item: &Value, kind: &str) -> Value {
+    let mut out = item.as_object().cloned().unwrap_or_default();
+    out.insert("type".into(), Value::from(kind));
+    if !out.get("id").is_some_and(Value::is_string) {
+        let prefix = match kind {
+            "message" => "msg_",
+            "reasoning" => "rs_",
+            "function_call" => "fc_",
+            _ => "item_",
+        };
+        out.insert("id".into(), Value::from(super::routes::new_id(prefix)));
+    }
+    if kind == "message"
+        && let Some(Value::String(text)) = out.get("content")
+    {
+        let part = if out.get("role").and_then(Value::as_str) == Some("assistant") {
+            "output_text"
+        } else {
+            "input_text"
+        };
+        let content = serde_json::json!([{"type": part, "text": text}]);
+        out.insert("content".into(), content);
+    }
+    Value::Object(out)
 }
 
 /// What kind of text an output item holds.
@@ -698,6 +730,7 @@ pub(crate) fn stored(object: &ResponseObject, added: Added, output: &OutputBuild
         input_instructions: added.instructions,
         messages,
         calls,
+        input_items: added.items,
     }
 }
 

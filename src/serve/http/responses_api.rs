@@ -84,6 +84,9 @@ pub(crate) struct ReasoningParam {
     /// `low`, `medium` (default) or `high`: the Harmony system message's `Reasoning:`.
     /// (`summary` is ignored: the reasoning is returned whole, as `reasoning_text`.)
     pub effort: Option<String>,
+    /// Refused when true: the reasoning is its own output item, which a client may drop
+    /// (and which a later `previous_response_id` turn needs after a tool call).
+    pub exclude: Option<bool>,
 }
 
 /// The response object, as `POST /v1/responses` returns it, stream events carry it and

@@ -1,5 +1,5 @@
-//! The routes: `POST /v1/chat/completions`, `POST /v1/responses`, `GET` and `DELETE
-//! /v1/responses/{id}`, `GET /v1/models`, `GET /v1/models/{id}`, `GET /health`; the API key check (before routing), the body size and time limits, the
+//! The routes: `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/responses`, `GET` and `DELETE
+//! /v1/responses/{id}`, `GET /v1/responses/{id}/input_items`, `GET /v1/models`, `GET /v1/models/{id}`, `GET /health`; the API key check (before routing), the body size and time limits, the
 //! 503 answers while the model loads, request logging, and OpenAI-shaped 404 and 405 answers.
 
 use std::future::poll_fn;
@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, Request, State};
+use axum::extract::{Path, RawQuery, Request, State};
 use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::sse::{KeepAlive, Sse};
@@ -24,6 +24,7 @@ use tokio::sync::mpsc::unbounded_channel;
 
 use super::HttpOptions;
 use super::api::{ChatCompletion, Choice, ModelCard, ModelList, Usage};
+use super::completions;
 use super::convert;
 use super::error::{ApiError, ErrorNote};
 use super::responses::{self as responses_api, Ending, OutputBuilder, ResponseMeta};
@@ -31,7 +32,7 @@ use super::responses_api::ResponsesRequest;
 use super::responses_stream::ResponseStream;
 use super::store::Store;
 use super::stream::{ChunkMeta, ChunkStream};
-use super::worker::{Counters, Failure, Job, Stats, WorkerMsg};
+use super::worker::{Counters, Failure, Job, Output, Piece, Stats, WorkerMsg};
 use crate::chat::{HarmonyEncoding, TurnOptions, render_prompt, today_utc};
 
 /// The most bytes reserved for a body before its bytes arrive.
@@ -146,8 +147,10 @@ struct StreamNote;
 pub(crate) fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(text_completions))
         .route("/v1/responses", post(create_response))
         .route("/v1/responses/{id}", get(get_response).delete(delete_response))
+        .route("/v1/responses/{id}/input_items", get(list_input_items))
         .route("/tokenize", post(tokenize))
         .route("/detokenize", post(detokenize))
         .route("/metrics", get(metrics))
@@ -402,6 +405,7 @@ async fn chat(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<Response,
             sampling: plan.sampling,
             declared_functions: plan.declared_functions,
         },
+        output: Output::Harmony,
         events: tx,
         queued_at: Instant::now(),
     })?;
@@ -410,6 +414,7 @@ async fn chat(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<Response,
         created: unix_now(),
         model: app.model_id.clone(),
         include_usage: plan.include_usage,
+        exclude_reasoning: plan.exclude_reasoning,
     };
     if plan.stream {
         let stream = ChunkStream::new(rx, meta, Box::new(|| new_id("call_")));
@@ -425,7 +430,10 @@ async fn chat(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<Response,
         }
     };
     let usage = Usage::new(finished.prompt_tokens, finished.cached_tokens, finished.completion_tokens);
-    let message = convert::response_message(&finished.messages, &mut || new_id("call_"));
+    let mut message = convert::response_message(&finished.messages, &mut || new_id("call_"));
+    if plan.exclude_reasoning {
+        (message.reasoning_content, message.reasoning) = (None, None);
+    }
     let completion = ChatCompletion {
         id: meta.id,
         object: "chat.completion",
@@ -441,6 +449,83 @@ async fn chat(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<Response,
         usage,
         prompt_token_ids,
     };
+    let mut response = axum::Json(completion).into_response();
+    response.extensions_mut().insert(TokenNote(usage));
+    Ok(response)
+}
+
+async fn text_completions(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -> Response {
+    complete_text(app, headers, body).await.unwrap_or_else(IntoResponse::into_response)
+}
+
+/// `POST /v1/completions`: checks the request, tokenizes the prompt (off the async
+/// workers), checks that it fits, queues it as a raw job, and answers with one
+/// `text_completion` or a stream of them.
+async fn complete_text(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
+    let capacity = app.engine()?.capacity;
+    let bytes = read_body_in_time(&headers, body, app.max_body_bytes, app.body_timeout).await?;
+    let plan = completions::plan(convert::parse_json(&bytes)?, rand::random())?;
+    let tokenizer = *app.harmony.tokenizer();
+    let (input, special) = (plan.prompt.clone(), plan.special_tokens);
+    let prompt = tokio::task::spawn_blocking(move || completions::tokenize(&tokenizer, &input, special))
+        .await
+        .map_err(|e| ApiError::server(format!("tokenizing the prompt failed: {e}")))?;
+    if prompt.len() >= capacity {
+        let mut e = ApiError::context_length(format!(
+            "the prompt is {} tokens, but the context holds {} tokens and at least one must be left \
+             for the answer",
+            prompt.len(),
+            capacity
+        ));
+        e.param = Some("prompt".into());
+        return Err(e);
+    }
+    let echo = plan.echo.then(|| completions::echo_text(&tokenizer, &plan.prompt));
+    let prompt_token_ids = plan.return_token_ids.then(|| prompt.clone());
+    let (tx, mut rx) = unbounded_channel();
+    app.submit(Job {
+        prompt,
+        turn: TurnOptions {
+            max_tokens: Some(plan.max_tokens),
+            sampling: plan.sampling,
+            declared_functions: Vec::new(),
+        },
+        output: Output::Raw(plan.text),
+        events: tx,
+        queued_at: Instant::now(),
+    })?;
+    let meta = completions::CompletionMeta {
+        id: new_id("cmpl-"),
+        created: unix_now(),
+        model: app.model_id.clone(),
+        include_usage: plan.include_usage,
+    };
+    if plan.stream {
+        let stream = completions::CompletionStream::new(rx, meta, echo);
+        let mut response = Sse::new(stream).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)).into_response();
+        response.extensions_mut().insert(StreamNote);
+        return Ok(response);
+    }
+    let mut text = echo.unwrap_or_default();
+    let finished = loop {
+        match rx.recv().await {
+            Some(WorkerMsg::Done(result)) => break result.map_err(failure_error)?,
+            Some(WorkerMsg::Piece(Piece::Content(piece))) => text.push_str(&piece),
+            // A raw job sends only content (see `raw::complete_raw`).
+            Some(WorkerMsg::Piece(Piece::Reasoning(_) | Piece::ToolCall { .. }) | WorkerMsg::Started) => {}
+            None => return Err(ApiError::unavailable("the engine stopped before the answer was complete")),
+        }
+    };
+    let (finish_reason, usage) = completions::ending(&finished);
+    let choice = completions::TextChoice {
+        text,
+        index: 0,
+        logprobs: None,
+        finish_reason: Some(finish_reason),
+        token_ids: plan.return_token_ids.then_some(finished.tokens),
+    };
+    let mut completion = meta.completion(vec![choice], Some(usage));
+    completion.prompt_token_ids = prompt_token_ids;
     let mut response = axum::Json(completion).into_response();
     response.extensions_mut().insert(TokenNote(usage));
     Ok(response)
@@ -497,6 +582,7 @@ async fn respond(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<Respon
             sampling: plan.sampling,
             declared_functions: plan.declared_functions,
         },
+        output: Output::Harmony,
         events: tx,
         queued_at: Instant::now(),
     })?;
@@ -601,6 +687,21 @@ async fn get_response(State(app): State<Arc<App>>, Path(id): Path<String>) -> Re
         Some(object) => axum::Json(object).into_response(),
         None => response_not_found(&id).into_response(),
     }
+}
+
+/// `GET /v1/responses/{id}/input_items`: a page of a stored response's input items.
+async fn list_input_items(
+    State(app): State<Arc<App>>,
+    Path(id): Path<String>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let answer = || {
+        let query = super::input_items::parse_query(query.as_deref())?;
+        let store = app.responses.lock().map_err(|_| ApiError::server("the response store is poisoned"))?;
+        let items = store.input_items(&id).ok_or_else(|| response_not_found(&id))?;
+        super::input_items::page(items, &query)
+    };
+    answer().map_or_else(IntoResponse::into_response, |page| axum::Json(page).into_response())
 }
 
 /// `DELETE /v1/responses/{id}`: forgets a stored response.

@@ -34,6 +34,8 @@ pub(crate) struct Stored {
     pub messages: Vec<Message>,
     /// Call ID -> recipient (`functions.NAME`) of every function call in `messages`.
     pub calls: Vec<(String, String)>,
+    /// The request's input items, as `GET /v1/responses/{id}/input_items` lists them.
+    pub input_items: Vec<Value>,
 }
 
 impl Stored {
@@ -42,9 +44,11 @@ impl Stored {
         let texts: usize = self.messages.iter().map(|m| m.text().len().saturating_add(64)).sum();
         let calls: usize = self.calls.iter().map(|(a, b)| a.len() + b.len()).sum();
         let instructions: usize = self.input_instructions.iter().map(String::len).sum();
+        let items: usize = self.input_items.iter().map(|i| i.to_string().len()).sum();
         texts
             .saturating_add(calls)
             .saturating_add(instructions)
+            .saturating_add(items)
             .saturating_add(self.response.to_string().len())
     }
 }
@@ -95,6 +99,11 @@ impl Store {
     /// The stored response object of `id`.
     pub fn get(&self, id: &str) -> Option<&Value> {
         self.entries.get(id).map(|(s, _)| &s.response)
+    }
+
+    /// The input items of the stored response `id`, in order.
+    pub fn input_items(&self, id: &str) -> Option<&[Value]> {
+        self.entries.get(id).map(|(s, _)| s.input_items.as_slice())
     }
 
     /// Drops `id`; whether it was there.
@@ -153,6 +162,7 @@ mod tests {
             input_instructions: vec![format!("i-{text}")],
             messages: vec![Message::user(text)],
             calls: vec![(format!("call_{text}"), "functions.f".into())],
+            input_items: vec![serde_json::json!({"id": format!("msg_{text}")})],
         }
     }
 

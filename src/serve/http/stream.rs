@@ -30,6 +30,8 @@ pub(crate) struct ChunkMeta {
     pub model: String,
     /// Send a usage chunk before `[DONE]`.
     pub include_usage: bool,
+    /// Leave the reasoning out (`reasoning.exclude`).
+    pub exclude_reasoning: bool,
 }
 
 /// The stream of events of one completion.
@@ -94,8 +96,11 @@ impl ChunkStream {
 
     fn on_piece(&mut self, piece: Piece) {
         match piece {
+            Piece::Reasoning(_) if self.meta.exclude_reasoning => {}
             Piece::Reasoning(t) => {
-                self.push_delta(Delta { reasoning_content: Some(t), ..Delta::default() }, None);
+                let delta =
+                    Delta { reasoning_content: Some(t.clone()), reasoning: Some(t), ..Delta::default() };
+                self.push_delta(delta, None);
             }
             Piece::Content(t) => self.push_delta(Delta { content: Some(t), ..Delta::default() }, None),
             Piece::ToolCall { recipient, text } => {

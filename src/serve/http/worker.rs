@@ -12,6 +12,7 @@ use std::time::Instant;
 use serde::Serialize;
 use tokio::sync::mpsc::UnboundedSender;
 
+use super::raw::{RawText, complete_raw};
 use crate::chat::{ChatEvent, HarmonyEncoding, Message, TurnOptions, complete_prompt};
 use crate::error::Error;
 use crate::session::{Session, StopReason};
@@ -25,10 +26,21 @@ pub(crate) struct Job {
     pub prompt: Vec<u32>,
     /// Token limit and sampling.
     pub turn: TurnOptions,
+    /// What the generated tokens are read as.
+    pub output: Output,
     /// Where the pieces and the outcome go.
     pub events: UnboundedSender<WorkerMsg>,
     /// When the request was queued.
     pub queued_at: Instant,
+}
+
+/// What the generated tokens of a job are read as.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Output {
+    /// Harmony messages: reasoning, answer and tool calls (chat completions, responses).
+    Harmony,
+    /// Plain text, token by token (`/v1/completions`).
+    Raw(RawText),
 }
 
 /// Text the model produced, by kind.
@@ -36,7 +48,7 @@ pub(crate) struct Job {
 pub(crate) enum Piece {
     /// Reasoning (the analysis channel).
     Reasoning(String),
-    /// Answer or preamble text.
+    /// Answer or preamble text (all the text of a raw completion).
     Content(String),
     /// Argument text of a call of `recipient` (`functions.get_weather`).
     ToolCall {
@@ -230,8 +242,11 @@ fn run_job(
         }
         true
     };
-    let result = catch_unwind(AssertUnwindSafe(|| {
-        complete_prompt(session, &harmony, &job.prompt, &job.turn, &mut on_event)
+    let result = catch_unwind(AssertUnwindSafe(|| match job.output {
+        Output::Harmony => complete_prompt(session, &harmony, &job.prompt, &job.turn, &mut on_event),
+        Output::Raw(text) => {
+            complete_raw(session, *harmony.tokenizer(), &job.prompt, &job.turn, text, &mut on_event)
+        }
     }));
     record_times(session, counters, started, first_token);
     let outcome = match result {
@@ -239,8 +254,8 @@ fn run_job(
             counters.prompt_tokens.fetch_add(turn.prompt_tokens as u64, Ordering::SeqCst);
             counters.cached_tokens.fetch_add(turn.reused as u64, Ordering::SeqCst);
             counters.completion_tokens.fetch_add(turn.completion_tokens as u64, Ordering::SeqCst);
-            let computed = turn.prompt_tokens.saturating_sub(turn.reused) as u64;
-            counters.prefill_tokens.fetch_add(computed, Ordering::SeqCst);
+            // Only what was computed: a turn stopped during its prefill computed part of it.
+            counters.prefill_tokens.fetch_add(turn.prefilled as u64, Ordering::SeqCst);
             let secs = started.elapsed().as_secs_f64();
             let cancelled = gone || turn.stop == StopReason::Cancelled;
             if cancelled && stopping.load(Ordering::SeqCst) {
