@@ -695,10 +695,12 @@ mod tests {
             Content::System(sys) => sys.reasoning_effort,
             _ => None,
         };
-        let p = plan_json(&format!(r#"{{{user}, "reasoning": {{"effort": "high", "exclude": true}}}}"#)).unwrap();
+        let p =
+            plan_json(&format!(r#"{{{user}, "reasoning": {{"effort": "high", "exclude": true}}}}"#)).unwrap();
         assert_eq!((effort(&p), p.exclude_reasoning), (Some(ReasoningEffort::High), true));
-        let p = plan_json(&format!(r#"{{{user}, "reasoning_effort": "low", "reasoning": {{"effort": "low"}}}}"#))
-            .unwrap();
+        let p =
+            plan_json(&format!(r#"{{{user}, "reasoning_effort": "low", "reasoning": {{"effort": "low"}}}}"#))
+                .unwrap();
         assert_eq!((effort(&p), p.exclude_reasoning), (Some(ReasoningEffort::Low), false));
         let p = plan_json(&format!(r#"{{{user}, "reasoning": {{"enabled": true}}}}"#)).unwrap();
         assert_eq!(effort(&p), Some(ReasoningEffort::Medium));
