@@ -160,3 +160,113 @@ fn the_binary_speaks_the_protocol() {
     assert_eq!(line.trim(), "BYE");
     assert!(child.wait().unwrap().success());
 }
+
+/// The protocol with its input read ahead, in-process on the scripted runner (one position
+/// per forward call, 10 ms each): the test writes requests into a pipe and reads the
+/// replies from another.
+struct Piped {
+    requests: Option<std::io::PipeWriter>,
+    replies: std::io::Lines<BufReader<std::io::PipeReader>>,
+    server: std::thread::JoinHandle<()>,
+}
+
+impl Piped {
+    fn start() -> Self {
+        let runner =
+            common::scripted::Scripted::new(4096, std::time::Duration::from_millis(10)).with_prefill_block(1);
+        let (input, requests) = std::io::pipe().unwrap();
+        let (replies, output) = std::io::pipe().unwrap();
+        let server = std::thread::spawn(move || {
+            let mut session = Session::new(Box::new(runner));
+            picchio::serve::stdio::serve_cancellable(&mut session, BufReader::new(input), output).unwrap();
+        });
+        let mut p = Piped { requests: Some(requests), replies: BufReader::new(replies).lines(), server };
+        assert!(p.reply().starts_with("READY 4096 "));
+        p
+    }
+
+    fn send(&mut self, text: &str) {
+        let w = self.requests.as_mut().unwrap();
+        w.write_all(text.as_bytes()).unwrap();
+        w.flush().unwrap();
+    }
+
+    fn reply(&mut self) -> String {
+        self.replies.next().expect("a reply line").unwrap()
+    }
+
+    /// The `DONE` line of the turn in progress, skipping its `TOKEN` lines.
+    fn done(&mut self) -> Vec<String> {
+        loop {
+            let line = self.reply();
+            if line.starts_with("DONE ") {
+                return line.split(' ').map(String::from).collect();
+            }
+            assert!(line.starts_with("TOKEN "), "{line}");
+        }
+    }
+}
+
+fn turn(max_new: usize, keep: usize, new: &[u32]) -> String {
+    format!("TURN {max_new} {keep} 0 1 0 {} {}\n", new.len(), ids(new))
+}
+
+#[test]
+fn cancel_stops_a_turn_between_prefill_blocks() {
+    let mut p = Piped::start();
+    let long = vec![1000u32; 300]; // 3 s of prefill
+    let started = std::time::Instant::now();
+    p.send(&turn(5, 0, &long));
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    p.send("CANCEL\n");
+    let done = p.done();
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(2),
+        "the prefill ran on: {:?}",
+        started.elapsed()
+    );
+    assert_eq!((done[1].as_str(), done[2].as_str()), ("CANCELLED", "0"), "{done:?}");
+    let pos: usize = done[3].parse().unwrap();
+    assert!(pos > 0 && pos < long.len(), "pos {pos}: the computed blocks stay cached");
+
+    // The next turn keeps what was computed and sends the rest.
+    p.send(&turn(3, pos, &long[pos..]));
+    let done = p.done();
+    assert_ne!(done[1], "CANCELLED", "{done:?}");
+    let n: usize = done[2].parse().unwrap();
+    assert_eq!(done[3], (long.len() + n).to_string());
+
+    // A CANCEL with no turn running gets no reply; a turn queued behind another is
+    // cancelled by the CANCEL that follows it, not the one before.
+    p.send("CANCEL\n");
+    p.send(&format!("{}{}CANCEL\n", turn(2, 0, &long[..20]), turn(2, 0, &long)));
+    let first = p.done();
+    assert_ne!(first[1], "CANCELLED", "{first:?}");
+    let second = p.done();
+    assert_eq!(second[1..], ["CANCELLED", "0", "1"], "stopped after its first block");
+    p.send("SHUTDOWN\n");
+    assert_eq!(p.reply(), "BYE");
+    p.server.join().unwrap();
+}
+
+#[test]
+fn closing_stdin_stops_a_turn_and_the_server() {
+    let mut p = Piped::start();
+    p.send(&turn(5, 0, &[1000u32; 300]));
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let closed = std::time::Instant::now();
+    p.requests = None;
+    let done = p.done();
+    assert_eq!(done[1], "CANCELLED", "{done:?}");
+    p.server.join().unwrap();
+    assert!(closed.elapsed() < std::time::Duration::from_secs(2), "{:?}", closed.elapsed());
+}
+
+#[test]
+fn without_read_ahead_a_cancel_comes_after_its_turn() {
+    let model = common::tiny_real_vocab();
+    let mut s = session(model.path(), 256);
+    let lines = talk(&mut s, &format!("{}CANCEL\nSHUTDOWN\n", turn(4, 0, &[1000, 1001, 1002])));
+    assert_eq!(lines.len(), 1 + 4 + 1 + 1, "READY, 4 tokens, DONE, BYE and nothing for CANCEL: {lines:?}");
+    assert!(lines[5].starts_with("DONE MAX_TOKENS 4 7"), "{lines:?}");
+}
