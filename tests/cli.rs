@@ -204,3 +204,27 @@ fn stats_report_the_cache() {
     let e = stderr(&out);
     assert!(e.contains("expert cache:") && e.contains("misses") && e.contains("disk wait"), "{e}");
 }
+
+#[test]
+fn ctrl_c_stops_generate_p_during_the_prompt_with_a_message() {
+    let model = common::tiny_real_vocab();
+    // 20000 positions one at a time: about ten seconds of prefill on the tiny model.
+    let prompt = "word ".repeat(20_000);
+    let child = Command::new(env!("CARGO_BIN_EXE_picchio"))
+        .args(["-q", "generate", "-m", model.path().to_str().unwrap(), "-p", &prompt])
+        .args(["--prefill-block", "1", "--ctx", "32768", "--threads", "1", "-n", "4"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let sent = std::time::Instant::now();
+    // SAFETY: kill(2) with a PID this test spawned and has not waited for yet.
+    assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) }, 0);
+    let out = child.wait_with_output().unwrap();
+    assert!(sent.elapsed() < std::time::Duration::from_secs(5), "took {:?} to stop", sent.elapsed());
+    assert_eq!(out.status.code(), Some(130), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(err.contains("interrupted: stopped while reading the prompt ("), "{err}");
+    assert!(!err.contains("panicked") && !err.contains("Error"), "{err}");
+}
