@@ -216,9 +216,10 @@ enum Lines<'a> {
     },
 }
 
-/// Whether `bytes` is a line the protocol ignores (empty, or only blanks).
+/// Whether `bytes` is a line the protocol ignores (empty, or only whitespace), as the
+/// protocol loop judges it.
 fn is_blank(bytes: &[u8]) -> bool {
-    bytes.iter().all(|b| b.is_ascii_whitespace())
+    std::str::from_utf8(bytes).is_ok_and(|l| l.split_whitespace().next().is_none())
 }
 
 /// Whether `bytes` is the line `CANCEL`.
