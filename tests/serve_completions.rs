@@ -231,3 +231,46 @@ fn a_dropped_completion_stream_cancels_its_generation() {
     let v = complete(&server, &json!({"prompt": "Hi", "max_tokens": 3}));
     assert_eq!(v["choices"][0]["finish_reason"], "length");
 }
+
+fn real_session(dir: &std::path::Path, ctx: usize) -> Session {
+    use picchio::engine::{self, OpenOptions, RunOptions};
+    let model = engine::open(dir, &OpenOptions { ctx, ..Default::default() }).unwrap();
+    Session::new(
+        engine::cpu_runner(&model, &RunOptions { ctx, max_batch: 16, ..Default::default() }).unwrap(),
+    )
+}
+
+#[test]
+fn on_the_real_engine_a_completion_is_the_greedy_continuation_of_a_fresh_session() {
+    let model = common::tiny_real_vocab();
+    let server = serve(
+        std::net::TcpListener::bind("127.0.0.1:0").unwrap(),
+        real_session(model.path(), 256),
+        HttpOptions::new("t"),
+    )
+    .unwrap();
+    // 40 prompt tokens: three prefill blocks of 16.
+    let prompt: Vec<u32> = (0..40).map(|i| 1000 + 37 * i).collect();
+    let body = json!({"prompt": prompt, "max_tokens": 12, "temperature": 0, "return_token_ids": true});
+    let v = complete(&server, &body);
+    let served: Vec<u32> = serde_json::from_value(v["choices"][0]["token_ids"].clone()).unwrap();
+
+    let mut fresh = real_session(model.path(), 256);
+    let mut sampler = picchio::sample::Sampler::new(picchio::sample::SamplingParams {
+        temperature: 0.0,
+        ..Default::default()
+    })
+    .unwrap();
+    let stops = picchio::chat::turn_stop_tokens(201_088);
+    let expected = fresh.generate(&prompt, 12, &mut sampler, &stops, &mut |_| true).unwrap();
+    assert_eq!(served, expected.tokens);
+    let shown: Vec<u32> = expected.tokens.iter().copied().filter(|t| !stops.contains(t)).collect();
+    assert_eq!(v["choices"][0]["text"].as_str(), Some(Tokenizer::new().decode(&shown).unwrap().as_str()));
+    let reason = if served.len() < 12 { "stop" } else { "length" };
+    assert_eq!(v["choices"][0]["finish_reason"], reason);
+
+    // Again: the cache is reused and the answer is the same.
+    let again = complete(&server, &body);
+    assert_eq!(again["choices"][0]["token_ids"], v["choices"][0]["token_ids"]);
+    assert_eq!(again["usage"]["prompt_tokens_details"]["cached_tokens"], 39);
+}
