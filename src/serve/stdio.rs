@@ -5,6 +5,10 @@
 //! Lines are read as bytes with a bounded reader ([`max_line_bytes`]): an over-long line is
 //! skipped up to its newline without being buffered, and a line that is not UTF-8 is refused,
 //! both with a non-fatal `ERROR` that leaves the session as it was.
+//!
+//! A `CANCEL` line stops the turn it follows between prefill blocks or after a token
+//! (`DONE CANCELLED`); it can only be seen during a turn when the input is read ahead
+//! ([`serve_cancellable`], what `picchio serve --stdio` runs).
 
 use std::io::{BufRead, Write};
 use std::sync::mpsc::{Receiver, SyncSender, TryRecvError, sync_channel};

@@ -38,7 +38,7 @@ pub(crate) fn render(counters: &Counters, stored_responses: usize) -> String {
     metric(
         "picchio_prompt_tokens_total",
         "counter",
-        "Tokens of the rendered prompts of every turn run.",
+        "Prompt tokens of every turn run (the whole prompt, also of a turn stopped during its prefill).",
         &plain(get(&counters.prompt_tokens).to_string()),
     );
     metric(
@@ -50,7 +50,7 @@ pub(crate) fn render(counters: &Counters, stored_responses: usize) -> String {
     metric(
         "picchio_prefill_tokens_total",
         "counter",
-        "Prompt tokens computed (not reused from the cache).",
+        "Prompt tokens computed (not reused from the cache; of a turn stopped during its prefill, only those computed).",
         &plain(get(&counters.prefill_tokens).to_string()),
     );
     metric(

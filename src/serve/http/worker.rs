@@ -118,7 +118,8 @@ pub(crate) struct Counters {
     pub(crate) prompt_tokens: AtomicU64,
     pub(crate) cached_tokens: AtomicU64,
     pub(crate) completion_tokens: AtomicU64,
-    /// Prompt tokens computed (not reused from the cache).
+    /// Prompt tokens computed (not reused from the cache; of a turn stopped during its
+    /// prefill, only the blocks computed).
     pub(crate) prefill_tokens: AtomicU64,
     /// Microseconds from a turn's start to its first generated token.
     pub(crate) prefill_micros: AtomicU64,
