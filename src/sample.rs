@@ -100,7 +100,8 @@ impl SamplingParams {
         if !penalty_range.contains(&self.frequency_penalty) {
             return bad("frequency_penalty", self.frequency_penalty, "-2..=2");
         }
-        if let Some(&(token, v)) = self.logit_bias.iter().find(|(_, v)| !(-MAX_LOGIT_BIAS..=MAX_LOGIT_BIAS).contains(v))
+        if let Some(&(token, v)) =
+            self.logit_bias.iter().find(|(_, v)| !(-MAX_LOGIT_BIAS..=MAX_LOGIT_BIAS).contains(v))
         {
             return bad(&format!("logit_bias of token {token}"), v, "-100..=100");
         }
@@ -577,7 +578,10 @@ mod tests {
         let lp = Sampler::new(p).unwrap().sample_with_logprobs(&[0.0, 1.0], &[]).unwrap().logprobs.unwrap();
         assert_eq!(lp.top.len(), 2);
         // Not asked for: none.
-        assert_eq!(Sampler::new(params(1.0)).unwrap().sample_with_logprobs(&[0.0, 1.0], &[]).unwrap().logprobs, None);
+        assert_eq!(
+            Sampler::new(params(1.0)).unwrap().sample_with_logprobs(&[0.0, 1.0], &[]).unwrap().logprobs,
+            None
+        );
     }
 
     #[test]

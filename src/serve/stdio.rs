@@ -294,15 +294,17 @@ fn run_turn(
         Sampler::new(turn.params.clone()).map_err(|e| refuse(ErrorCode::BadArgument, e.to_string()))?;
     session.rewind(turn.keep).map_err(|e| refuse(ErrorCode::KeepRange, e.to_string()))?;
     let mut write_failed = false;
-    let result = session.generate(&turn.ids, turn.max_new, &mut sampler, stops, &mut |id| {
-        write_failed |= writeln!(output, "TOKEN {id}").and_then(|_| output.flush()).is_err();
+    let result = session.generate(&turn.ids, turn.max_new, &mut sampler, stops, &mut |s| {
+        write_failed |= writeln!(output, "TOKEN {}", s.token).and_then(|_| output.flush()).is_err();
         !write_failed
     });
     match result {
         Ok(g) => {
             let reason = match g.stop {
                 StopReason::Stop(special::CALL) => "CALL",
-                StopReason::Stop(_) => "RETURN",
+                // Sessions never report a stop string (only chat turns do, and this
+                // protocol has none); an end of the answer either way.
+                StopReason::Stop(_) | StopReason::StopString => "RETURN",
                 StopReason::MaxTokens | StopReason::Cancelled => "MAX_TOKENS",
                 StopReason::ContextFull => "CONTEXT_FULL",
             };

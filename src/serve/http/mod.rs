@@ -34,6 +34,7 @@ mod convert;
 mod cors;
 mod error;
 mod listen;
+mod logprobs;
 mod metrics;
 mod responses;
 mod responses_api;

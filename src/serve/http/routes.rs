@@ -26,6 +26,7 @@ use super::HttpOptions;
 use super::api::{ChatCompletion, Choice, ModelCard, ModelList, Usage};
 use super::convert;
 use super::error::{ApiError, ErrorNote};
+use super::logprobs::ChoiceLogprobs;
 use super::responses::{self as responses_api, Ending, OutputBuilder, ResponseMeta};
 use super::responses_api::ResponsesRequest;
 use super::responses_stream::ResponseStream;
@@ -401,6 +402,7 @@ async fn chat(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<Response,
             max_tokens: plan.max_tokens,
             sampling: plan.sampling,
             declared_functions: plan.declared_functions,
+            stop: plan.stop,
         },
         events: tx,
         queued_at: Instant::now(),
@@ -410,6 +412,7 @@ async fn chat(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<Response,
         created: unix_now(),
         model: app.model_id.clone(),
         include_usage: plan.include_usage,
+        logprobs: plan.logprobs,
     };
     if plan.stream {
         let stream = ChunkStream::new(rx, meta, Box::new(|| new_id("call_")));
@@ -417,10 +420,12 @@ async fn chat(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<Response,
         response.extensions_mut().insert(StreamNote);
         return Ok(response);
     }
+    let mut logprobs = Vec::new();
     let finished = loop {
         match rx.recv().await {
             Some(WorkerMsg::Done(result)) => break result.map_err(failure_error)?,
-            Some(_) => {}
+            Some(WorkerMsg::Logprobs(entries)) => logprobs.extend(entries),
+            Some(WorkerMsg::Started | WorkerMsg::Piece(_)) => {}
             None => return Err(ApiError::unavailable("the engine stopped before the answer was complete")),
         }
     };
@@ -434,7 +439,7 @@ async fn chat(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<Response,
         choices: vec![Choice {
             index: 0,
             message,
-            logprobs: None,
+            logprobs: plan.logprobs.then_some(ChoiceLogprobs { content: logprobs, refusal: None }),
             finish_reason: convert::finish_reason(finished.stop, finished.called_tool()),
             token_ids: plan.return_token_ids.then_some(finished.tokens),
         }],
@@ -496,6 +501,8 @@ async fn respond(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<Respon
             max_tokens: plan.max_tokens,
             sampling: plan.sampling,
             declared_functions: plan.declared_functions,
+            // The Responses API has no stop strings.
+            stop: Vec::new(),
         },
         events: tx,
         queued_at: Instant::now(),
@@ -519,6 +526,7 @@ async fn respond(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<Respon
     let finished = loop {
         match rx.recv().await {
             Some(WorkerMsg::Done(result)) => break result.map_err(failure_error)?,
+            Some(WorkerMsg::Logprobs(entries)) => output.push_logprobs(entries),
             Some(WorkerMsg::Piece(piece)) => {
                 output.push(piece, &mut steps);
                 steps.clear();
