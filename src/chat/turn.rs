@@ -150,6 +150,7 @@ pub fn complete_prompt(
 ) -> Result<TurnOutcome> {
     // With no limit, or one past the room, the session stops when the context is full.
     let max_new = opts.max_tokens.unwrap_or(usize::MAX);
+    opts.sampling.validate_for_vocab(session.runner().config().vocab_size)?;
     let mut sampler = Sampler::new(opts.sampling.clone())?;
     let reused = session.reuse_prefix(prompt)?;
     let stops = turn_stop_tokens(session.runner().config().vocab_size);
@@ -310,5 +311,29 @@ mod tests {
         assert_eq!(civil_date(11_016), "2000-02-29");
         assert_eq!(civil_date(20_786), "2026-11-29");
         assert_eq!(today_utc().len(), 10);
+    }
+
+    #[test]
+    fn a_stop_string_cuts_only_the_answer_messages() {
+        let messages = || {
+            vec![
+                Message::assistant("analysis", "think"),
+                Message::assistant("final", "Hello "),
+                Message::tool_call("functions.f", "{}"),
+                Message::assistant("final", "world, and more"),
+                Message::assistant("final", "after"),
+            ]
+        };
+        let mut m = messages();
+        cut_answer(&mut m, "Hello world".len());
+        let texts: Vec<String> = m.iter().map(Message::text).collect();
+        assert_eq!(texts, ["think", "Hello ", "{}", "world"]);
+        let mut m = messages();
+        cut_answer(&mut m, 0);
+        let texts: Vec<String> = m.iter().map(Message::text).collect();
+        assert_eq!(texts, ["think", "", "{}"], "the message the cut falls in stays, empty");
+        let mut m = messages();
+        cut_answer(&mut m, 1000);
+        assert_eq!(m, messages());
     }
 }

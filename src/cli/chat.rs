@@ -87,6 +87,19 @@ pub struct ChatSettings {
     #[arg(long, default_value_t = 0.0, allow_hyphen_values = true)]
     #[serde(default)]
     pub frequency_penalty: f32,
+    /// Add BIAS (-100..100) to the logit of token ID, as `ID=BIAS`; may be repeated
+    /// (+100 all but forces the token, -100 all but forbids it).
+    #[arg(long = "logit-bias", value_name = "ID=BIAS", value_parser = parse_logit_bias, allow_hyphen_values = true)]
+    #[serde(default)]
+    pub logit_bias: Vec<(u32, f32)>,
+}
+
+/// Parses `ID=BIAS` of `--logit-bias`.
+fn parse_logit_bias(text: &str) -> Result<(u32, f32), String> {
+    let (id, bias) = text.split_once('=').ok_or_else(|| format!("{text:?} is not ID=BIAS"))?;
+    let id = id.trim().parse().map_err(|_| format!("{id:?} is not a token ID"))?;
+    let bias = bias.trim().parse().map_err(|_| format!("{bias:?} is not a number"))?;
+    Ok((id, bias))
 }
 
 impl ChatSettings {
@@ -118,6 +131,7 @@ impl ChatSettings {
             repetition_penalty: self.repeat_penalty,
             presence_penalty: self.presence_penalty,
             frequency_penalty: self.frequency_penalty,
+            logit_bias: self.logit_bias.clone(),
             seed: seed.wrapping_add(turn),
             ..Default::default()
         }

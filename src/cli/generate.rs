@@ -151,7 +151,9 @@ fn emit_continuation(
     let mut out = stdout.lock();
     let mut first = true;
     let mut write_error = None;
-    let mut sampler = Sampler::new(args.chat.sampling_with(0, 0.0))?;
+    let params = args.chat.sampling_with(0, 0.0);
+    params.validate_for_vocab(session.runner().config().vocab_size)?;
+    let mut sampler = Sampler::new(params)?;
     let max_tokens = args.chat.max_tokens.unwrap_or(16);
     let generation = session.generate(prompt, max_tokens, &mut sampler, &[], &mut |s| {
         let sep = if first { "" } else { " " };
