@@ -39,7 +39,7 @@ pub struct SamplingParams {
     pub repetition_window: usize,
     /// Seed of the random generator.
     pub seed: u64,
-    /// Added to the logit of each listed token before anything else (OpenAI's
+    /// Added to the logit of each listed token before the penalties (OpenAI's
     /// `logit_bias`: -100 all but forbids a token, +100 all but forces it). Each value is
     /// in `-100..=100`; a token listed twice gets both.
     pub logit_bias: Vec<(u32, f32)>,
@@ -233,9 +233,10 @@ impl Sampler {
         let logits = if needs_adjusting(p, history, picked) {
             penalized.clear();
             penalized.extend_from_slice(logits);
+            // vLLM's order: the bias, then the penalties.
+            apply_logit_bias(penalized, &p.logit_bias);
             apply_repetition_penalty(penalized, history, p, seen);
             apply_presence_frequency(penalized, picked, p.presence_penalty, p.frequency_penalty);
-            apply_logit_bias(penalized, &p.logit_bias);
             &penalized[..]
         } else {
             logits
