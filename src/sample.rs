@@ -346,26 +346,30 @@ fn draw(p: &SamplingParams, rng: &mut ChaCha8Rng, cand: &mut Vec<(u32, f32)>, lo
 }
 
 /// The log-softmax of `logits` at `token`, and the `n` most likely tokens with theirs
-/// (most likely first, ties by token ID). `cand` is scratch.
-fn token_logprobs(logits: &[f32], token: u32, n: usize, cand: &mut Vec<(u32, f32)>) -> TokenLogprobs {
+/// (most likely first, ties by token ID). `best` is scratch.
+fn token_logprobs(logits: &[f32], token: u32, n: usize, best: &mut Vec<(u32, f32)>) -> TokenLogprobs {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
+    let sum: f64 = logits.iter().map(|&l| f64::from((l - max).exp())).sum();
     let log_z = f64::from(max) + sum.ln();
     let logprob = |l: f32| (f64::from(l) - log_z) as f32;
-    let n = n.min(logits.len());
-    cand.clear();
+    // One pass keeping the n best in order: most logits lose to the n-th at once.
+    best.clear();
     if n > 0 {
-        cand.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
-        let order = |a: &(u32, f32), b: &(u32, f32)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
-        if n < cand.len() {
-            cand.select_nth_unstable_by(n - 1, order);
-            cand.truncate(n);
+        for (i, &l) in logits.iter().enumerate() {
+            if best.len() == n && best.last().is_some_and(|&(_, worst)| l <= worst) {
+                continue;
+            }
+            // After the equal ones already kept: they have lower IDs.
+            let at = best.partition_point(|&(_, b)| b >= l);
+            if best.len() == n {
+                best.pop();
+            }
+            best.insert(at, (i as u32, l));
         }
-        cand.sort_unstable_by(order);
     }
     TokenLogprobs {
         logprob: logits.get(token as usize).map_or(f32::NEG_INFINITY, |&l| logprob(l)),
-        top: cand.iter().map(|&(t, l)| (t, logprob(l))).collect(),
+        top: best.iter().map(|&(t, l)| (t, logprob(l))).collect(),
     }
 }
 
