@@ -65,9 +65,10 @@ pub struct TurnOptions {
     /// means no tool calls at all (see [`crate::chat::recovery`]).
     pub declared_functions: Vec<String>,
     /// Stop strings (none empty; the HTTP server takes at most
-    /// [`MAX_STOP_STRINGS`](crate::chat::MAX_STOP_STRINGS), as OpenAI does): the turn ends when one appears in the answer (`final` channel) text, and
-    /// neither it nor anything after it is sent or kept ([`StopReason::StopString`]).
-    /// Reasoning, commentary and tool-call arguments are never cut.
+    /// [`MAX_STOP_STRINGS`](crate::chat::MAX_STOP_STRINGS), as OpenAI does): the turn
+    /// ends when one appears in the answer (`final` channel) text, and neither it nor
+    /// anything after it is sent or kept ([`StopReason::StopString`]). Reasoning,
+    /// commentary and tool-call arguments are never cut.
     pub stop: Vec<String>,
 }
 
