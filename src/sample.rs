@@ -1,12 +1,26 @@
 //! Choosing the next token from logits: greedy, or sampling with temperature, top-k,
 //! top-p, min-p and a repetition penalty, from a seeded generator so the same seed and
-//! settings give the same tokens.
+//! settings give the same tokens. Before any of that the logits can be shifted by a
+//! per-token bias and by OpenAI's presence and frequency penalties, and the log
+//! probabilities of the distribution the model then gives can be reported with the token.
+
+use std::collections::HashMap;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::error::{Error, Result};
 use crate::model::math::argmax_with_margin;
+
+/// The most alternatives [`SamplingParams::logprobs`] may ask for (OpenAI's `top_logprobs`
+/// limit).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// The largest magnitude of a [`SamplingParams::logit_bias`] value (OpenAI's range).
+pub const MAX_LOGIT_BIAS: f32 = 100.0;
+
+/// The largest magnitude of the presence and frequency penalties (OpenAI's range).
+pub const MAX_PRESENCE_FREQUENCY: f32 = 2.0;
 
 /// Sampling settings. The defaults are greedy decoding.
 #[derive(Clone, Debug, PartialEq)]
@@ -25,6 +39,20 @@ pub struct SamplingParams {
     pub repetition_window: usize,
     /// Seed of the random generator.
     pub seed: u64,
+    /// Added to the logit of each listed token before the penalties (OpenAI's
+    /// `logit_bias`: -100 all but forbids a token, +100 all but forces it). Each value is
+    /// in `-100..=100`; a token listed twice gets both.
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Subtracted once from the logit of every token this sampler has already picked
+    /// (OpenAI's `presence_penalty`, -2..=2; 0: off).
+    pub presence_penalty: f32,
+    /// Subtracted from the logit of every token this sampler has picked, once per time it
+    /// was picked (OpenAI's `frequency_penalty`, -2..=2; 0: off).
+    pub frequency_penalty: f32,
+    /// Report the log probability of each picked token and of this many most likely
+    /// alternatives (0..=[`MAX_TOP_LOGPROBS`]); `None`: report nothing (and compute
+    /// nothing).
+    pub logprobs: Option<usize>,
 }
 
 impl Default for SamplingParams {
@@ -37,12 +65,18 @@ impl Default for SamplingParams {
             repetition_penalty: 1.0,
             repetition_window: 64,
             seed: 0,
+            logit_bias: Vec::new(),
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            logprobs: None,
         }
     }
 }
 
 impl SamplingParams {
     /// Checks that every setting is in range; the error names the setting and value.
+    /// Token IDs of `logit_bias` are checked against a vocabulary by
+    /// [`SamplingParams::validate_for_vocab`].
     pub fn validate(&self) -> Result<()> {
         let bad = |name: &str, v: f32, range: &str| {
             Err(Error::invalid(format!("{name} {v} is out of range ({range})")))
@@ -59,8 +93,73 @@ impl SamplingParams {
         if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
             return bad("repetition_penalty", self.repetition_penalty, "> 0");
         }
+        let penalty_range = -MAX_PRESENCE_FREQUENCY..=MAX_PRESENCE_FREQUENCY;
+        if !penalty_range.contains(&self.presence_penalty) {
+            return bad("presence_penalty", self.presence_penalty, "-2..=2");
+        }
+        if !penalty_range.contains(&self.frequency_penalty) {
+            return bad("frequency_penalty", self.frequency_penalty, "-2..=2");
+        }
+        if let Some(&(token, v)) =
+            self.logit_bias.iter().find(|(_, v)| !(-MAX_LOGIT_BIAS..=MAX_LOGIT_BIAS).contains(v))
+        {
+            return bad(&format!("logit_bias of token {token}"), v, "-100..=100");
+        }
+        if let Some(n) = self.logprobs
+            && n > MAX_TOP_LOGPROBS
+        {
+            return Err(Error::invalid(format!(
+                "logprobs asks for {n} alternatives, more than {MAX_TOP_LOGPROBS}"
+            )));
+        }
         Ok(())
     }
+
+    /// [`SamplingParams::validate`], and that every token of `logit_bias` lies in a
+    /// vocabulary of `vocab` tokens (the error names the first that does not).
+    pub fn validate_for_vocab(&self, vocab: usize) -> Result<()> {
+        self.validate()?;
+        match self.logit_bias.iter().find(|(t, _)| *t as usize >= vocab) {
+            Some((t, _)) => Err(Error::invalid(format!(
+                "logit_bias names token {t}, outside the vocabulary (0..{vocab})"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Whether the presence or frequency penalty is on (so picked tokens must be counted).
+    fn counts_tokens(&self) -> bool {
+        self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
+    }
+}
+
+/// A picked token, with its log probabilities when [`SamplingParams::logprobs`] asks.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sampled {
+    /// The token.
+    pub token: u32,
+    /// Its log probability and the most likely alternatives; `None` unless asked for.
+    pub logprobs: Option<TokenLogprobs>,
+}
+
+impl Sampled {
+    /// A token without log probabilities.
+    pub fn token(token: u32) -> Self {
+        Sampled { token, logprobs: None }
+    }
+}
+
+/// Log probabilities at one position: the log-softmax of the logits after the bias and the
+/// penalties, before temperature, top-k, top-p and min-p (the model's distribution as the
+/// settings shifted it, not the truncated one the token was drawn from).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TokenLogprobs {
+    /// The picked token's log probability.
+    pub logprob: f32,
+    /// The most likely tokens with their log probabilities, most likely first (ties by
+    /// token ID); as many as [`SamplingParams::logprobs`] asked for (fewer only when the
+    /// vocabulary is smaller).
+    pub top: Vec<(u32, f32)>,
 }
 
 /// Picks tokens according to [`SamplingParams`].
@@ -69,12 +168,15 @@ pub struct Sampler {
     params: SamplingParams,
     rng: ChaCha8Rng,
     /// Scratch of [`Sampler::sample`], kept so that a token allocates nothing once these
-    /// have grown to the vocabulary: the logits after the repetition penalty,
+    /// have grown to the vocabulary: the logits after the bias and the penalties,
     penalized: Vec<f32>,
     /// the distinct tokens of the penalty window,
     seen: Vec<u32>,
     /// and the candidate (token, logit or probability) pairs.
     cand: Vec<(u32, f32)>,
+    /// How often each token was picked, for the presence and frequency penalties (empty
+    /// when both are off).
+    picked: HashMap<u32, u32>,
 }
 
 impl Default for Sampler {
@@ -93,7 +195,14 @@ impl Sampler {
     pub fn new(params: SamplingParams) -> Result<Self> {
         params.validate()?;
         let rng = ChaCha8Rng::seed_from_u64(params.seed);
-        Ok(Sampler { params, rng, penalized: Vec::new(), seen: Vec::new(), cand: Vec::new() })
+        Ok(Sampler {
+            params,
+            rng,
+            penalized: Vec::new(),
+            seen: Vec::new(),
+            cand: Vec::new(),
+            picked: HashMap::new(),
+        })
     }
 
     /// The settings.
@@ -106,77 +215,161 @@ impl Sampler {
     /// the logits are empty or hold a NaN or an infinity: that is a model fault (corrupt or
     /// non-finite weights), and no token picked from them would mean anything.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> Result<u32> {
+        self.sample_with_logprobs(logits, history).map(|s| s.token)
+    }
+
+    /// [`Sampler::sample`], returning the token with its log probabilities when the
+    /// settings ask for them ([`SamplingParams::logprobs`]; otherwise nothing is computed
+    /// or allocated for them). The presence and frequency penalties count the tokens
+    /// picked here: one sampler per turn penalizes that turn's tokens.
+    pub fn sample_with_logprobs(&mut self, logits: &[f32], history: &[u32]) -> Result<Sampled> {
         check_finite(logits, history.len().saturating_sub(1))?;
         Ok(self.pick(logits, history))
     }
 
-    /// [`Sampler::sample`] on logits known to be finite and non-empty.
-    fn pick(&mut self, logits: &[f32], history: &[u32]) -> u32 {
-        let Sampler { params: p, rng, penalized, seen, cand } = self;
-        let logits = if p.repetition_penalty != 1.0 && !history.is_empty() {
+    /// [`Sampler::sample_with_logprobs`] on logits known to be finite and non-empty.
+    fn pick(&mut self, logits: &[f32], history: &[u32]) -> Sampled {
+        let Sampler { params: p, rng, penalized, seen, cand, picked } = self;
+        let logits = if needs_adjusting(p, history, picked) {
             penalized.clear();
             penalized.extend_from_slice(logits);
-            let start = history.len().saturating_sub(p.repetition_window);
-            seen.clear();
-            seen.extend_from_slice(&history[start..]);
-            seen.sort_unstable();
-            seen.dedup();
-            for &t in seen.iter() {
-                if let Some(v) = penalized.get_mut(t as usize) {
-                    let scaled = if *v > 0.0 { *v / p.repetition_penalty } else { *v * p.repetition_penalty };
-                    // An extreme penalty must not turn a finite logit into an infinity
-                    // (which would make the softmax NaN): saturate instead.
-                    *v = scaled.clamp(f32::MIN, f32::MAX);
-                }
-            }
+            // vLLM's order: the bias, then the penalties.
+            apply_logit_bias(penalized, &p.logit_bias);
+            apply_repetition_penalty(penalized, history, p, seen);
+            apply_presence_frequency(penalized, picked, p.presence_penalty, p.frequency_penalty);
             &penalized[..]
         } else {
             logits
         };
-        if p.temperature == 0.0 {
-            return argmax_with_margin(logits).0 as u32;
+        let token = if p.temperature == 0.0 {
+            argmax_with_margin(logits).0 as u32
+        } else {
+            draw(p, rng, cand, logits)
+        };
+        if p.counts_tokens() {
+            *picked.entry(token).or_insert(0) += 1;
         }
-        // Candidates, most likely first where an order is needed.
-        cand.clear();
-        cand.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
-        if p.top_k > 0 && p.top_k < cand.len() {
-            cand.select_nth_unstable_by(p.top_k - 1, |a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-            cand.truncate(p.top_k);
+        let logprobs = p.logprobs.map(|n| token_logprobs(logits, token, n, cand));
+        Sampled { token, logprobs }
+    }
+}
+
+/// Whether any setting changes the logits before the token is chosen.
+fn needs_adjusting(p: &SamplingParams, history: &[u32], picked: &HashMap<u32, u32>) -> bool {
+    (p.repetition_penalty != 1.0 && !history.is_empty()) || !picked.is_empty() || !p.logit_bias.is_empty()
+}
+
+/// Divides positive (multiplies negative) logits of the distinct tokens of the last
+/// `repetition_window` tokens of `history` by the repetition penalty.
+fn apply_repetition_penalty(logits: &mut [f32], history: &[u32], p: &SamplingParams, seen: &mut Vec<u32>) {
+    if p.repetition_penalty == 1.0 || history.is_empty() {
+        return;
+    }
+    let start = history.len().saturating_sub(p.repetition_window);
+    seen.clear();
+    seen.extend_from_slice(&history[start..]);
+    seen.sort_unstable();
+    seen.dedup();
+    for &t in seen.iter() {
+        if let Some(v) = logits.get_mut(t as usize) {
+            let scaled = if *v > 0.0 { *v / p.repetition_penalty } else { *v * p.repetition_penalty };
+            // An extreme penalty must not turn a finite logit into an infinity
+            // (which would make the softmax NaN): saturate instead.
+            *v = scaled.clamp(f32::MIN, f32::MAX);
         }
-        let max = cand.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
-        let mut total = 0.0f64;
-        for c in cand.iter_mut() {
-            c.1 = ((c.1 - max) / p.temperature).exp();
-            total += c.1 as f64;
+    }
+}
+
+/// OpenAI's presence and frequency penalties: the logit of a token picked `c > 0` times
+/// loses `presence + c * frequency`.
+fn apply_presence_frequency(logits: &mut [f32], picked: &HashMap<u32, u32>, presence: f32, frequency: f32) {
+    for (&t, &c) in picked {
+        if let Some(v) = logits.get_mut(t as usize) {
+            *v = (*v - presence - c as f32 * frequency).clamp(f32::MIN, f32::MAX);
         }
-        for c in cand.iter_mut() {
-            c.1 = (c.1 as f64 / total) as f32;
+    }
+}
+
+/// Adds each bias to its token's logit (saturating, so the logits stay finite).
+fn apply_logit_bias(logits: &mut [f32], bias: &[(u32, f32)]) {
+    for &(t, b) in bias {
+        if let Some(v) = logits.get_mut(t as usize) {
+            *v = (*v + b).clamp(f32::MIN, f32::MAX);
         }
-        if p.top_p < 1.0 {
-            cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-            let mut cum = 0.0f32;
-            let keep = cand
-                .iter()
-                .position(|c| {
-                    cum += c.1;
-                    cum >= p.top_p
-                })
-                .map_or(cand.len(), |i| i + 1);
-            cand.truncate(keep);
+    }
+}
+
+/// Draws a token at temperature `p.temperature` (> 0) from the candidates top-k, top-p and
+/// min-p leave.
+fn draw(p: &SamplingParams, rng: &mut ChaCha8Rng, cand: &mut Vec<(u32, f32)>, logits: &[f32]) -> u32 {
+    // Candidates, most likely first where an order is needed.
+    cand.clear();
+    cand.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
+    if p.top_k > 0 && p.top_k < cand.len() {
+        cand.select_nth_unstable_by(p.top_k - 1, |a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        cand.truncate(p.top_k);
+    }
+    let max = cand.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
+    let mut total = 0.0f64;
+    for c in cand.iter_mut() {
+        c.1 = ((c.1 - max) / p.temperature).exp();
+        total += c.1 as f64;
+    }
+    for c in cand.iter_mut() {
+        c.1 = (c.1 as f64 / total) as f32;
+    }
+    if p.top_p < 1.0 {
+        cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        let mut cum = 0.0f32;
+        let keep = cand
+            .iter()
+            .position(|c| {
+                cum += c.1;
+                cum >= p.top_p
+            })
+            .map_or(cand.len(), |i| i + 1);
+        cand.truncate(keep);
+    }
+    if p.min_p > 0.0 {
+        let top = cand.iter().map(|c| c.1).fold(0.0f32, f32::max);
+        cand.retain(|c| c.1 >= p.min_p * top);
+    }
+    let mass: f64 = cand.iter().map(|c| c.1 as f64).sum();
+    let mut r = rng.random::<f64>() * mass;
+    for c in cand.iter() {
+        r -= c.1 as f64;
+        if r <= 0.0 {
+            return c.0;
         }
-        if p.min_p > 0.0 {
-            let top = cand.iter().map(|c| c.1).fold(0.0f32, f32::max);
-            cand.retain(|c| c.1 >= p.min_p * top);
-        }
-        let mass: f64 = cand.iter().map(|c| c.1 as f64).sum();
-        let mut r = rng.random::<f64>() * mass;
-        for c in cand.iter() {
-            r -= c.1 as f64;
-            if r <= 0.0 {
-                return c.0;
+    }
+    cand.last().map_or(0, |c| c.0)
+}
+
+/// The log-softmax of `logits` at `token`, and the `n` most likely tokens with theirs
+/// (most likely first, ties by token ID). `best` is scratch.
+fn token_logprobs(logits: &[f32], token: u32, n: usize, best: &mut Vec<(u32, f32)>) -> TokenLogprobs {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| f64::from((l - max).exp())).sum();
+    let log_z = f64::from(max) + sum.ln();
+    let logprob = |l: f32| (f64::from(l) - log_z) as f32;
+    // One pass keeping the n best in order: most logits lose to the n-th at once.
+    best.clear();
+    if n > 0 {
+        for (i, &l) in logits.iter().enumerate() {
+            if best.len() == n && best.last().is_some_and(|&(_, worst)| l <= worst) {
+                continue;
             }
+            // After the equal ones already kept: they have lower IDs.
+            let at = best.partition_point(|&(_, b)| b >= l);
+            if best.len() == n {
+                best.pop();
+            }
+            best.insert(at, (i as u32, l));
         }
-        cand.last().map_or(0, |c| c.0)
+    }
+    TokenLogprobs {
+        logprob: logits.get(token as usize).map_or(f32::NEG_INFINITY, |&l| logprob(l)),
+        top: best.iter().map(|&(t, l)| (t, logprob(l))).collect(),
     }
 }
 
@@ -269,9 +462,131 @@ mod tests {
             (SamplingParams { top_p: 0.0, ..Default::default() }, "top_p"),
             (SamplingParams { min_p: 2.0, ..Default::default() }, "min_p"),
             (SamplingParams { repetition_penalty: 0.0, ..Default::default() }, "repetition_penalty"),
+            (SamplingParams { presence_penalty: 2.5, ..Default::default() }, "presence_penalty"),
+            (SamplingParams { frequency_penalty: f32::NAN, ..Default::default() }, "frequency_penalty"),
+            (SamplingParams { logit_bias: vec![(3, 100.5)], ..Default::default() }, "logit_bias of token 3"),
+            (SamplingParams { logprobs: Some(21), ..Default::default() }, "logprobs"),
         ] {
-            assert!(Sampler::new(p).unwrap_err().to_string().contains(name));
+            assert!(Sampler::new(p).unwrap_err().to_string().contains(name), "{name}");
         }
+        let p = SamplingParams { logit_bias: vec![(1, 5.0), (7, -5.0)], ..Default::default() };
+        assert!(p.validate_for_vocab(8).is_ok());
+        let e = p.validate_for_vocab(7).unwrap_err().to_string();
+        assert!(e.contains("token 7") && e.contains("0..7"), "{e}");
+    }
+
+    /// The log-softmax of `logits`, computed the plain way.
+    fn log_softmax(logits: &[f32]) -> Vec<f64> {
+        let z: f64 = logits.iter().map(|&l| f64::from(l).exp()).sum();
+        logits.iter().map(|&l| f64::from(l) - z.ln()).collect()
+    }
+
+    #[test]
+    fn a_bias_of_100_forces_a_token_and_minus_100_forbids_it() {
+        let logits: Vec<f32> = (0..40).map(|i| (i as f32 * 0.61).cos() * 3.0).collect();
+        for temperature in [0.0, 1.0, 2.0] {
+            let forced = SamplingParams { logit_bias: vec![(17, 100.0)], ..params(temperature) };
+            let mut s = Sampler::new(forced).unwrap();
+            assert!((0..200).all(|_| s.sample(&logits, &[]).unwrap() == 17), "T={temperature}");
+            // Forbid the most likely tokens: none of them is ever picked.
+            let best: Vec<u32> = (0..40).filter(|&i| logits[i as usize] > 1.0).collect();
+            assert!(!best.is_empty());
+            let forbidden = SamplingParams {
+                logit_bias: best.iter().map(|&t| (t, -100.0)).collect(),
+                ..params(temperature)
+            };
+            let mut s = Sampler::new(forbidden).unwrap();
+            assert!((0..500).all(|_| !best.contains(&s.sample(&logits, &[]).unwrap())), "T={temperature}");
+        }
+        // A small bias shifts the distribution by exactly its value.
+        let logits = [0.5f32, 1.0, -0.25];
+        let p = SamplingParams { logit_bias: vec![(2, 0.75), (0, -0.5)], logprobs: Some(3), ..params(0.0) };
+        let got = Sampler::new(p).unwrap().sample_with_logprobs(&logits, &[]).unwrap();
+        let want = log_softmax(&[0.0, 1.0, 0.5]);
+        assert_eq!(got.token, 1);
+        let lp = got.logprobs.unwrap();
+        assert!((f64::from(lp.logprob) - want[1]).abs() < 1e-6);
+        assert_eq!(lp.top.iter().map(|t| t.0).collect::<Vec<_>>(), [1, 2, 0]);
+    }
+
+    #[test]
+    fn presence_and_frequency_penalties_follow_openai_s_definition() {
+        // Equal logits: greedy picks token 0 first; then 0 has lost presence + 1 x frequency.
+        let logits = [1.0f32, 1.0, 1.0];
+        let p = SamplingParams {
+            presence_penalty: 0.5,
+            frequency_penalty: 0.25,
+            logprobs: Some(3),
+            ..params(0.0)
+        };
+        let mut s = Sampler::new(p).unwrap();
+        let first = s.sample_with_logprobs(&logits, &[]).unwrap();
+        assert_eq!(first.token, 0);
+        let second = s.sample_with_logprobs(&logits, &[]).unwrap();
+        assert_eq!(second.token, 1);
+        let want = log_softmax(&[1.0 - 0.75, 1.0, 1.0]);
+        assert!((f64::from(second.logprobs.unwrap().logprob) - want[1]).abs() < 1e-6);
+        // Third: 0 and 1 both picked once, so 2 wins; fourth: all three once, 0 first by ID.
+        assert_eq!(s.sample(&logits, &[]).unwrap(), 2);
+        assert_eq!(s.sample(&logits, &[]).unwrap(), 0);
+        // Token 0 now picked twice: it lost 0.5 + 2 x 0.25.
+        let fifth = s.sample_with_logprobs(&logits, &[]).unwrap();
+        let want = log_softmax(&[0.0, 0.25, 0.25]);
+        let top = fifth.logprobs.unwrap().top;
+        assert_eq!(top[2].0, 0);
+        assert!((f64::from(top[2].1) - want[0]).abs() < 1e-6, "{top:?}");
+        // A negative penalty favours repeats.
+        let p = SamplingParams { presence_penalty: -1.0, ..params(0.0) };
+        let mut s = Sampler::new(p).unwrap();
+        assert!((0..10).all(|_| s.sample(&[1.0, 1.5, 1.2], &[]).unwrap() == 1));
+        let p = SamplingParams { frequency_penalty: -0.3, ..params(0.0) };
+        let mut s = Sampler::new(p).unwrap();
+        assert!((0..10).all(|_| s.sample(&[1.0, 0.9], &[]).unwrap() == 0));
+        // The history (the prompt) is not counted: only what this sampler picked.
+        let p = SamplingParams { presence_penalty: 2.0, ..params(0.0) };
+        assert_eq!(Sampler::new(p).unwrap().sample(&[1.0, 0.0], &[0, 0, 0]).unwrap(), 0);
+    }
+
+    #[test]
+    fn logprobs_are_the_log_softmax_with_a_sorted_top_list() {
+        let logits: Vec<f32> = (0..300).map(|i| ((i * 37 % 101) as f32 * 0.13).sin() * 4.0).collect();
+        let want = log_softmax(&logits);
+        for temperature in [0.0, 0.7, 1.5] {
+            let p = SamplingParams { logprobs: Some(5), top_p: 0.9, ..params(temperature) };
+            let mut s = Sampler::new(p).unwrap();
+            for _ in 0..20 {
+                let got = s.sample_with_logprobs(&logits, &[]).unwrap();
+                let lp = got.logprobs.unwrap();
+                let chosen = f64::from(lp.logprob);
+                assert!((chosen - want[got.token as usize]).abs() < 1e-5, "{chosen}");
+                assert_eq!(lp.top.len(), 5);
+                let mut expect: Vec<usize> = (0..logits.len()).collect();
+                expect.sort_by(|&a, &b| want[b].total_cmp(&want[a]).then(a.cmp(&b)));
+                for (k, &(t, l)) in lp.top.iter().enumerate() {
+                    assert_eq!(t as usize, expect[k], "rank {k}");
+                    assert!((f64::from(l) - want[t as usize]).abs() < 1e-5);
+                }
+                assert!(lp.top.windows(2).all(|w| w[0].1 >= w[1].1), "sorted");
+                if temperature == 0.0 {
+                    assert_eq!((got.token, lp.logprob), lp.top[0], "greedy picks the top token");
+                }
+                if let Some(&(_, l)) = lp.top.iter().find(|t| t.0 == got.token) {
+                    assert_eq!(l, lp.logprob);
+                }
+            }
+        }
+        // Zero alternatives: only the token's own; more than the vocabulary: all of it.
+        let p = SamplingParams { logprobs: Some(0), ..params(1.0) };
+        let lp = Sampler::new(p).unwrap().sample_with_logprobs(&[0.0, 1.0], &[]).unwrap().logprobs.unwrap();
+        assert!(lp.top.is_empty() && lp.logprob < 0.0);
+        let p = SamplingParams { logprobs: Some(20), ..params(0.0) };
+        let lp = Sampler::new(p).unwrap().sample_with_logprobs(&[0.0, 1.0], &[]).unwrap().logprobs.unwrap();
+        assert_eq!(lp.top.len(), 2);
+        // Not asked for: none.
+        assert_eq!(
+            Sampler::new(params(1.0)).unwrap().sample_with_logprobs(&[0.0, 1.0], &[]).unwrap().logprobs,
+            None
+        );
     }
 
     #[test]

@@ -7,7 +7,7 @@
 use crate::engine::Runner;
 use crate::error::{Error, Result};
 use crate::model::{LogitRows, NoObserver, Observer};
-use crate::sample::Sampler;
+use crate::sample::{Sampled, Sampler};
 
 /// Why generation stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,6 +20,10 @@ pub enum StopReason {
     ContextFull,
     /// The caller asked to stop.
     Cancelled,
+    /// One of the caller's stop strings appeared in the answer text. Reported by a chat
+    /// turn ([`crate::chat::complete_prompt`]), which sees text; the session itself stops
+    /// only on tokens.
+    StopString,
 }
 
 /// The result of a generation.
@@ -194,14 +198,16 @@ impl Session {
 
     /// Feeds `prompt`, then produces up to `max_new` tokens, feeding each one back. Stops
     /// early on a token in `stop`, when the context is full, or when `on_token` returns
-    /// false. An empty prompt continues from the last consumed token.
+    /// false. `on_token` gets each token as it is picked, with its log probabilities when
+    /// the sampler's settings ask for them. An empty prompt continues from the last
+    /// consumed token.
     pub fn generate(
         &mut self,
         prompt: &[u32],
         max_new: usize,
         sampler: &mut Sampler,
         stop: &[u32],
-        on_token: &mut dyn FnMut(u32) -> bool,
+        on_token: &mut dyn FnMut(&Sampled) -> bool,
     ) -> Result<Generation> {
         if prompt.is_empty() && max_new > 0 && self.last_logits().is_none() {
             // Continue from the last consumed token: its logits were not kept (a turn ends
@@ -227,9 +233,10 @@ impl Session {
             };
             // Non-finite logits are an error, not a token: the cache still matches the
             // history (the last token was consumed), so the session stays usable.
-            let token = sampler.sample(logits, &self.tokens)?;
+            let sampled = sampler.sample_with_logprobs(logits, &self.tokens)?;
+            let token = sampled.token;
             out.push(token);
-            let keep_going = on_token(token);
+            let keep_going = on_token(&sampled);
             let is_stop = stop.contains(&token);
             let more = keep_going && !is_stop && out.len() < max_new;
             // Consume what was emitted, so the cache matches the history.

@@ -228,3 +228,40 @@ fn ctrl_c_stops_generate_p_during_the_prompt_with_a_message() {
     assert!(err.contains("interrupted: stopped while reading the prompt ("), "{err}");
     assert!(!err.contains("panicked") && !err.contains("Error"), "{err}");
 }
+
+#[test]
+fn logit_bias_and_stop_flags_of_generate() {
+    let cache = tempfile::tempdir().unwrap();
+    // +100 forces token 5 at every step, greedy or not.
+    for temperature in ["0", "1"] {
+        let args = [
+            "generate",
+            "--ids",
+            "0 17 42",
+            "-n",
+            "4",
+            "--logit-bias",
+            "5=100",
+            "--temperature",
+            temperature,
+        ];
+        let out = picchio_cached(cache.path(), &args);
+        assert!(out.status.success(), "{}", stderr(&out));
+        assert_eq!(stdout_ids(&out), [5, 5, 5, 5]);
+    }
+    // A bias for a token outside the vocabulary, out of range, or malformed is refused.
+    let out = picchio_cached(cache.path(), &["generate", "--ids", "1 2", "--logit-bias", "1000=1"]);
+    assert!(!out.status.success() && out.stdout.is_empty());
+    assert!(stderr(&out).contains("logit_bias names token 1000"), "{}", stderr(&out));
+    let out = picchio_cached(cache.path(), &["generate", "--ids", "1 2", "--logit-bias", "5=-101"]);
+    assert!(!out.status.success() && stderr(&out).contains("logit_bias"), "{}", stderr(&out));
+    let out = picchio(&["generate", "--ids", "1 2", "--logit-bias", "5"]);
+    assert!(!out.status.success() && stderr(&out).contains("ID=BIAS"), "{}", stderr(&out));
+    // Stop strings need answer text: refused with raw token IDs.
+    let out = picchio(&["generate", "--ids", "1 2", "--stop", "x"]);
+    assert!(
+        !out.status.success() && stderr(&out).contains("--stop applies to the answer of -p"),
+        "{}",
+        stderr(&out)
+    );
+}

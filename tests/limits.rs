@@ -289,7 +289,7 @@ fn non_finite_logits_are_an_error_not_a_token() {
         let mut emitted = Vec::new();
         let e = s
             .generate(&[1, 2, 3], 4, &mut Sampler::greedy(), &[], &mut |t| {
-                emitted.push(t);
+                emitted.push(t.token);
                 true
             })
             .unwrap_err()

@@ -523,7 +523,11 @@ fn bad_requests_get_openai_errors_and_never_reach_the_engine() {
         (r#"{"messages": [{"role": "user", "content": "x"}], "top_p": 1.5}"#, Some("top_p")),
         (r#"{"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}"#, Some("max_tokens")),
         (r#"{"messages": [{"role": "user", "content": "x"}], "n": 3}"#, Some("n")),
-        (r#"{"messages": [{"role": "user", "content": "x"}], "stop": "\n"}"#, Some("stop")),
+        (
+            r#"{"messages": [{"role": "user", "content": "x"}], "stop": ["a", "b", "c", "d", "e"]}"#,
+            Some("stop"),
+        ),
+        (r#"{"messages": [{"role": "user", "content": "x"}], "logit_bias": {"x": 1}}"#, Some("logit_bias")),
         (r#"{"messages": [{"role": "wizard", "content": "x"}]}"#, Some("messages[0].role")),
         (r#"{"messages": [{"role": "user", "content": 42}]}"#, Some("messages[0].content")),
         (

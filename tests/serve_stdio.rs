@@ -270,3 +270,29 @@ fn without_read_ahead_a_cancel_comes_after_its_turn() {
     assert_eq!(lines.len(), 1 + 4 + 1 + 1, "READY, 4 tokens, DONE, BYE and nothing for CANCEL: {lines:?}");
     assert!(lines[5].starts_with("DONE MAX_TOKENS 4 7"), "{lines:?}");
 }
+
+#[test]
+fn bias_penalties_and_logprobs_options() {
+    let model = common::tiny_real_vocab();
+    let mut s = session(model.path(), 256);
+    // +100 on token 1000 forces it; logprobs=2 adds its log probability and the top two.
+    let lines = talk(&mut s, "TURN 3 0 0 1 0 2 17360 3575 bias=1000:100 logprobs=2 presence=0.5\n");
+    let token_lines: Vec<&String> = lines.iter().filter(|l| l.starts_with("TOKEN ")).collect();
+    assert_eq!(token_lines.len(), 3, "{lines:?}");
+    for line in token_lines {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(fields.len(), 5, "{line}");
+        assert_eq!(fields[1], "1000");
+        let logprob: f32 = fields[2].parse().unwrap();
+        assert!((-1e-3..=0.0).contains(&logprob), "{line}");
+        assert_eq!(fields[3], format!("1000:{logprob}"), "the picked token is the most likely");
+        let (_, second) = fields[4].split_once(':').unwrap();
+        assert!(second.parse::<f32>().unwrap() < logprob - 50.0, "{line}");
+    }
+    assert!(lines.last().unwrap().starts_with("DONE MAX_TOKENS 3"), "{lines:?}");
+    // A bias for a token outside the vocabulary is refused, and the session is unchanged.
+    let pos = s.pos();
+    let lines = talk(&mut s, "TURN 3 0 0 1 0 1 5 bias=201088:1\n");
+    assert!(lines[1].starts_with("ERROR BAD_ID 0") && lines[1].contains("201088"), "{lines:?}");
+    assert_eq!(s.pos(), pos);
+}

@@ -27,6 +27,7 @@ pub mod message;
 pub mod parser;
 pub mod recovery;
 mod schema;
+pub mod stop;
 pub mod tokenizer;
 pub mod turn;
 
@@ -38,6 +39,7 @@ pub use message::{
 };
 pub use parser::{ParseOptions, ParserState, StreamParser};
 pub use recovery::{Delta, DeltaKind, TurnParser, parse_turn};
+pub use stop::{MAX_STOP_STRINGS, Released, StopMatcher};
 pub use tokenizer::{StreamDecoder, Tokenizer, VOCAB_SIZE};
 pub use turn::{
     ChatEvent, PromptFill, TurnOptions, TurnOutcome, complete, complete_prompt, prefill_prompt,

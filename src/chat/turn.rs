@@ -8,16 +8,17 @@
 
 use crate::chat::RenderConfig;
 use crate::chat::harmony::HarmonyEncoding;
-use crate::chat::message::{Conversation, Message, Role};
+use crate::chat::message::{Content, Conversation, Message, Role};
 use crate::chat::recovery::{Delta, DeltaKind, TurnParser};
+use crate::chat::stop::StopMatcher;
 use crate::chat::tokenizer::special;
 use crate::error::Result;
 use crate::model::LogitRows;
-use crate::sample::{Sampler, SamplingParams};
+use crate::sample::{Sampled, Sampler, SamplingParams};
 use crate::session::{Session, StopReason};
 
 /// Something the assistant produced, as it is generated.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum ChatEvent<'a> {
     /// Text added to the reasoning (the `analysis` channel).
     Reasoning(&'a str),
@@ -34,9 +35,10 @@ pub enum ChatEvent<'a> {
     },
     /// Text on another channel without a recipient (e.g. a commentary preamble).
     Commentary(&'a str),
-    /// A token was generated (sent for every token, before any text it adds), so a caller
-    /// can stop the turn at any point, not only when text appears.
-    Token(u32),
+    /// A token was generated (sent for every token, before any text it adds), with its log
+    /// probabilities when the sampling settings ask for them, so a caller can stop the turn
+    /// at any point, not only when text appears.
+    Token(&'a Sampled),
     /// The prompt is being computed: `done` of its `total` tokens are in the cache (reused
     /// ones included). Sent between prefill blocks, so a caller can stop a long prompt
     /// before its first token; the cache then keeps the computed blocks.
@@ -62,6 +64,12 @@ pub struct TurnOptions {
     /// `to=functions.get_weather`). A message addressed to anything else is text; empty
     /// means no tool calls at all (see [`crate::chat::recovery`]).
     pub declared_functions: Vec<String>,
+    /// Stop strings (none empty; the HTTP server takes at most
+    /// [`MAX_STOP_STRINGS`](crate::chat::MAX_STOP_STRINGS), as OpenAI does): the turn
+    /// ends when one appears in the answer (`final` channel) text, and neither it nor
+    /// anything after it is sent or kept ([`StopReason::StopString`]). Reasoning,
+    /// commentary and tool-call arguments are never cut.
+    pub stop: Vec<String>,
 }
 
 /// What a turn did.
@@ -146,28 +154,39 @@ pub fn complete_prompt(
 ) -> Result<TurnOutcome> {
     // With no limit, or one past the room, the session stops when the context is full.
     let max_new = opts.max_tokens.unwrap_or(usize::MAX);
+    opts.sampling.validate_for_vocab(session.runner().config().vocab_size)?;
     let mut sampler = Sampler::new(opts.sampling.clone())?;
     let stops = turn_stop_tokens(session.runner().config().vocab_size);
     let mut parser = TurnParser::new(*harmony, &opts.declared_functions);
+    let mut answer = AnswerFilter { stops: StopMatcher::new(&opts.stop)?, released: 0 };
     let prefill = prefill_prompt(session, prompt, max_new, on_event)?;
     if !prefill.finished {
         return Ok(prefill.cancelled_outcome(prompt.len()));
     }
     let (reused, prefilled) = (prefill.reused, prefill.computed);
-    let mut on_token = |id: u32| -> bool {
-        if !on_event(ChatEvent::Token(id)) {
+    let mut on_token = |sampled: &Sampled| -> bool {
+        if !on_event(ChatEvent::Token(sampled)) {
             return false;
         }
-        parser.push(id).iter().all(|delta| on_event(delta_event(delta)))
+        answer.forward(&parser.push(sampled.token), on_event)
     };
     let generation = session.generate(&[], max_new, &mut sampler, &stops, &mut on_token)?;
     // A turn cut short leaves a partial message: keep (and show) what was said.
-    for delta in parser.finish() {
-        on_event(delta_event(&delta));
+    let tail = parser.finish();
+    if !answer.stops.stopped() {
+        answer.forward(&tail, on_event);
+        answer.release_held(on_event);
     }
+    let mut messages = parser.into_messages();
+    let stop = if answer.stops.stopped() {
+        cut_answer(&mut messages, answer.released);
+        StopReason::StopString
+    } else {
+        generation.stop
+    };
     Ok(TurnOutcome {
-        messages: parser.into_messages(),
-        stop: generation.stop,
+        messages,
+        stop,
         prompt_tokens: prompt.len(),
         reused,
         prefilled,
@@ -226,6 +245,70 @@ pub fn prefill_prompt(
     Ok(PromptFill { reused, computed: session.pos() - reused, finished })
 }
 
+/// Passes the parsed deltas on as events, the answer text through the stop strings.
+struct AnswerFilter {
+    stops: StopMatcher,
+    /// Bytes of answer text passed on so far.
+    released: usize,
+}
+
+impl AnswerFilter {
+    /// Sends `deltas` to `on_event`; false when it asks to stop or a stop string was found.
+    fn forward(&mut self, deltas: &[Delta], on_event: &mut dyn FnMut(ChatEvent<'_>) -> bool) -> bool {
+        for delta in deltas {
+            if delta.kind == DeltaKind::Answer {
+                let r = self.stops.push(&delta.text);
+                if !self.send(&r.text, on_event) || r.stopped {
+                    return false;
+                }
+            } else {
+                // Other text interrupts the answer: what was held cannot become a stop
+                // string anymore, and goes first to keep the order.
+                if !self.release_held(on_event) || !on_event(delta_event(delta)) {
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    /// Sends the answer text held back for a possible stop string.
+    fn release_held(&mut self, on_event: &mut dyn FnMut(ChatEvent<'_>) -> bool) -> bool {
+        let held = self.stops.flush();
+        self.send(&held, on_event)
+    }
+
+    fn send(&mut self, text: &str, on_event: &mut dyn FnMut(ChatEvent<'_>) -> bool) -> bool {
+        if text.is_empty() {
+            return true;
+        }
+        self.released += text.len();
+        on_event(ChatEvent::Answer(text))
+    }
+}
+
+/// Cuts the answer messages (`final`, no recipient) to their first `keep` bytes in all:
+/// the message the cut falls in keeps its start (possibly nothing), later ones are dropped.
+/// The deltas of a turn add up to its messages, so this is exactly the text sent.
+fn cut_answer(messages: &mut Vec<Message>, keep: usize) {
+    let mut left = Some(keep);
+    messages.retain_mut(|m| {
+        if m.recipient.is_some() || m.channel.as_deref() != Some("final") {
+            return true;
+        }
+        let Some(budget) = left else { return false };
+        let text = m.text();
+        if text.len() <= budget {
+            left = Some(budget - text.len());
+        } else {
+            let cut = (0..=budget).rev().find(|&i| text.is_char_boundary(i)).unwrap_or(0);
+            m.content = vec![Content::Text { text: text[..cut].to_string() }];
+            left = None;
+        }
+        true
+    });
+}
+
 /// The event of a parsed delta.
 fn delta_event(delta: &Delta) -> ChatEvent<'_> {
     let text = delta.text.as_str();
@@ -268,5 +351,29 @@ mod tests {
         assert_eq!(civil_date(11_016), "2000-02-29");
         assert_eq!(civil_date(20_786), "2026-11-29");
         assert_eq!(today_utc().len(), 10);
+    }
+
+    #[test]
+    fn a_stop_string_cuts_only_the_answer_messages() {
+        let messages = || {
+            vec![
+                Message::assistant("analysis", "think"),
+                Message::assistant("final", "Hello "),
+                Message::tool_call("functions.f", "{}"),
+                Message::assistant("final", "world, and more"),
+                Message::assistant("final", "after"),
+            ]
+        };
+        let mut m = messages();
+        cut_answer(&mut m, "Hello world".len());
+        let texts: Vec<String> = m.iter().map(Message::text).collect();
+        assert_eq!(texts, ["think", "Hello ", "{}", "world"]);
+        let mut m = messages();
+        cut_answer(&mut m, 0);
+        let texts: Vec<String> = m.iter().map(Message::text).collect();
+        assert_eq!(texts, ["think", "", "{}"], "the message the cut falls in stays, empty");
+        let mut m = messages();
+        cut_answer(&mut m, 1000);
+        assert_eq!(m, messages());
     }
 }

@@ -74,6 +74,32 @@ pub struct ChatSettings {
     /// Most tokens per answer (default: what the context has left).
     #[arg(short = 'n', long)]
     pub max_tokens: Option<usize>,
+    /// End the answer where this text appears in it (not shown); may be repeated.
+    /// Reasoning is not cut.
+    #[arg(long = "stop", value_name = "TEXT")]
+    #[serde(default)]
+    pub stop: Vec<String>,
+    /// Lower the logit of every token already in the answer by this much (-2..2, 0: off).
+    #[arg(long, default_value_t = 0.0, allow_hyphen_values = true)]
+    #[serde(default)]
+    pub presence_penalty: f32,
+    /// Lower the logit of every token already in the answer by this much per use (-2..2).
+    #[arg(long, default_value_t = 0.0, allow_hyphen_values = true)]
+    #[serde(default)]
+    pub frequency_penalty: f32,
+    /// Add BIAS (-100..100) to the logit of token ID, as `ID=BIAS`; may be repeated
+    /// (+100 all but forces the token, -100 all but forbids it).
+    #[arg(long = "logit-bias", value_name = "ID=BIAS", value_parser = parse_logit_bias, allow_hyphen_values = true)]
+    #[serde(default)]
+    pub logit_bias: Vec<(u32, f32)>,
+}
+
+/// Parses `ID=BIAS` of `--logit-bias`.
+fn parse_logit_bias(text: &str) -> Result<(u32, f32), String> {
+    let (id, bias) = text.split_once('=').ok_or_else(|| format!("{text:?} is not ID=BIAS"))?;
+    let id = id.trim().parse().map_err(|_| format!("{id:?} is not a token ID"))?;
+    let bias = bias.trim().parse().map_err(|_| format!("{bias:?} is not a number"))?;
+    Ok((id, bias))
 }
 
 impl ChatSettings {
@@ -103,6 +129,9 @@ impl ChatSettings {
             top_k: self.top_k,
             min_p: self.min_p,
             repetition_penalty: self.repeat_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            logit_bias: self.logit_bias.clone(),
             seed: seed.wrapping_add(turn),
             ..Default::default()
         }
@@ -117,6 +146,7 @@ impl ChatSettings {
             max_tokens: self.max_tokens,
             sampling: self.sampling_with(turn, 1.0),
             declared_functions: Vec::new(),
+            stop: self.stop.clone(),
         }
     }
 }
@@ -293,7 +323,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
                     StopReason::Cancelled => eprintln!("(stopped)"),
                     StopReason::ContextFull => eprintln!("(the context is full: /reset to start over)"),
                     StopReason::MaxTokens => eprintln!("(answer cut at --max-tokens)"),
-                    StopReason::Stop(_) => {}
+                    StopReason::Stop(_) | StopReason::StopString => {}
                 }
                 conversation.messages.extend(outcome.messages.iter().cloned());
                 last = Some((outcome, t0.elapsed().as_secs_f64()));
@@ -363,7 +393,7 @@ mod tests {
         let recipient = "functions.get_weather";
         for e in [
             ChatEvent::Reasoning("Call it."),
-            ChatEvent::Token(1),
+            ChatEvent::Token(&picchio::sample::Sampled::token(1)),
             ChatEvent::ToolCall { recipient, text: "" },
             ChatEvent::ToolCall { recipient, text: "{\"city\"" },
             ChatEvent::ToolCall { recipient, text: ": \"Rome\"}" },

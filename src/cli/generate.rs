@@ -78,6 +78,8 @@ pub fn run(args: GenerateArgs) -> anyhow::Result<()> {
     if let Some(text) = &args.prompt {
         return chat_turn(&args, text);
     }
+    // Raw token IDs have no answer text to look for stop strings in.
+    anyhow::ensure!(args.chat.stop.is_empty(), "--stop applies to the answer of -p, not to raw token IDs");
     let prompt = read_prompt(&args)?;
     let started = Instant::now();
     let model = args.model.open(args.model.ctx)?;
@@ -151,12 +153,14 @@ fn emit_continuation(
     let mut out = stdout.lock();
     let mut first = true;
     let mut write_error = None;
-    let mut sampler = Sampler::new(args.chat.sampling_with(0, 0.0))?;
+    let params = args.chat.sampling_with(0, 0.0);
+    params.validate_for_vocab(session.runner().config().vocab_size)?;
+    let mut sampler = Sampler::new(params)?;
     let max_tokens = args.chat.max_tokens.unwrap_or(16);
-    let generation = session.generate(prompt, max_tokens, &mut sampler, &[], &mut |id| {
+    let generation = session.generate(prompt, max_tokens, &mut sampler, &[], &mut |s| {
         let sep = if first { "" } else { " " };
         first = false;
-        match write!(out, "{sep}{id}").and_then(|_| out.flush()) {
+        match write!(out, "{sep}{}", s.token).and_then(|_| out.flush()) {
             Ok(()) => true,
             Err(e) => {
                 write_error = Some(e);
@@ -252,6 +256,7 @@ fn describe_stop(stop: StopReason) -> String {
         StopReason::MaxTokens => "it reached --max-tokens".to_string(),
         StopReason::ContextFull => "the context is full (see --ctx)".to_string(),
         StopReason::Cancelled => "it was stopped".to_string(),
+        StopReason::StopString => "a --stop string appeared in the answer".to_string(),
     }
 }
 

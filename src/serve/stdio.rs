@@ -17,7 +17,7 @@ use crate::chat::tokenizer::special;
 use crate::chat::turn_stop_tokens;
 use crate::error::{Error, Result};
 use crate::model::LogitRows;
-use crate::sample::{Sampler, SamplingParams};
+use crate::sample::{Sampled, Sampler, SamplingParams};
 use crate::session::{Generation, Session, StopReason};
 
 /// Why a request was refused.
@@ -109,11 +109,31 @@ fn parse_turn(fields: &[&str]) -> std::result::Result<Turn, Refusal> {
             "min_p" => params.min_p = parse_num("min_p", Some(v))?,
             "rep" => params.repetition_penalty = parse_num("rep", Some(v))?,
             "rep_window" => params.repetition_window = parse_num("rep_window", Some(v))?,
+            "presence" => params.presence_penalty = parse_num("presence", Some(v))?,
+            "frequency" => params.frequency_penalty = parse_num("frequency", Some(v))?,
+            "bias" => params.logit_bias = parse_bias(v)?,
+            "logprobs" => params.logprobs = Some(parse_num("logprobs", Some(v))?),
             other => return Err(refuse(ErrorCode::BadArgument, format!("unknown option `{other}`"))),
         }
     }
     params.validate().map_err(|e| refuse(ErrorCode::BadArgument, e.to_string()))?;
     Ok(Turn { max_new, keep, params, ids })
+}
+
+/// Parses `ID:BIAS[,ID:BIAS...]` (the `bias=` option).
+fn parse_bias(value: &str) -> std::result::Result<Vec<(u32, f32)>, Refusal> {
+    value
+        .split(',')
+        .map(|pair| {
+            let (id, bias) = pair
+                .split_once(':')
+                .ok_or_else(|| refuse(ErrorCode::BadArgument, format!("bias `{pair}` is not ID:BIAS")))?;
+            let id = id
+                .parse::<u32>()
+                .map_err(|_| refuse(ErrorCode::BadId, format!("bias: `{id}` is not a token ID")))?;
+            Ok((id, parse_num("bias", Some(bias))?))
+        })
+        .collect()
 }
 
 /// Bytes allowed per ID on a request line: up to 6 digits and a separator make 7; 16 leaves
@@ -404,6 +424,19 @@ fn error_line(r: &Refusal) -> String {
     format!("ERROR {} {} {}", r.code.as_str(), u8::from(r.fatal), message)
 }
 
+/// `TOKEN <id>`, and with log probabilities ` <logprob> <id>:<logprob>...` (the
+/// alternatives, most likely first).
+fn token_line(s: &Sampled) -> String {
+    let mut line = format!("TOKEN {}", s.token);
+    if let Some(lp) = &s.logprobs {
+        line.push_str(&format!(" {}", lp.logprob));
+        for (id, logprob) in &lp.top {
+            line.push_str(&format!(" {id}:{logprob}"));
+        }
+    }
+    line
+}
+
 /// Validates and runs one turn, streaming `TOKEN` lines and a final `DONE`. `cancel` is
 /// asked between prefill blocks and after each token whether to stop (`DONE CANCELLED`).
 fn run_turn(
@@ -421,6 +454,8 @@ fn run_turn(
         ));
     }
     session.check_ids(&turn.ids).map_err(|e| refuse(ErrorCode::BadId, e.to_string()))?;
+    let vocab = session.runner().config().vocab_size;
+    turn.params.validate_for_vocab(vocab).map_err(|e| refuse(ErrorCode::BadId, e.to_string()))?;
     if turn.keep.saturating_add(turn.ids.len()) > session.capacity() {
         return Err(refuse(
             ErrorCode::ContextFull,
@@ -447,8 +482,8 @@ fn run_turn(
         if !finished {
             return Ok(Generation { tokens: Vec::new(), stop: StopReason::Cancelled });
         }
-        session.generate(&[], turn.max_new, &mut sampler, stops, &mut |id| {
-            write_failed |= writeln!(output, "TOKEN {id}").and_then(|_| output.flush()).is_err();
+        session.generate(&[], turn.max_new, &mut sampler, stops, &mut |s| {
+            write_failed |= writeln!(output, "{}", token_line(s)).and_then(|_| output.flush()).is_err();
             !write_failed && !cancel()
         })
     });
@@ -456,7 +491,9 @@ fn run_turn(
         Ok(g) => {
             let reason = match g.stop {
                 StopReason::Stop(special::CALL) => "CALL",
-                StopReason::Stop(_) => "RETURN",
+                // Sessions never report a stop string (only chat turns do, and this
+                // protocol has none); an end of the answer either way.
+                StopReason::Stop(_) | StopReason::StopString => "RETURN",
                 StopReason::MaxTokens => "MAX_TOKENS",
                 StopReason::Cancelled => "CANCELLED",
                 StopReason::ContextFull => "CONTEXT_FULL",
@@ -487,6 +524,38 @@ mod tests {
         assert_eq!((t.max_new, t.keep, t.ids.clone()), (5, 0, vec![1, 2, 3]));
         assert_eq!((t.params.temperature, t.params.top_p, t.params.top_k), (0.7, 0.9, 40));
         assert_eq!((t.params.seed, t.params.min_p), (9, 0.05));
+        let t = parse_turn(&[
+            "5",
+            "0",
+            "0",
+            "1",
+            "0",
+            "1",
+            "1",
+            "presence=0.5",
+            "frequency=-1",
+            "bias=7:100,9:-2.5",
+            "logprobs=3",
+        ])
+        .unwrap();
+        assert_eq!((t.params.presence_penalty, t.params.frequency_penalty), (0.5, -1.0));
+        assert_eq!((t.params.logit_bias.clone(), t.params.logprobs), (vec![(7, 100.0), (9, -2.5)], Some(3)));
+        let code = |opt: &str| parse_turn(&["5", "0", "0", "1", "0", "0", opt]).unwrap_err().code;
+        assert_eq!(code("bias=7"), ErrorCode::BadArgument);
+        assert_eq!(code("bias=x:1"), ErrorCode::BadId);
+        assert_eq!(code("bias=7:101"), ErrorCode::BadArgument);
+        assert_eq!(code("presence=3"), ErrorCode::BadArgument);
+        assert_eq!(code("logprobs=21"), ErrorCode::BadArgument);
+    }
+
+    #[test]
+    fn token_lines_carry_log_probabilities_when_asked() {
+        assert_eq!(token_line(&Sampled::token(5)), "TOKEN 5");
+        let s = Sampled {
+            token: 5,
+            logprobs: Some(crate::sample::TokenLogprobs { logprob: -0.25, top: vec![(5, -0.25), (2, -1.5)] }),
+        };
+        assert_eq!(token_line(&s), "TOKEN 5 -0.25 5:-0.25 2:-1.5");
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::logprobs::ChoiceLogprobs;
 use crate::chat::JsonValue;
 
 /// `POST /v1/chat/completions`. Unknown fields are ignored, `model` among them (one model
@@ -34,7 +35,7 @@ pub(crate) struct ChatRequest {
     pub max_completion_tokens: Option<u64>,
     /// Number of choices; only 1.
     pub n: Option<u64>,
-    /// Stop sequences; not supported.
+    /// A stop string or up to four: the answer ends before the first one that appears.
     pub stop: Option<serde_json::Value>,
     /// `low`, `medium` or `high`.
     pub reasoning_effort: Option<String>,
@@ -44,14 +45,16 @@ pub(crate) struct ChatRequest {
     pub tools: Option<Vec<Tool>>,
     /// `auto`, `none`; others are refused.
     pub tool_choice: Option<serde_json::Value>,
-    /// Log probabilities; not supported.
+    /// Return the log probability of each content token.
     pub logprobs: Option<bool>,
-    /// Log probabilities; not supported.
+    /// With `logprobs`, also the most likely alternatives at each position (0..=20).
     pub top_logprobs: Option<u64>,
-    /// Not supported (non-zero is refused).
+    /// OpenAI's frequency penalty, -2..=2.
     pub frequency_penalty: Option<f32>,
-    /// Not supported (non-zero is refused).
+    /// OpenAI's presence penalty, -2..=2.
     pub presence_penalty: Option<f32>,
+    /// Token ID (a decimal string) -> bias added to its logit, -100..=100.
+    pub logit_bias: Option<serde_json::Value>,
     /// Only `{"type": "text"}`.
     pub response_format: Option<serde_json::Value>,
     /// Extension (as vLLM): return the prompt and generated token IDs.
@@ -215,8 +218,8 @@ pub(crate) struct Choice {
     pub index: usize,
     /// The message.
     pub message: ResponseMessage,
-    /// Always null.
-    pub logprobs: Option<()>,
+    /// The content's log probabilities when asked for, else null.
+    pub logprobs: Option<ChoiceLogprobs>,
     /// `stop`, `length` or `tool_calls`.
     pub finish_reason: &'static str,
     /// Extension: the generated token IDs (with `return_token_ids`).
@@ -296,8 +299,8 @@ pub(crate) struct ChunkChoice {
     pub index: usize,
     /// What this chunk adds.
     pub delta: Delta,
-    /// Always null.
-    pub logprobs: Option<()>,
+    /// The log probabilities of the content this chunk adds, when asked for, else null.
+    pub logprobs: Option<ChoiceLogprobs>,
     /// Set in the last chunk of the choice.
     pub finish_reason: Option<&'static str>,
 }

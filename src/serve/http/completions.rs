@@ -124,6 +124,11 @@ pub(crate) fn plan(req: CompletionRequest, seed: u64) -> Result<CompletionPlan, 
             min_p: req.min_p,
             repetition_penalty: req.repetition_penalty,
             seed: req.seed.as_ref(),
+            // Refused above until raw completions carry them (see `refuse_unsupported`).
+            presence_penalty: None,
+            frequency_penalty: None,
+            logit_bias: None,
+            logprobs: None,
         },
         seed,
     )?;
@@ -371,6 +376,8 @@ impl CompletionStream {
             WorkerMsg::Piece(Piece::Content(text)) => self.push_text(text, None),
             // A raw job sends only content (see `raw::complete_raw`).
             WorkerMsg::Piece(Piece::Reasoning(_) | Piece::ToolCall { .. }) => {}
+            // Log probabilities are refused on this endpoint, so none are sent.
+            WorkerMsg::Logprobs(_) => {}
             WorkerMsg::Done(Ok(fin)) => {
                 let (reason, usage) = ending(&fin);
                 self.push_text(String::new(), Some(reason));

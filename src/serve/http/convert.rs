@@ -7,9 +7,10 @@ use std::collections::HashMap;
 use super::api::{ChatRequest, FunctionCall, RequestMessage, ResponseMessage, Tool, ToolCall};
 use super::error::ApiError;
 use crate::chat::{
-    Conversation, DeveloperContent, JsonValue, Message, ReasoningEffort, SystemContent, ToolDescription,
+    Conversation, DeveloperContent, JsonValue, MAX_STOP_STRINGS, Message, ReasoningEffort, SystemContent,
+    ToolDescription, VOCAB_SIZE,
 };
-use crate::sample::SamplingParams;
+use crate::sample::{MAX_LOGIT_BIAS, MAX_PRESENCE_FREQUENCY, MAX_TOP_LOGPROBS, SamplingParams};
 use crate::session::StopReason;
 
 /// A checked request, ready for the engine.
@@ -32,6 +33,10 @@ pub(crate) struct Plan {
     pub declared_functions: Vec<String>,
     /// `reasoning.exclude`: leave the reasoning out of the answer and the stream.
     pub exclude_reasoning: bool,
+    /// Stop strings (none empty, at most [`MAX_STOP_STRINGS`]).
+    pub stop: Vec<String>,
+    /// Return log probabilities (`logprobs: true`; how many alternatives is in `sampling`).
+    pub logprobs: bool,
 }
 
 /// The developer message carrying a request's instructions (joined by blank lines) and
@@ -115,22 +120,30 @@ pub(crate) fn plan(req: ChatRequest, date: &str, seed: u64) -> Result<Plan, ApiE
     if let Some(n) = req.n
         && n != 1
     {
-        return Err(ApiError::unsupported("n", format!("n must be 1 (one choice per request), got {n}")));
+        return Err(ApiError::unsupported(
+            "n",
+            format!(
+                "n must be 1, got {n}: the server runs one sequence on one session, so more choices would \
+                 mean computing the prompt again for each or parallel sessions (not built); send the \
+                 request n times with different seeds instead"
+            ),
+        ));
     }
-    if req.logprobs == Some(true) || req.top_logprobs.is_some_and(|n| n > 0) {
-        return Err(ApiError::unsupported("logprobs", "log probabilities are not supported"));
-    }
-    check_stop(req.stop.as_ref())?;
-    for (name, value) in
-        [("frequency_penalty", req.frequency_penalty), ("presence_penalty", req.presence_penalty)]
-    {
-        if value.is_some_and(|v| v != 0.0) {
-            return Err(ApiError::unsupported(
-                name,
-                format!("{name} is not supported (only 0); see `repetition_penalty`"),
+    let logprobs = req.logprobs == Some(true);
+    let top_logprobs = match req.top_logprobs {
+        Some(n) if n > MAX_TOP_LOGPROBS as u64 => {
+            return Err(ApiError::invalid(
+                Some("top_logprobs"),
+                format!("top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {n}"),
             ));
         }
-    }
+        Some(n) if n > 0 && !logprobs => {
+            return Err(ApiError::invalid(Some("top_logprobs"), "top_logprobs needs `logprobs: true`"));
+        }
+        Some(n) => n as usize,
+        None => 0,
+    };
+    let stop = stop_strings(req.stop.as_ref())?;
     check_response_format(req.response_format.as_ref())?;
     let use_tools = match &req.tool_choice {
         None | Some(serde_json::Value::Null) => true,
@@ -151,6 +164,10 @@ pub(crate) fn plan(req: ChatRequest, date: &str, seed: u64) -> Result<Plan, ApiE
             min_p: req.min_p,
             repetition_penalty: req.repetition_penalty,
             seed: req.seed.as_ref(),
+            presence_penalty: req.presence_penalty,
+            frequency_penalty: req.frequency_penalty,
+            logit_bias: req.logit_bias.as_ref(),
+            logprobs: logprobs.then_some(top_logprobs),
         },
         seed,
     )?;
@@ -188,6 +205,8 @@ pub(crate) fn plan(req: ChatRequest, date: &str, seed: u64) -> Result<Plan, ApiE
         return_token_ids: req.return_token_ids.unwrap_or(false),
         declared_functions,
         exclude_reasoning,
+        stop,
+        logprobs,
     })
 }
 
@@ -258,6 +277,71 @@ pub(crate) fn check_stop(stop: Option<&serde_json::Value>) -> Result<(), ApiErro
     }
 }
 
+/// The stop strings of `stop`: a string or a list of at most [`MAX_STOP_STRINGS`] strings.
+/// Empty strings stand for no stop string (they would match everywhere).
+fn stop_strings(stop: Option<&serde_json::Value>) -> Result<Vec<String>, ApiError> {
+    use serde_json::Value;
+    let list = match stop {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::String(s)) => return Ok(if s.is_empty() { Vec::new() } else { vec![s.clone()] }),
+        Some(Value::Array(list)) => list,
+        Some(_) => {
+            return Err(ApiError::invalid(Some("stop"), "stop must be a string or a list of strings"));
+        }
+    };
+    if list.len() > MAX_STOP_STRINGS {
+        return Err(ApiError::invalid(
+            Some("stop"),
+            format!("stop holds {} strings; at most {MAX_STOP_STRINGS} are allowed", list.len()),
+        ));
+    }
+    let mut out = Vec::with_capacity(list.len());
+    for (i, s) in list.iter().enumerate() {
+        match s {
+            Value::String(s) if s.is_empty() => {}
+            Value::String(s) => out.push(s.clone()),
+            _ => {
+                return Err(ApiError::invalid(Some(&format!("stop[{i}]")), "a stop string must be a string"));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The `logit_bias` map: token IDs (decimal strings) in the vocabulary, biases in
+/// -100..=100. The error names the key at fault.
+fn logit_bias(bias: Option<&serde_json::Value>) -> Result<Vec<(u32, f32)>, ApiError> {
+    let map = match bias {
+        None | Some(serde_json::Value::Null) => return Ok(Vec::new()),
+        Some(serde_json::Value::Object(map)) => map,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                Some("logit_bias"),
+                "logit_bias must be an object mapping token IDs to biases",
+            ));
+        }
+    };
+    let mut out = Vec::with_capacity(map.len());
+    for (key, value) in map {
+        let bad =
+            |why: String| ApiError::invalid(Some("logit_bias"), format!("logit_bias key {key:?}: {why}"));
+        let token = key
+            .parse::<u32>()
+            .ok()
+            .filter(|_| !key.starts_with('+'))
+            .ok_or_else(|| bad("is not a token ID (a decimal number)".into()))?;
+        if token as usize >= VOCAB_SIZE {
+            return Err(bad(format!("token {token} is outside the vocabulary (0..{VOCAB_SIZE})")));
+        }
+        let v = value
+            .as_f64()
+            .filter(|v| (-f64::from(MAX_LOGIT_BIAS)..=f64::from(MAX_LOGIT_BIAS)).contains(v))
+            .ok_or_else(|| bad(format!("the bias must be a number from -100 to 100, got {value}")))?;
+        out.push((token, v as f32));
+    }
+    Ok(out)
+}
+
 fn check_response_format(format: Option<&serde_json::Value>) -> Result<(), ApiError> {
     match format {
         None | Some(serde_json::Value::Null) => Ok(()),
@@ -283,6 +367,14 @@ pub(crate) struct SamplingFields<'a> {
     pub repetition_penalty: Option<f32>,
     /// Seed of the sampler.
     pub seed: Option<&'a serde_json::Number>,
+    /// OpenAI's presence penalty, -2..=2.
+    pub presence_penalty: Option<f32>,
+    /// OpenAI's frequency penalty, -2..=2.
+    pub frequency_penalty: Option<f32>,
+    /// OpenAI's `logit_bias` map.
+    pub logit_bias: Option<&'a serde_json::Value>,
+    /// Log probabilities with this many alternatives; `None`: none.
+    pub logprobs: Option<usize>,
 }
 
 /// The sampling settings of a request: OpenAI's defaults (temperature 1, top_p 1), and
@@ -328,6 +420,17 @@ pub(crate) fn sampling(req: &SamplingFields<'_>, default_seed: u64) -> Result<Sa
             _ => return Err(ApiError::invalid(Some("seed"), format!("seed must be an integer, got {n}"))),
         },
     };
+    let mut penalties = [0.0f32; 2];
+    for (slot, (name, value)) in penalties
+        .iter_mut()
+        .zip([("presence_penalty", req.presence_penalty), ("frequency_penalty", req.frequency_penalty)])
+    {
+        let v = value.unwrap_or(0.0);
+        if !(-MAX_PRESENCE_FREQUENCY..=MAX_PRESENCE_FREQUENCY).contains(&v) {
+            return Err(ApiError::invalid(Some(name), format!("{name} must be between -2 and 2, got {v}")));
+        }
+        *slot = v;
+    }
     let params = SamplingParams {
         temperature,
         top_k,
@@ -335,6 +438,10 @@ pub(crate) fn sampling(req: &SamplingFields<'_>, default_seed: u64) -> Result<Sa
         min_p,
         repetition_penalty,
         seed,
+        presence_penalty: penalties[0],
+        frequency_penalty: penalties[1],
+        logit_bias: logit_bias(req.logit_bias)?,
+        logprobs: req.logprobs,
         ..SamplingParams::default()
     };
     params.validate().map_err(|e| ApiError::invalid(None, e.to_string()))?;
@@ -635,7 +742,28 @@ mod tests {
         assert_eq!(param(&format!(r#"{{{user}, "n": 2}}"#)).as_deref(), Some("n"));
         assert_eq!(param(&format!(r#"{{{user}, "max_tokens": 0}}"#)).as_deref(), Some("max_tokens"));
         assert_eq!(param(&format!(r#"{{{user}, "max_tokens": -5}}"#)).as_deref(), Some("max_tokens"));
-        assert_eq!(param(&format!(r#"{{{user}, "stop": ["x"]}}"#)).as_deref(), Some("stop"));
+        for (extra, field) in [
+            (r#""stop": ["a", "b", "c", "d", "e"]"#, "stop"),
+            (r#""stop": 5"#, "stop"),
+            (r#""stop": ["a", 5]"#, "stop[1]"),
+            (r#""logit_bias": {"abc": 1}"#, "logit_bias"),
+            (r#""logit_bias": {"201088": 1}"#, "logit_bias"),
+            (r#""logit_bias": {"5": 101}"#, "logit_bias"),
+            (r#""logit_bias": {"5": "up"}"#, "logit_bias"),
+            (r#""logit_bias": [1]"#, "logit_bias"),
+            (r#""presence_penalty": 2.5"#, "presence_penalty"),
+            (r#""frequency_penalty": -3"#, "frequency_penalty"),
+            (r#""logprobs": true, "top_logprobs": 21"#, "top_logprobs"),
+            (r#""top_logprobs": 3"#, "top_logprobs"),
+        ] {
+            assert_eq!(param(&format!("{{{user}, {extra}}}")).as_deref(), Some(field), "{extra}");
+        }
+        let e = plan_json(&format!(r#"{{{user}, "logit_bias": {{"12": 1, "999999": 5}}}}"#)).unwrap_err();
+        assert!(
+            e.message.contains("\"999999\"") && e.message.contains("outside the vocabulary"),
+            "{}",
+            e.message
+        );
         assert!(plan_json(&format!(r#"{{{user}, "stop": null}}"#)).is_ok());
         assert_eq!(
             param(&format!(r#"{{{user}, "reasoning_effort": "max"}}"#)).as_deref(),
@@ -686,6 +814,33 @@ mod tests {
             e.message
         );
         assert_eq!(e.param.as_deref(), Some("messages[0]"));
+    }
+
+    #[test]
+    fn output_controls_map_to_the_plan() {
+        let p = plan_json(
+            r#"{"messages": [{"role": "user", "content": "hi"}], "stop": ["END", "", "\n\n"],
+                "logprobs": true, "top_logprobs": 3, "presence_penalty": 0.5, "frequency_penalty": -1,
+                "logit_bias": {"17": -100, "200002": 2.5}}"#,
+        )
+        .unwrap();
+        assert_eq!(p.stop, ["END", "\n\n"], "empty stop strings stand for none");
+        assert!(p.logprobs);
+        assert_eq!(p.sampling.logprobs, Some(3));
+        assert_eq!((p.sampling.presence_penalty, p.sampling.frequency_penalty), (0.5, -1.0));
+        let mut bias = p.sampling.logit_bias.clone();
+        bias.sort_by_key(|b| b.0);
+        assert_eq!(bias, [(17, -100.0), (200002, 2.5)]);
+        let p = plan_json(r#"{"messages": [{"role": "user", "content": "hi"}], "stop": "x"}"#).unwrap();
+        assert_eq!((p.stop, p.logprobs, p.sampling.logprobs), (vec!["x".to_string()], false, None));
+        let p = plan_json(r#"{"messages": [{"role": "user", "content": "hi"}], "logprobs": true}"#).unwrap();
+        assert_eq!(p.sampling.logprobs, Some(0));
+        let e = plan_json(r#"{"messages": [{"role": "user", "content": "hi"}], "n": 2}"#).unwrap_err();
+        assert!(
+            e.message.contains("one sequence") && e.code == Some("unsupported_parameter"),
+            "{}",
+            e.message
+        );
     }
 
     #[test]

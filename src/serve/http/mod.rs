@@ -37,6 +37,7 @@ mod cors;
 mod error;
 mod input_items;
 mod listen;
+mod logprobs;
 mod metrics;
 mod raw;
 mod responses;

@@ -8,7 +8,7 @@
 
 use crate::chat::{ChatEvent, Tokenizer, TurnOptions, TurnOutcome, prefill_prompt, turn_stop_tokens};
 use crate::error::Result;
-use crate::sample::Sampler;
+use crate::sample::{Sampled, Sampler};
 use crate::session::Session;
 
 /// How generated tokens become text.
@@ -40,10 +40,11 @@ pub(crate) fn complete_raw(
         return Ok(prefill.cancelled_outcome(prompt.len()));
     }
     let mut decoder = tokenizer.stream_decoder();
-    let mut on_token = |id: u32| -> bool {
-        if !on_event(ChatEvent::Token(id)) {
+    let mut on_token = |sampled: &Sampled| -> bool {
+        if !on_event(ChatEvent::Token(sampled)) {
             return false;
         }
+        let id = sampled.token;
         let silent = stops.contains(&id) || (text.skip_special_tokens && tokenizer.is_special(id));
         if silent {
             return true;

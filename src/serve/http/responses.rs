@@ -12,6 +12,7 @@ use serde_json::Value;
 
 use super::convert::{self, FUNCTIONS, SamplingFields, check_function_name, function_name};
 use super::error::ApiError;
+use super::logprobs::TokenLogprob;
 use super::responses_api::{
     ContentPart, IncompleteDetails, InputTokensDetails, OutputItem, OutputTokensDetails, ReasoningEcho,
     ResponseError, ResponseObject, ResponseTool, ResponseUsage, ResponsesRequest,
@@ -113,6 +114,10 @@ pub(crate) fn plan(
             min_p: req.min_p,
             repetition_penalty: req.repetition_penalty,
             seed: req.seed.as_ref(),
+            presence_penalty: None,
+            frequency_penalty: None,
+            logit_bias: None,
+            logprobs: logprobs(&req)?,
         },
         seed,
     )?;
@@ -209,9 +214,6 @@ fn refuse_unsupported(req: &ResponsesRequest) -> Result<(), ApiError> {
              item, which the client may drop",
         ));
     }
-    if req.top_logprobs.is_some_and(|n| n > 0) {
-        return Err(ApiError::unsupported("top_logprobs", "log probabilities are not supported"));
-    }
     if req.conversation.as_ref().is_some_and(|c| !c.is_null()) {
         return Err(ApiError::unsupported(
             "conversation",
@@ -243,6 +245,26 @@ fn refuse_unsupported(req: &ResponsesRequest) -> Result<(), ApiError> {
         ));
     }
     Ok(())
+}
+
+/// How many alternatives to report with each output text token's log probability: asked
+/// for by `include: ["message.output_text.logprobs"]` (OpenAI's way) or by `top_logprobs`
+/// alone (0..=20); `None` when neither is given.
+fn logprobs(req: &ResponsesRequest) -> Result<Option<usize>, ApiError> {
+    const INCLUDE: &str = "message.output_text.logprobs";
+    let included = match &req.include {
+        None | Some(Value::Null) => false,
+        Some(Value::Array(items)) => items.iter().any(|i| i.as_str() == Some(INCLUDE)),
+        Some(_) => return Err(ApiError::invalid(Some("include"), "include must be a list of strings")),
+    };
+    match req.top_logprobs {
+        Some(n) if n > crate::sample::MAX_TOP_LOGPROBS as u64 => Err(ApiError::invalid(
+            Some("top_logprobs"),
+            format!("top_logprobs must be between 0 and {}, got {n}", crate::sample::MAX_TOP_LOGPROBS),
+        )),
+        Some(n) => Ok(Some(n as usize)),
+        None => Ok(included.then_some(0)),
+    }
 }
 
 /// The function tools of a request, checked.
@@ -465,6 +487,8 @@ pub(crate) struct BuiltItem {
     pub kind: ItemKind,
     /// The text so far.
     pub text: String,
+    /// The log probabilities of its tokens, when asked for (text items only).
+    pub logprobs: Vec<TokenLogprob>,
 }
 
 /// What happened to the output, in order: what a stream sends as events.
@@ -472,8 +496,9 @@ pub(crate) struct BuiltItem {
 pub(crate) enum Step {
     /// Item `index` began.
     Opened(usize),
-    /// Item `index` got more text.
-    Delta(usize, String),
+    /// Item `index` got more text, made of tokens with these log probabilities (empty
+    /// unless asked for).
+    Delta(usize, String, Vec<TokenLogprob>),
     /// Item `index` ended with this status.
     Closed(usize, &'static str),
 }
@@ -483,12 +508,19 @@ pub(crate) struct OutputBuilder {
     items: Vec<BuiltItem>,
     open: bool,
     new_id: fn(&str) -> String,
+    /// Log probabilities for the next text piece.
+    pending_logprobs: Vec<TokenLogprob>,
 }
 
 impl OutputBuilder {
     /// An empty output; `new_id(prefix)` names the items and calls.
     pub fn new(new_id: fn(&str) -> String) -> Self {
-        OutputBuilder { items: Vec::new(), open: false, new_id }
+        OutputBuilder { items: Vec::new(), open: false, new_id, pending_logprobs: Vec::new() }
+    }
+
+    /// Log probabilities of the tokens of the text piece that comes next.
+    pub fn push_logprobs(&mut self, logprobs: Vec<TokenLogprob>) {
+        self.pending_logprobs = logprobs;
     }
 
     /// Adds a piece of text, starting a new item if its kind differs from the open one or
@@ -517,15 +549,30 @@ impl OutputBuilder {
                     ("fc_", ItemKind::Call { recipient, call_id: (self.new_id)("call_") })
                 }
             };
-            self.items.push(BuiltItem { id: (self.new_id)(prefix), kind, text: String::new() });
+            self.items.push(BuiltItem {
+                id: (self.new_id)(prefix),
+                kind,
+                text: String::new(),
+                logprobs: Vec::new(),
+            });
             self.open = true;
             steps.push(Step::Opened(self.items.len() - 1));
         }
         let index = self.items.len() - 1;
-        if let Some(item) = self.items.last_mut() {
-            item.text.push_str(&text);
-        }
-        steps.push(Step::Delta(index, text));
+        let logprobs = std::mem::take(&mut self.pending_logprobs);
+        let logprobs = match self.items.last_mut() {
+            Some(item) => {
+                item.text.push_str(&text);
+                if item.kind == ItemKind::Text {
+                    item.logprobs.extend(logprobs.iter().cloned());
+                    logprobs
+                } else {
+                    Vec::new()
+                }
+            }
+            None => Vec::new(),
+        };
+        steps.push(Step::Delta(index, text, logprobs));
     }
 
     /// Ends the open item, if any, with `status`.
@@ -557,7 +604,7 @@ impl OutputBuilder {
                 id: item.id.clone(),
                 status,
                 role: "assistant",
-                content: text.map(output_text).into_iter().collect(),
+                content: text.map(|t| output_text(t, item.logprobs.clone())).into_iter().collect(),
             },
             ItemKind::Call { recipient, call_id } => OutputItem::FunctionCall {
                 id: item.id.clone(),
@@ -608,8 +655,8 @@ impl OutputBuilder {
 }
 
 /// An `output_text` part.
-pub(crate) fn output_text(text: String) -> ContentPart {
-    ContentPart::OutputText { text, annotations: Vec::new(), logprobs: Vec::new() }
+pub(crate) fn output_text(text: String, logprobs: Vec<TokenLogprob>) -> ContentPart {
+    ContentPart::OutputText { text, annotations: Vec::new(), logprobs }
 }
 
 /// What every form of one response shares: its ID, time, model and the request's echo.
@@ -643,7 +690,9 @@ impl ResponseMeta {
                 StopReason::MaxTokens | StopReason::ContextFull => {
                     ("incomplete", None, Some(IncompleteDetails { reason: "max_output_tokens" }), Some(usage))
                 }
-                StopReason::Stop(_) | StopReason::Cancelled => ("completed", None, None, Some(usage)),
+                StopReason::Stop(_) | StopReason::StopString | StopReason::Cancelled => {
+                    ("completed", None, None, Some(usage))
+                }
             },
             Ending::Failed(message) => {
                 ("failed", Some(ResponseError { code: "server_error", message }), None, None)
@@ -681,7 +730,7 @@ impl ResponseMeta {
 pub(crate) fn last_item_status(stop: StopReason) -> &'static str {
     match stop {
         StopReason::MaxTokens | StopReason::ContextFull => "incomplete",
-        StopReason::Stop(_) | StopReason::Cancelled => "completed",
+        StopReason::Stop(_) | StopReason::StopString | StopReason::Cancelled => "completed",
     }
 }
 

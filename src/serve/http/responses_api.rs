@@ -5,10 +5,11 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::logprobs::TokenLogprob;
 use crate::chat::JsonValue;
 
 /// `POST /v1/responses`. Unknown fields are ignored: `model` (one model is served),
-/// `parallel_tool_calls` (a Harmony turn holds at most one call), `include`, `user`, ...
+/// `parallel_tool_calls` (a Harmony turn holds at most one call), `user`, ...
 #[derive(Deserialize, Debug, Default)]
 pub(crate) struct ResponsesRequest {
     /// A string (one user message) or a list of input items.
@@ -48,8 +49,11 @@ pub(crate) struct ResponsesRequest {
     pub background: Option<bool>,
     /// Echoed in the response.
     pub metadata: Option<Value>,
-    /// Log probabilities; refused above 0.
+    /// Report log probabilities of the output text with this many alternatives (0..=20).
     pub top_logprobs: Option<u64>,
+    /// Extra output: `message.output_text.logprobs` asks for log probabilities; other
+    /// values are ignored.
+    pub include: Option<Value>,
     /// `disabled` only: a conversation that does not fit is refused, not truncated.
     pub truncation: Option<String>,
     /// The Conversations API is not served: refused.
@@ -249,7 +253,7 @@ pub(crate) enum ContentPart {
         text: String,
         /// Always empty.
         annotations: Vec<Value>,
-        /// Always empty: no log probabilities.
-        logprobs: Vec<Value>,
+        /// The log probabilities of its tokens when asked for, else empty.
+        logprobs: Vec<TokenLogprob>,
     },
 }

@@ -24,6 +24,7 @@ use futures_core::Stream;
 use serde_json::{Value, json};
 use tokio::sync::mpsc::UnboundedReceiver;
 
+use super::logprobs::TokenLogprob;
 use super::responses::{
     Added, Ending, ItemKind, OutputBuilder, ResponseMeta, Step, last_item_status, output_text, stored, usage,
 };
@@ -86,7 +87,7 @@ impl ResponseStream {
         for step in steps {
             match step {
                 Step::Opened(i) => self.on_opened(i),
-                Step::Delta(i, delta) => self.on_delta(i, delta),
+                Step::Delta(i, delta, logprobs) => self.on_delta(i, delta, logprobs),
                 Step::Closed(i, status) => self.on_closed(i, status),
             }
         }
@@ -102,7 +103,7 @@ impl ResponseStream {
         self.push("response.output_item.added", json!({ "output_index": index, "item": item }));
         let part = match kind {
             ItemKind::Reasoning => ContentPart::ReasoningText { text: String::new() },
-            ItemKind::Text => output_text(String::new()),
+            ItemKind::Text => output_text(String::new(), Vec::new()),
             ItemKind::Call { .. } => return,
         };
         self.push(
@@ -111,7 +112,7 @@ impl ResponseStream {
         );
     }
 
-    fn on_delta(&mut self, index: usize, delta: String) {
+    fn on_delta(&mut self, index: usize, delta: String, logprobs: Vec<TokenLogprob>) {
         let Some((kind, id)) = self.kind_and_id(index) else { return };
         match kind {
             ItemKind::Reasoning => self.push(
@@ -121,7 +122,7 @@ impl ResponseStream {
             ItemKind::Text => self.push(
                 "response.output_text.delta",
                 json!({ "item_id": id, "output_index": index, "content_index": 0, "delta": delta,
-                        "logprobs": [] }),
+                        "logprobs": logprobs }),
             ),
             ItemKind::Call { .. } => self.push(
                 "response.function_call_arguments.delta",
@@ -133,6 +134,7 @@ impl ResponseStream {
     fn on_closed(&mut self, index: usize, status: &'static str) {
         let Some(item) = self.output.items().get(index) else { return };
         let (kind, id, text) = (item.kind.clone(), item.id.clone(), item.text.clone());
+        let logprobs = item.logprobs.clone();
         let whole = self.output.item(index, status, true);
         let part = match &kind {
             ItemKind::Reasoning => {
@@ -146,9 +148,9 @@ impl ResponseStream {
                 self.push(
                     "response.output_text.done",
                     json!({ "item_id": id, "output_index": index, "content_index": 0, "text": text,
-                            "logprobs": [] }),
+                            "logprobs": logprobs }),
                 );
-                Some(output_text(text))
+                Some(output_text(text, logprobs))
             }
             ItemKind::Call { recipient, .. } => {
                 let name = super::convert::function_name(recipient).to_string();
@@ -206,6 +208,7 @@ impl ResponseStream {
     fn on_message(&mut self, msg: WorkerMsg) {
         match msg {
             WorkerMsg::Started => {}
+            WorkerMsg::Logprobs(logprobs) => self.output.push_logprobs(logprobs),
             WorkerMsg::Piece(piece) => {
                 let mut steps = Vec::new();
                 self.output.push(piece, &mut steps);

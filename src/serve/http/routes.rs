@@ -27,6 +27,7 @@ use super::api::{ChatCompletion, Choice, ModelCard, ModelList, Usage};
 use super::completions;
 use super::convert;
 use super::error::{ApiError, ErrorNote};
+use super::logprobs::ChoiceLogprobs;
 use super::responses::{self as responses_api, Ending, OutputBuilder, ResponseMeta};
 use super::responses_api::ResponsesRequest;
 use super::responses_stream::ResponseStream;
@@ -404,6 +405,7 @@ async fn chat(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<Response,
             max_tokens: plan.max_tokens,
             sampling: plan.sampling,
             declared_functions: plan.declared_functions,
+            stop: plan.stop,
         },
         output: Output::Harmony,
         events: tx,
@@ -415,6 +417,7 @@ async fn chat(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<Response,
         model: app.model_id.clone(),
         include_usage: plan.include_usage,
         exclude_reasoning: plan.exclude_reasoning,
+        logprobs: plan.logprobs,
     };
     if plan.stream {
         let stream = ChunkStream::new(rx, meta, Box::new(|| new_id("call_")));
@@ -422,10 +425,12 @@ async fn chat(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<Response,
         response.extensions_mut().insert(StreamNote);
         return Ok(response);
     }
+    let mut logprobs = Vec::new();
     let finished = loop {
         match rx.recv().await {
             Some(WorkerMsg::Done(result)) => break result.map_err(failure_error)?,
-            Some(_) => {}
+            Some(WorkerMsg::Logprobs(entries)) => logprobs.extend(entries),
+            Some(WorkerMsg::Started | WorkerMsg::Piece(_)) => {}
             None => return Err(ApiError::unavailable("the engine stopped before the answer was complete")),
         }
     };
@@ -442,7 +447,7 @@ async fn chat(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<Response,
         choices: vec![Choice {
             index: 0,
             message,
-            logprobs: None,
+            logprobs: plan.logprobs.then_some(ChoiceLogprobs { content: logprobs, refusal: None }),
             finish_reason: convert::finish_reason(finished.stop, finished.called_tool()),
             token_ids: plan.return_token_ids.then_some(finished.tokens),
         }],
@@ -489,6 +494,7 @@ async fn complete_text(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<
             max_tokens: Some(plan.max_tokens),
             sampling: plan.sampling,
             declared_functions: Vec::new(),
+            stop: Vec::new(),
         },
         output: Output::Raw(plan.text),
         events: tx,
@@ -511,8 +517,13 @@ async fn complete_text(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<
         match rx.recv().await {
             Some(WorkerMsg::Done(result)) => break result.map_err(failure_error)?,
             Some(WorkerMsg::Piece(Piece::Content(piece))) => text.push_str(&piece),
-            // A raw job sends only content (see `raw::complete_raw`).
-            Some(WorkerMsg::Piece(Piece::Reasoning(_) | Piece::ToolCall { .. }) | WorkerMsg::Started) => {}
+            // A raw job sends only content (see `raw::complete_raw`), and no log
+            // probabilities (refused on this endpoint).
+            Some(
+                WorkerMsg::Piece(Piece::Reasoning(_) | Piece::ToolCall { .. })
+                | WorkerMsg::Started
+                | WorkerMsg::Logprobs(_),
+            ) => {}
             None => return Err(ApiError::unavailable("the engine stopped before the answer was complete")),
         }
     };
@@ -581,6 +592,8 @@ async fn respond(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<Respon
             max_tokens: plan.max_tokens,
             sampling: plan.sampling,
             declared_functions: plan.declared_functions,
+            // The Responses API has no stop strings.
+            stop: Vec::new(),
         },
         output: Output::Harmony,
         events: tx,
@@ -605,6 +618,7 @@ async fn respond(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<Respon
     let finished = loop {
         match rx.recv().await {
             Some(WorkerMsg::Done(result)) => break result.map_err(failure_error)?,
+            Some(WorkerMsg::Logprobs(entries)) => output.push_logprobs(entries),
             Some(WorkerMsg::Piece(piece)) => {
                 output.push(piece, &mut steps);
                 steps.clear();

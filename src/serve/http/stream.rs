@@ -17,6 +17,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use super::api::{ChatCompletionChunk, ChunkChoice, Delta, FunctionDelta, ToolCallDelta, Usage};
 use super::convert::{finish_reason, function_name};
 use super::error::ApiError;
+use super::logprobs::{ChoiceLogprobs, TokenLogprob};
 use super::routes::failure_error;
 use super::worker::{Piece, WorkerMsg};
 
@@ -32,6 +33,8 @@ pub(crate) struct ChunkMeta {
     pub include_usage: bool,
     /// Leave the reasoning out (`reasoning.exclude`).
     pub exclude_reasoning: bool,
+    /// Send the log probabilities of the content with it.
+    pub logprobs: bool,
 }
 
 /// The stream of events of one completion.
@@ -42,6 +45,8 @@ pub(crate) struct ChunkStream {
     /// Recipient and index of the tool call being streamed.
     tool: Option<(String, usize)>,
     tool_calls: usize,
+    /// Log probabilities for the next content piece.
+    pending_logprobs: Vec<TokenLogprob>,
     new_call_id: Box<dyn FnMut() -> String + Send>,
     started: Instant,
     done: bool,
@@ -60,6 +65,7 @@ impl ChunkStream {
             pending: VecDeque::new(),
             tool: None,
             tool_calls: 0,
+            pending_logprobs: Vec::new(),
             new_call_id,
             started: Instant::now(),
             done: false,
@@ -90,6 +96,14 @@ impl ChunkStream {
         self.push_chunk(vec![ChunkChoice { index: 0, delta, logprobs: None, finish_reason }], None);
     }
 
+    /// A content chunk, with the log probabilities of its tokens when they were asked for.
+    fn push_content(&mut self, text: String) {
+        let logprobs = std::mem::take(&mut self.pending_logprobs);
+        let logprobs = self.meta.logprobs.then_some(ChoiceLogprobs { content: logprobs, refusal: None });
+        let delta = Delta { content: Some(text), ..Delta::default() };
+        self.push_chunk(vec![ChunkChoice { index: 0, delta, logprobs, finish_reason: None }], None);
+    }
+
     fn push_tool_delta(&mut self, call: ToolCallDelta) {
         self.push_delta(Delta { tool_calls: Some(vec![call]), ..Delta::default() }, None);
     }
@@ -102,7 +116,7 @@ impl ChunkStream {
                     Delta { reasoning_content: Some(t.clone()), reasoning: Some(t), ..Delta::default() };
                 self.push_delta(delta, None);
             }
-            Piece::Content(t) => self.push_delta(Delta { content: Some(t), ..Delta::default() }, None),
+            Piece::Content(t) => self.push_content(t),
             Piece::ToolCall { recipient, text } => {
                 // Each call opens with an empty piece (see `ChatEvent::ToolCall`).
                 let index = match &self.tool {
@@ -141,6 +155,7 @@ impl ChunkStream {
     fn on_message(&mut self, msg: WorkerMsg) {
         match msg {
             WorkerMsg::Started => {}
+            WorkerMsg::Logprobs(entries) => self.pending_logprobs = entries,
             WorkerMsg::Piece(piece) => self.on_piece(piece),
             WorkerMsg::Done(Ok(fin)) => {
                 let reason = finish_reason(fin.stop, fin.called_tool());

@@ -13,6 +13,7 @@ use serde::Serialize;
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::raw::{RawText, complete_raw};
+use super::logprobs::{ContentLogprobs, TokenLogprob};
 use crate::chat::{ChatEvent, HarmonyEncoding, Message, TurnOptions, complete_prompt};
 use crate::error::Error;
 use crate::session::{Session, StopReason};
@@ -64,6 +65,9 @@ pub(crate) enum Piece {
 pub(crate) enum WorkerMsg {
     /// The job left the queue and generation begins.
     Started,
+    /// Log probabilities of the tokens of the content piece that follows (only when the
+    /// request asked for them; see [`super::logprobs`]).
+    Logprobs(Vec<TokenLogprob>),
     /// Newly generated text.
     Piece(Piece),
     /// The turn ended.
@@ -218,6 +222,8 @@ fn run_job(
     let _ = job.events.send(WorkerMsg::Started);
     let mut gone = false;
     let mut first_token: Option<Instant> = None;
+    let mut logprobs = ContentLogprobs::default();
+    let tokenizer = harmony.tokenizer();
     let mut on_event = |event: ChatEvent<'_>| {
         let piece = match event {
             ChatEvent::Prefill { .. } => {
@@ -225,15 +231,29 @@ fn run_job(
                 gone |= job.events.is_closed() || stopping.load(Ordering::SeqCst);
                 return !gone;
             }
-            ChatEvent::Token(_) => {
+            ChatEvent::Token(sampled) => {
                 first_token.get_or_insert_with(Instant::now);
+                if sampled.logprobs.is_some() {
+                    logprobs.on_token(tokenizer, sampled);
+                }
                 // Checked on every token, so a client that went away stops generation at once.
                 gone |= job.events.is_closed() || stopping.load(Ordering::SeqCst);
                 return !gone;
             }
-            ChatEvent::Reasoning(t) => Piece::Reasoning(t.to_string()),
-            ChatEvent::Answer(t) | ChatEvent::Commentary(t) => Piece::Content(t.to_string()),
+            ChatEvent::Reasoning(t) => {
+                logprobs.discard();
+                Piece::Reasoning(t.to_string())
+            }
+            ChatEvent::Answer(t) | ChatEvent::Commentary(t) => {
+                let entries = logprobs.take_for_content();
+                if !entries.is_empty() && job.events.send(WorkerMsg::Logprobs(entries)).is_err() {
+                    gone = true;
+                    return false;
+                }
+                Piece::Content(t.to_string())
+            }
             ChatEvent::ToolCall { recipient, text } => {
+                logprobs.discard();
                 Piece::ToolCall { recipient: recipient.to_string(), text: text.to_string() }
             }
         };
