@@ -24,7 +24,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rayon::prelude::*;
 use safetensors::Dtype as SrcDtype;
 
-use crate::config::ModelConfig;
+use crate::config::{ModelConfig, ModelFamily};
 use crate::error::{Error, Result};
 use crate::format::container::layout::{Formats, plan_dense, plan_experts};
 use crate::format::container::manifest::{
@@ -158,8 +158,18 @@ pub fn convert_with_hooks(
 ) -> Result<ConvertReport> {
     let started = Instant::now();
     let cfg = ModelConfig::from_dir(src)?;
+    match cfg.family {
+        ModelFamily::GptOss => {}
+        ModelFamily::Qwen3Moe => {
+            return Err(Error::format(
+                src,
+                "converting Qwen3-MoE checkpoints into a container is not supported yet; \
+                 `-m DIR` runs the Hugging Face directory itself, every weight decoded to F32 in memory",
+            ));
+        }
+    }
     let ck = Checkpoint::open(src)?;
-    let layout = expert_layout(&ck)?;
+    let layout = expert_layout(&ck, &cfg)?;
     check_checkpoint(&ck, &cfg, layout)?;
     let formats =
         opts.formats.resolve(layout == ExpertLayout::Mxfp4).map_err(|why| Error::format(src, why))?;
@@ -522,6 +532,7 @@ fn ordered_items(
         let first = match layout {
             ExpertLayout::Mxfp4 => format!("model.layers.{l}.mlp.experts.gate_up_proj_blocks"),
             ExpertLayout::Dequantized => format!("model.layers.{l}.mlp.experts.gate_up_proj"),
+            ExpertLayout::Separate => crate::format::hf::separate_expert_name(l, 0, "gate_proj"),
         };
         let e = ck.get(&first).expect("checked");
         items.push((e.shard, e.offset as u64, Item::Experts(l)));
@@ -540,7 +551,7 @@ fn item_source_bytes(
 ) -> u64 {
     match item {
         Item::Dense(i) => ck.get(&dense[*i].name).map_or(0, |t| t.len as u64),
-        Item::Experts(l) => expert_tensor_names(*l, layout)
+        Item::Experts(l) => expert_tensor_names(*l, cfg.num_experts, layout)
             .iter()
             .filter_map(|n| ck.get(n))
             .map(|t| t.len as u64)
@@ -549,7 +560,7 @@ fn item_source_bytes(
     }
 }
 
-fn expert_tensor_names(layer: usize, layout: ExpertLayout) -> Vec<String> {
+fn expert_tensor_names(layer: usize, experts: usize, layout: ExpertLayout) -> Vec<String> {
     let p = format!("model.layers.{layer}.mlp.experts");
     let mut v = Vec::new();
     for m in ["gate_up_proj", "down_proj"] {
@@ -559,6 +570,16 @@ fn expert_tensor_names(layer: usize, layout: ExpertLayout) -> Vec<String> {
                 v.push(format!("{p}.{m}_scales"));
             }
             ExpertLayout::Dequantized => v.push(format!("{p}.{m}")),
+            ExpertLayout::Separate => {
+                let projections =
+                    if m == "gate_up_proj" { &["gate_proj", "up_proj"][..] } else { &["down_proj"] };
+                for e in 0..experts {
+                    for proj in projections {
+                        v.push(crate::format::hf::separate_expert_name(layer, e, proj));
+                    }
+                }
+                continue;
+            }
         }
         v.push(format!("{p}.{m}_bias"));
     }
@@ -876,6 +897,9 @@ fn convert_expert(job: &ExpertJob<'_>, expert: usize) -> Result<(Vec<u8>, usize)
                 let data = decode_floats(&src_name, t.dtype, &raw)?;
                 check_finite(&src_name, &data, &|k| dequantized_position(expert, rows, k))?;
                 ExpertRows::Transposed { data, inputs: cols, outputs: rows }
+            }
+            ExpertLayout::Separate => {
+                return Err(Error::format(job.ck.dir(), "Qwen3-MoE experts are not converted yet"));
             }
         };
         encode_matrix(&source, info, job.format, m, (rows, cols), at, &mut record)?;
