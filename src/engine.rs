@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crate::backend::Backend;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::gpu::{GpuBackend, GpuOptions};
-use crate::config::{MlpKind, ModelConfig, ModelFamily};
+use crate::config::{MlpKind, ModelConfig};
 use crate::error::{Error, Result};
 use crate::experts::{CacheOptions, CachedExperts, ExpertSource, ExpertStats, ExpertStore, ResidentExperts};
 use crate::format::container::convert::{STATE_FILE, is_hf_checkpoint};
@@ -294,10 +294,9 @@ pub fn open(path: &Path, opts: &OpenOptions) -> Result<LoadedModel> {
         ));
     }
     let cfg = ModelConfig::from_dir(path)?;
-    match cfg.family {
-        ModelFamily::GptOss => {}
-        // No container format for the family yet: run the checkpoint from memory.
-        ModelFamily::Qwen3Moe => return load_hf_in_memory(path, &cfg),
+    if cfg.mlp_kinds.contains(&MlpKind::Dense) {
+        // The converter does not store dense MLP layers yet: run the checkpoint from memory.
+        return load_hf_in_memory(path, &cfg);
     }
     let target = converted_copy_dir(path, opts)?;
     if is_container(&target) {
@@ -413,9 +412,9 @@ pub fn load_hf(dir: &Path) -> Result<LoadedModel> {
     })
 }
 
-/// [`load_hf`] for a family the converter does not handle yet, after checking that its
-/// weights decoded to F32 fit in the memory available now; the error says how much they
-/// need.
+/// [`load_hf`] for a checkpoint the converter does not handle yet (dense MLP layers), after
+/// checking that its weights decoded to F32 fit in the memory available now; the error says
+/// how much they need.
 fn load_hf_in_memory(dir: &Path, cfg: &ModelConfig) -> Result<LoadedModel> {
     let sizes = cfg.derived_sizes().map_err(|m| Error::config(dir.join("config.json"), m))?;
     let need = sizes
@@ -428,15 +427,15 @@ fn load_hf_in_memory(dir: &Path, cfg: &ModelConfig) -> Result<LoadedModel> {
         return Err(Error::format(
             dir,
             format!(
-                "{} checkpoints are not converted into containers yet, so they run with every weight \
-                 decoded to F32 in memory: this one needs about {} and {} is available",
+                "checkpoints with dense MLP layers ({}) are not converted into containers yet, so they run \
+                 with every weight decoded to F32 in memory: this one needs about {} and {} is available",
                 cfg.family.model_type(),
                 gib(need),
                 gib(available)
             ),
         ));
     }
-    tracing::info!("{}: running the checkpoint from memory (F32, no container yet)", cfg.family.model_type());
+    tracing::info!("dense MLP layers: running the checkpoint from memory (F32, no container yet)");
     load_hf(dir)
 }
 

@@ -1,14 +1,18 @@
 //! Qwen3-MoE: the CPU F32 path against Transformers on every Qwen3 fixture (see
 //! fixtures/README.md): the residual stream entering every layer, the router top-k and
 //! weights of every MoE layer at every position, the prompt logits, the 32-token greedy
-//! continuation, the RoPE frequencies; decode through the cache against one batch; and the
-//! paths that do not run the family yet refusing it by name.
+//! continuation, the RoPE frequencies; decode through the cache against one batch; the
+//! exact container token-exact and the default one against its L1 reference; and what does
+//! not run yet (dense layers in a container, the GPU) refused by name.
 
 mod common;
 
+use common::argmax;
 use common::{fixture, floats, ints, max_abs_diff};
 use picchio::backend::RouteTable;
 use picchio::engine::{self, RunOptions};
+use picchio::engine::{LoadedModel, OpenOptions};
+use picchio::format::container::{ConvertOptions, DenseFormat, ExpertFormat, Formats};
 use picchio::model::{LogitRows, NoObserver, Observer};
 use picchio::sample::Sampler;
 use picchio::session::Session;
@@ -204,21 +208,90 @@ fn kv_cache_decode_equals_one_batch() {
     }
 }
 
+fn convert(name: &str, formats: Formats) -> tempfile::TempDir {
+    let out = tempfile::tempdir().unwrap();
+    let opts = ConvertOptions { formats, progress: false, interrupt_after: None };
+    picchio::format::container::convert(&fixture(name), out.path(), &opts).unwrap();
+    out
+}
+
+fn open(dir: &std::path::Path) -> LoadedModel {
+    engine::load_container(dir, &OpenOptions { ctx: 512, ..Default::default() }).unwrap()
+}
+
+/// Prompt logits and the greedy continuation of `r` on `model`'s CPU path.
+fn prompt_and_greedy(model: &LoadedModel, r: &Reference) -> (Vec<f32>, Vec<u32>) {
+    let run = RunOptions { ctx: 512, ..Default::default() };
+    let logits = Session::new(engine::cpu_runner(model, &run).unwrap())
+        .feed(&r.prompt, LogitRows::All, &mut NoObserver)
+        .unwrap();
+    let out = Session::new(engine::cpu_runner(model, &run).unwrap())
+        .generate(&r.prompt, r.greedy.len(), &mut Sampler::greedy(), &[], &mut |_| true)
+        .unwrap();
+    (logits, out.tokens)
+}
+
 #[test]
-fn converter_refuses_qwen3_by_name_and_leaves_nothing() {
+fn exact_container_is_token_exact_against_transformers() {
+    let r = Reference::load("qwen3-alt-f32");
+    let dir = convert("qwen3-alt-f32", Formats { experts: ExpertFormat::F32, dense: DenseFormat::F32 });
+    let model = open(dir.path());
+    assert!(model.config.tie_word_embeddings, "the container keeps the tied head");
+    let (logits, greedy) = prompt_and_greedy(&model, &r);
+    let d = max_abs_diff(&logits, &r.logits);
+    assert!(d < 1e-4, "F32 container logits differ from Transformers by {d}");
+    assert_eq!(greedy, r.greedy, "F32 container greedy tokens");
+}
+
+/// The default container (INT4 experts from the F32 source, INT8 embedding and head) against
+/// its level-L1 reference: F32 arithmetic on the same quantized weights.
+#[test]
+fn default_container_matches_its_l1_reference() {
+    let r = Reference::load("qwen3-alt-f32");
+    let dir = convert("qwen3-alt-f32", Formats::default());
+    let model = open(dir.path());
+    let reference = model.dequantized().unwrap();
+    let vocab = model.config.vocab_size;
+    let (logits, greedy) = prompt_and_greedy(&model, &r);
+    let (ref_logits, ref_greedy) = prompt_and_greedy(&reference, &r);
+    for pos in 0..r.prompt.len() {
+        let (a, b) = (&logits[pos * vocab..(pos + 1) * vocab], &ref_logits[pos * vocab..(pos + 1) * vocab]);
+        assert_eq!(argmax(a), argmax(b), "top-1 at prompt position {pos} differs from L1");
+    }
+    assert_eq!(greedy, ref_greedy, "greedy tokens differ from the L1 reference");
+}
+
+/// Dense MLP layers have no container layout yet: the converter refuses them by layer, and
+/// `open` runs such a checkpoint from memory instead.
+#[test]
+fn dense_layers_are_refused_by_the_converter_and_run_from_memory() {
     let out = tempfile::tempdir().unwrap();
     let target = out.path().join("container");
-    let err = picchio::format::container::convert::convert(
-        &fixture("qwen3-tiny-f32"),
-        &target,
-        &picchio::format::container::convert::ConvertOptions {
-            formats: Default::default(),
-            progress: false,
-            interrupt_after: None,
-        },
-    )
-    .unwrap_err()
-    .to_string();
-    assert!(err.contains("Qwen3-MoE") && err.contains("not supported yet"), "{err}");
+    let opts = ConvertOptions { formats: Formats::default(), progress: false, interrupt_after: None };
+    let err = picchio::format::container::convert(&fixture("qwen3-tiny-f32"), &target, &opts)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("layer 2 is a dense MLP layer"), "{err}");
     assert!(!target.exists(), "a refused conversion must not create {}", target.display());
+    let cache = tempfile::tempdir().unwrap();
+    let model = engine::open(
+        &fixture("qwen3-tiny-f32"),
+        &OpenOptions { ctx: 512, cache_dir: Some(cache.path().to_path_buf()), ..Default::default() },
+    )
+    .unwrap();
+    let r = Reference::load("qwen3-tiny-f32");
+    let (logits, _) = prompt_and_greedy(&model, &r);
+    assert!(max_abs_diff(&logits, &r.logits) < 1e-4);
+    assert_eq!(std::fs::read_dir(cache.path()).unwrap().count(), 0, "nothing was converted");
+}
+
+#[test]
+fn the_gpu_refuses_qwen3_by_name() {
+    let model = engine::load_hf(&fixture("qwen3-alt-f32")).unwrap();
+    let gpu = picchio::backend::gpu::GpuOptions { allow_software: true, ..Default::default() };
+    match engine::gpu_runner(&model, &RunOptions { ctx: 64, ..Default::default() }, &gpu) {
+        Ok(_) => panic!("the GPU backend accepted a Qwen3-MoE model it has no shaders for"),
+        // Refused before any adapter is looked for, so the same with and without one.
+        Err(e) => assert!(e.to_string().contains("does not run Qwen3-MoE"), "{e}"),
+    }
 }

@@ -133,6 +133,18 @@ impl GpuBackend {
         capacity: usize,
         opts: &GpuOptions,
     ) -> Result<Self> {
+        // The shaders implement GPT-OSS's recipe only (sinks, biases, clamped SwiGLU, top-k
+        // then softmax); another family is refused here rather than computed wrongly.
+        match cfg.family {
+            ModelFamily::GptOss => {}
+            ModelFamily::Qwen3Moe => {
+                return Err(Error::Backend(
+                    "the GPU backend does not run Qwen3-MoE yet (QK-norm, plain SwiGLU and its routing \
+                     have no shaders); use --device cpu"
+                        .into(),
+                ));
+            }
+        }
         let open = device::open(opts.api, opts.allow_software, opts.features)?;
         let report = open.report.clone();
         let k = cfg.experts_per_token;
@@ -147,18 +159,6 @@ impl GpuBackend {
         }
         // Parameter ring: every dispatch of a decode step, with room to spare.
         let ring = 64 + 32 * cfg.num_layers + 8 * 16;
-        // The shaders implement GPT-OSS's recipe only (sinks, biases, clamped SwiGLU, top-k
-        // then softmax); another family is refused here rather than computed wrongly.
-        match cfg.family {
-            ModelFamily::GptOss => {}
-            ModelFamily::Qwen3Moe => {
-                return Err(Error::Backend(
-                    "the GPU backend does not run Qwen3-MoE yet (QK-norm, plain SwiGLU and its routing \
-                     have no shaders); use --device cpu"
-                        .into(),
-                ));
-            }
-        }
         let mut gpu = Gpu::new(open, opts.max_binding_bytes, ring)?;
 
         let lin = |gpu: &mut Gpu, name: &str, l: &crate::model::weights::Linear| -> Result<GpuLinear> {

@@ -24,7 +24,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rayon::prelude::*;
 use safetensors::Dtype as SrcDtype;
 
-use crate::config::{ModelConfig, ModelFamily};
+use crate::config::{MlpKind, ModelConfig};
 use crate::error::{Error, Result};
 use crate::format::container::layout::{Formats, plan_dense, plan_experts};
 use crate::format::container::manifest::{
@@ -158,15 +158,15 @@ pub fn convert_with_hooks(
 ) -> Result<ConvertReport> {
     let started = Instant::now();
     let cfg = ModelConfig::from_dir(src)?;
-    match cfg.family {
-        ModelFamily::GptOss => {}
-        ModelFamily::Qwen3Moe => {
-            return Err(Error::format(
-                src,
-                "converting Qwen3-MoE checkpoints into a container is not supported yet; \
-                 `-m DIR` runs the Hugging Face directory itself, every weight decoded to F32 in memory",
-            ));
-        }
+    if let Some(l) = cfg.mlp_kinds.iter().position(|&k| k == MlpKind::Dense) {
+        return Err(Error::format(
+            src,
+            format!(
+                "layer {l} is a dense MLP layer (mlp_only_layers / decoder_sparse_step); converting models \
+                 with dense layers is not supported yet (released Qwen3-MoE models have none); `-m DIR` runs \
+                 the Hugging Face directory itself, every weight decoded to F32 in memory"
+            ),
+        ));
     }
     let ck = Checkpoint::open(src)?;
     let layout = expert_layout(&ck, &cfg)?;
@@ -798,6 +798,11 @@ enum ExpertRows<'a> {
     Mxfp4 { blocks: Vec<u8>, scales: Vec<u8>, groups: usize, at: ExpertAt<'a> },
     /// A dequantized `[in, out]` slice (checked finite), transposed on access.
     Transposed { data: Vec<f32>, inputs: usize, outputs: usize },
+    /// Separate `gate` and `up` `[I, in]` matrices (checked finite), read as the fused
+    /// gate/up with interleaved rows (even rows gate, odd rows up).
+    Interleaved { gate: Vec<f32>, up: Vec<f32>, inputs: usize },
+    /// A `[out, in]` matrix (checked finite), rows as they are.
+    Rows { data: Vec<f32>, inputs: usize },
 }
 
 impl ExpertRows<'_> {
@@ -813,6 +818,16 @@ impl ExpertRows<'_> {
                 for (c, o) in out.iter_mut().enumerate().take(*inputs) {
                     *o = data[c * outputs + r];
                 }
+                Ok(())
+            }
+            ExpertRows::Interleaved { gate, up, inputs } => {
+                let half = if r % 2 == 0 { gate } else { up };
+                let row = r / 2;
+                out[..*inputs].copy_from_slice(&half[row * inputs..(row + 1) * inputs]);
+                Ok(())
+            }
+            ExpertRows::Rows { data, inputs } => {
+                out[..*inputs].copy_from_slice(&data[r * inputs..(r + 1) * inputs]);
                 Ok(())
             }
         }
@@ -899,7 +914,24 @@ fn convert_expert(job: &ExpertJob<'_>, expert: usize) -> Result<(Vec<u8>, usize)
                 ExpertRows::Transposed { data, inputs: cols, outputs: rows }
             }
             ExpertLayout::Separate => {
-                return Err(Error::format(job.ck.dir(), "Qwen3-MoE experts are not converted yet"));
+                // One matrix per projection; no biases (the record's stay zero).
+                let mut whole = |proj: &str| -> Result<Vec<f32>> {
+                    let name = crate::format::hf::separate_expert_name(job.layer, expert, proj);
+                    let t = ck.require(&name)?;
+                    let raw = reader.read(t, 0, t.len)?;
+                    read += raw.len();
+                    let data = decode_floats(&name, t.dtype, &raw)?;
+                    let cols = if proj == "down_proj" { i } else { h };
+                    check_finite(&name, &data, &|k| crate::format::hf::position(2, cols, k))?;
+                    Ok(data)
+                };
+                let source = if m == "gate_up" {
+                    ExpertRows::Interleaved { gate: whole("gate_proj")?, up: whole("up_proj")?, inputs: cols }
+                } else {
+                    ExpertRows::Rows { data: whole("down_proj")?, inputs: cols }
+                };
+                encode_matrix(&source, info, job.format, m, (rows, cols), at, &mut record)?;
+                continue;
             }
         };
         encode_matrix(&source, info, job.format, m, (rows, cols), at, &mut record)?;
