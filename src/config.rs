@@ -317,16 +317,17 @@ impl ModelConfig {
 
     /// Every dimension is positive and within the supported maximum.
     fn validate_dimensions(&self) -> std::result::Result<(), String> {
+        let keys = self.family_key_names();
         let positive = [
             ("vocab_size", self.vocab_size),
             ("hidden_size", self.hidden_size),
-            ("intermediate_size", self.intermediate_size),
-            ("intermediate_size (dense layers)", self.dense_intermediate_size),
+            (keys.expert_intermediate, self.intermediate_size),
+            (keys.dense_intermediate, self.dense_intermediate_size),
             ("num_hidden_layers", self.num_layers),
             ("num_attention_heads", self.num_heads),
             ("num_key_value_heads", self.num_kv_heads),
             ("head_dim", self.head_dim),
-            ("num_local_experts", self.num_experts),
+            (keys.experts, self.num_experts),
             ("num_experts_per_tok", self.experts_per_token),
             ("max_position_embeddings", self.max_position_embeddings),
         ];
@@ -339,13 +340,13 @@ impl ModelConfig {
         let limits = [
             ("vocab_size", self.vocab_size, 1 << 24),
             ("hidden_size", self.hidden_size, 1 << 17),
-            ("intermediate_size", self.intermediate_size, 1 << 18),
-            ("intermediate_size (dense layers)", self.dense_intermediate_size, 1 << 18),
+            (keys.expert_intermediate, self.intermediate_size, 1 << 18),
+            (keys.dense_intermediate, self.dense_intermediate_size, 1 << 18),
             ("num_hidden_layers", self.num_layers, MAX_LAYERS),
             ("num_attention_heads", self.num_heads, 1 << 12),
             ("num_key_value_heads", self.num_kv_heads, 1 << 12),
             ("head_dim", self.head_dim, 1 << 12),
-            ("num_local_experts", self.num_experts, 1 << 14),
+            (keys.experts, self.num_experts, 1 << 14),
             ("max_position_embeddings", self.max_position_embeddings, MAX_POSITIONS),
             ("sliding_window", self.sliding_window, MAX_POSITIONS),
         ];
@@ -355,6 +356,23 @@ impl ModelConfig {
             }
         }
         Ok(())
+    }
+
+    /// The config keys this family reads the expert count and the two intermediate widths
+    /// from, so that errors name the key the file has.
+    fn family_key_names(&self) -> FamilyKeyNames {
+        match self.family {
+            ModelFamily::GptOss => FamilyKeyNames {
+                experts: "num_local_experts",
+                expert_intermediate: "intermediate_size",
+                dense_intermediate: "intermediate_size",
+            },
+            ModelFamily::Qwen3Moe => FamilyKeyNames {
+                experts: "num_experts",
+                expert_intermediate: "moe_intermediate_size",
+                dense_intermediate: "intermediate_size",
+            },
+        }
     }
 
     /// Heads, experts and layer types fit together.
@@ -370,8 +388,10 @@ impl ModelConfig {
         }
         if self.experts_per_token > self.num_experts {
             return Err(format!(
-                "num_experts_per_tok {} exceeds num_local_experts {}",
-                self.experts_per_token, self.num_experts
+                "num_experts_per_tok {} exceeds {} {}",
+                self.experts_per_token,
+                self.family_key_names().experts,
+                self.num_experts
             ));
         }
         if self.layer_types.len() != self.num_layers {
@@ -680,6 +700,13 @@ fn parse_rope_scaling(rs: &Map<String, Value>, path: &Path) -> Result<RopeScalin
             format!("rope_scaling.rope_type \"{other}\" is not supported (supported: yarn, default)"),
         )),
     }
+}
+
+/// Names of the family-specific keys, for errors.
+struct FamilyKeyNames {
+    experts: &'static str,
+    expert_intermediate: &'static str,
+    dense_intermediate: &'static str,
 }
 
 /// What a family reads from config.json beyond the keys every family shares.
