@@ -6,7 +6,9 @@ use std::time::Instant;
 
 use rayon::prelude::*;
 
+use crate::config::MlpKind;
 use crate::engine::LoadedModel;
+use crate::model::weights::FeedForward;
 
 /// Bytes per second of a parallel memory copy of `bytes` bytes (best of `reps` runs),
 /// counting each byte once (as a weight-streaming kernel reads each weight once).
@@ -87,18 +89,22 @@ pub fn disk_read_bandwidth(
     Ok(((per_stream * streams) as f64 / t0.elapsed().as_secs_f64(), direct))
 }
 
-/// Weight bytes a decoded token reads: every attention and router matrix, the output
-/// head, one embedding row, and `experts_per_token` experts in every layer.
+/// Weight bytes a decoded token reads: every attention and router matrix, the dense MLPs,
+/// the output head, one embedding row, and `experts_per_token` experts in every MoE layer.
 pub fn decode_bytes_per_token(model: &LoadedModel, expert_bytes: u64) -> u64 {
     let cfg = &model.config;
     let d = &model.dense;
     let mut bytes = d.lm_head.byte_len() as u64 + (d.embed.byte_len() / cfg.vocab_size) as u64;
     for l in &d.layers {
-        for m in [&l.attn.q, &l.attn.k, &l.attn.v, &l.attn.o, &l.router] {
+        for m in [&l.attn.q, &l.attn.k, &l.attn.v, &l.attn.o].into_iter().chain(l.router()) {
             bytes += m.weight.byte_len() as u64 + 4 * m.bias.as_ref().map_or(0, Vec::len) as u64;
         }
+        if let FeedForward::Dense(w) = &l.ffn {
+            bytes += w.byte_len() as u64;
+        }
     }
-    bytes + expert_bytes * (cfg.num_layers * cfg.experts_per_token) as u64
+    let moe_layers = cfg.mlp_kinds.iter().filter(|&&k| k == MlpKind::Moe).count();
+    bytes + expert_bytes * (moe_layers * cfg.experts_per_token) as u64
 }
 
 /// Deterministic pseudo-random token IDs below `vocab`.

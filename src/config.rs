@@ -3,6 +3,12 @@
 //! Nothing here is specific to gpt-oss-20b or -120b: layer count, widths, heads, experts,
 //! the attention pattern, the sliding window, RoPE/YaRN and the SwiGLU limit all come from
 //! the file, and impossible combinations are rejected with the key and value named.
+//!
+//! The family (`model_type`) decides the layer recipe ([`LayerRecipe`]: QK-norm, sinks,
+//! biases, the expert activation, the routing rule) in one match in
+//! [`ModelConfig::from_json_str`]; everything downstream reads the recipe, never the family,
+//! except the entry points of paths that support only some families, which match on it
+//! exhaustively so that a new family is a compile error there.
 
 use std::path::Path;
 
@@ -50,6 +56,71 @@ pub enum RopeScaling {
 pub enum ModelFamily {
     /// OpenAI gpt-oss (`gpt_oss`).
     GptOss,
+    /// Qwen3 mixture of experts (`qwen3_moe`).
+    Qwen3Moe,
+}
+
+impl ModelFamily {
+    /// The `model_type` string of the family.
+    pub fn model_type(self) -> &'static str {
+        match self {
+            ModelFamily::GptOss => "gpt_oss",
+            ModelFamily::Qwen3Moe => "qwen3_moe",
+        }
+    }
+}
+
+/// How a MoE layer turns router logits into experts and weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Routing {
+    /// gpt-oss: the top-k logits, softmax over those k.
+    TopKThenSoftmax,
+    /// Qwen3-MoE (and Mixtral-style): softmax over all experts, the top-k probabilities,
+    /// divided by their sum when `renormalize` (`norm_topk_prob`).
+    SoftmaxThenTopK {
+        /// Whether the k probabilities are rescaled to sum to one.
+        renormalize: bool,
+    },
+}
+
+/// The gated activation of an expert (and of a dense MLP), applied to the interleaved
+/// gate/up rows.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Activation {
+    /// gpt-oss: gate and up clamped to [`ModelConfig::swiglu_limit`],
+    /// `(up + 1) * gate * sigmoid(alpha * gate)` with [`ModelConfig::swiglu_alpha`].
+    ClampedSwiGlu,
+    /// Plain SwiGLU: `silu(gate) * up`, no clamp.
+    SiluGlu,
+}
+
+/// What a decoder layer's feed-forward block is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MlpKind {
+    /// A router and experts.
+    Moe,
+    /// One dense gated MLP of `dense_intermediate_size` (Qwen3's `mlp_only_layers`).
+    Dense,
+}
+
+/// The per-family shape of a decoder layer: which parts exist and which rules apply.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LayerRecipe {
+    /// RMSNorm over each query and key head (before RoPE), with `q_norm`/`k_norm` weights.
+    pub qk_norm: bool,
+    /// A learned sink logit per query head in the attention softmax.
+    pub attention_sinks: bool,
+    /// Biases on the Q, K, V and O projections.
+    pub attention_bias: bool,
+    /// Biases on the router.
+    pub router_bias: bool,
+    /// Biases on the experts' projections (families without them load zeros: adding zero
+    /// changes nothing).
+    pub expert_bias: bool,
+    /// The experts' activation.
+    pub activation: Activation,
+    /// The routing rule.
+    pub routing: Routing,
 }
 
 /// Quantization metadata of a Hugging Face checkpoint (`quantization_config`).
@@ -78,8 +149,12 @@ pub struct ModelConfig {
     pub vocab_size: usize,
     /// Width of the residual stream.
     pub hidden_size: usize,
-    /// Per-expert intermediate width (the fused gate/up has twice this many rows).
+    /// Per-expert intermediate width (the fused gate/up has twice this many rows); Qwen3's
+    /// `moe_intermediate_size`.
     pub intermediate_size: usize,
+    /// Intermediate width of the dense MLP layers (Qwen3's `intermediate_size`; equal to
+    /// `intermediate_size` for families without dense layers).
+    pub dense_intermediate_size: usize,
     /// Number of decoder layers.
     pub num_layers: usize,
     /// Query heads.
@@ -106,6 +181,12 @@ pub struct ModelConfig {
     pub swiglu_limit: f32,
     /// Slope of the SwiGLU sigmoid (1.702 for GPT-OSS; not in config.json).
     pub swiglu_alpha: f32,
+    /// The family's layer recipe.
+    pub recipe: LayerRecipe,
+    /// The feed-forward kind of each layer.
+    pub mlp_kinds: Vec<MlpKind>,
+    /// Whether the output head is the embedding (`tie_word_embeddings`; no `lm_head.weight`).
+    pub tie_word_embeddings: bool,
     /// Longest context the model supports.
     pub max_position_embeddings: usize,
     /// Source quantization, if the checkpoint declares one.
@@ -134,10 +215,11 @@ impl ModelConfig {
         let model_type = keys.string("model_type")?;
         let family = match model_type.as_str() {
             "gpt_oss" => ModelFamily::GptOss,
+            "qwen3_moe" => ModelFamily::Qwen3Moe,
             other => {
                 return Err(Error::config(
                     path,
-                    format!("model_type \"{other}\" is not supported (supported: gpt_oss)"),
+                    format!("model_type \"{other}\" is not supported (supported: gpt_oss, qwen3_moe)"),
                 ));
             }
         };
@@ -166,31 +248,9 @@ impl ModelConfig {
                 Error::config(path, "missing key num_experts_per_tok (or experts_per_token)")
             })?,
         };
-        let sliding_window = keys.opt_usize("sliding_window")?.unwrap_or(0);
-
-        let layer_types = match obj.get("layer_types") {
-            // The default pattern is only built for a layer count within bounds (validation
-            // then reports the count itself), so a huge count allocates nothing.
-            None | Some(Value::Null) => (0..if num_layers <= MAX_LAYERS { num_layers } else { 0 })
-                .map(|i| if i % 2 == 0 { AttentionKind::Sliding } else { AttentionKind::Full })
-                .collect(),
-            Some(Value::Array(items)) => items
-                .iter()
-                .enumerate()
-                .map(|(i, v)| match v.as_str() {
-                    Some("sliding_attention") => Ok(AttentionKind::Sliding),
-                    Some("full_attention") => Ok(AttentionKind::Full),
-                    _ => Err(Error::config(
-                        path,
-                        format!(
-                            "layer_types[{i}] is {v}, expected \"sliding_attention\" or \"full_attention\""
-                        ),
-                    )),
-                })
-                .collect::<Result<Vec<_>>>()?,
-            Some(other) => {
-                return Err(Error::config(path, format!("layer_types is {other}, expected a list")));
-            }
+        let family_keys = match family {
+            ModelFamily::GptOss => gpt_oss_keys(&keys, num_layers)?,
+            ModelFamily::Qwen3Moe => qwen3_moe_keys(&keys, num_layers)?,
         };
 
         let rope_scaling = match obj.get("rope_scaling") {
@@ -216,15 +276,16 @@ impl ModelConfig {
             family,
             vocab_size: keys.usize("vocab_size")?,
             hidden_size,
-            intermediate_size: keys.usize("intermediate_size")?,
+            intermediate_size: family_keys.intermediate_size,
+            dense_intermediate_size: family_keys.dense_intermediate_size,
             num_layers,
             num_heads,
             num_kv_heads,
             head_dim,
-            num_experts: keys.usize("num_local_experts")?,
+            num_experts: family_keys.num_experts,
             experts_per_token,
-            layer_types,
-            sliding_window,
+            layer_types: family_keys.layer_types,
+            sliding_window: family_keys.sliding_window,
             rope_theta: keys.opt_f64("rope_theta")?.unwrap_or(10000.0),
             rope_scaling,
             rms_norm_eps: to_f32("rms_norm_eps", keys.opt_f64("rms_norm_eps")?.unwrap_or(1e-5), path)?,
@@ -232,13 +293,10 @@ impl ModelConfig {
             swiglu_alpha: 1.702,
             max_position_embeddings: keys.opt_usize("max_position_embeddings")?.unwrap_or(131072),
             source_quantization,
+            recipe: family_keys.recipe,
+            mlp_kinds: family_keys.mlp_kinds,
+            tie_word_embeddings: family_keys.tie_word_embeddings,
         };
-        if keys.opt_bool("tie_word_embeddings")?.unwrap_or(false) {
-            return Err(Error::config(
-                path,
-                "tie_word_embeddings is true; gpt-oss keeps a separate lm_head and tied heads are not supported",
-            ));
-        }
         cfg.validate().map_err(|m| Error::config(path, m))?;
         Ok(cfg)
     }
@@ -259,15 +317,17 @@ impl ModelConfig {
 
     /// Every dimension is positive and within the supported maximum.
     fn validate_dimensions(&self) -> std::result::Result<(), String> {
+        let keys = self.family_key_names();
         let positive = [
             ("vocab_size", self.vocab_size),
             ("hidden_size", self.hidden_size),
-            ("intermediate_size", self.intermediate_size),
+            (keys.expert_intermediate, self.intermediate_size),
+            (keys.dense_intermediate, self.dense_intermediate_size),
             ("num_hidden_layers", self.num_layers),
             ("num_attention_heads", self.num_heads),
             ("num_key_value_heads", self.num_kv_heads),
             ("head_dim", self.head_dim),
-            ("num_local_experts", self.num_experts),
+            (keys.experts, self.num_experts),
             ("num_experts_per_tok", self.experts_per_token),
             ("max_position_embeddings", self.max_position_embeddings),
         ];
@@ -280,12 +340,13 @@ impl ModelConfig {
         let limits = [
             ("vocab_size", self.vocab_size, 1 << 24),
             ("hidden_size", self.hidden_size, 1 << 17),
-            ("intermediate_size", self.intermediate_size, 1 << 18),
+            (keys.expert_intermediate, self.intermediate_size, 1 << 18),
+            (keys.dense_intermediate, self.dense_intermediate_size, 1 << 18),
             ("num_hidden_layers", self.num_layers, MAX_LAYERS),
             ("num_attention_heads", self.num_heads, 1 << 12),
             ("num_key_value_heads", self.num_kv_heads, 1 << 12),
             ("head_dim", self.head_dim, 1 << 12),
-            ("num_local_experts", self.num_experts, 1 << 14),
+            (keys.experts, self.num_experts, 1 << 14),
             ("max_position_embeddings", self.max_position_embeddings, MAX_POSITIONS),
             ("sliding_window", self.sliding_window, MAX_POSITIONS),
         ];
@@ -295,6 +356,23 @@ impl ModelConfig {
             }
         }
         Ok(())
+    }
+
+    /// The config keys this family reads the expert count and the two intermediate widths
+    /// from, so that errors name the key the file has.
+    fn family_key_names(&self) -> FamilyKeyNames {
+        match self.family {
+            ModelFamily::GptOss => FamilyKeyNames {
+                experts: "num_local_experts",
+                expert_intermediate: "intermediate_size",
+                dense_intermediate: "intermediate_size",
+            },
+            ModelFamily::Qwen3Moe => FamilyKeyNames {
+                experts: "num_experts",
+                expert_intermediate: "moe_intermediate_size",
+                dense_intermediate: "intermediate_size",
+            },
+        }
     }
 
     /// Heads, experts and layer types fit together.
@@ -310,14 +388,23 @@ impl ModelConfig {
         }
         if self.experts_per_token > self.num_experts {
             return Err(format!(
-                "num_experts_per_tok {} exceeds num_local_experts {}",
-                self.experts_per_token, self.num_experts
+                "num_experts_per_tok {} exceeds {} {}",
+                self.experts_per_token,
+                self.family_key_names().experts,
+                self.num_experts
             ));
         }
         if self.layer_types.len() != self.num_layers {
             return Err(format!(
                 "layer_types has {} entries but num_hidden_layers is {}",
                 self.layer_types.len(),
+                self.num_layers
+            ));
+        }
+        if self.mlp_kinds.len() != self.num_layers {
+            return Err(format!(
+                "{} feed-forward kinds for num_hidden_layers {}",
+                self.mlp_kinds.len(),
                 self.num_layers
             ));
         }
@@ -613,6 +700,146 @@ fn parse_rope_scaling(rs: &Map<String, Value>, path: &Path) -> Result<RopeScalin
             format!("rope_scaling.rope_type \"{other}\" is not supported (supported: yarn, default)"),
         )),
     }
+}
+
+/// Names of the family-specific keys, for errors.
+struct FamilyKeyNames {
+    experts: &'static str,
+    expert_intermediate: &'static str,
+    dense_intermediate: &'static str,
+}
+
+/// What a family reads from config.json beyond the keys every family shares.
+struct FamilyKeys {
+    intermediate_size: usize,
+    dense_intermediate_size: usize,
+    num_experts: usize,
+    layer_types: Vec<AttentionKind>,
+    sliding_window: usize,
+    recipe: LayerRecipe,
+    mlp_kinds: Vec<MlpKind>,
+    tie_word_embeddings: bool,
+}
+
+/// A per-layer list for a layer count within bounds, else empty (validation then reports
+/// the count itself), so that a huge count allocates nothing.
+fn per_layer<T>(num_layers: usize, f: impl FnMut(usize) -> T) -> Vec<T> {
+    (0..if num_layers <= MAX_LAYERS { num_layers } else { 0 }).map(f).collect()
+}
+
+/// gpt-oss: `layer_types` (default alternating sliding/full), `sliding_window`,
+/// `num_local_experts`, every layer MoE, sinks and biases everywhere, clamped SwiGLU.
+fn gpt_oss_keys(keys: &Keys<'_>, num_layers: usize) -> Result<FamilyKeys> {
+    let path = keys.path;
+    let layer_types = match keys.obj.get("layer_types") {
+        None | Some(Value::Null) => {
+            per_layer(num_layers, |i| if i % 2 == 0 { AttentionKind::Sliding } else { AttentionKind::Full })
+        }
+        Some(Value::Array(items)) => items
+            .iter()
+            .enumerate()
+            .map(|(i, v)| match v.as_str() {
+                Some("sliding_attention") => Ok(AttentionKind::Sliding),
+                Some("full_attention") => Ok(AttentionKind::Full),
+                _ => Err(Error::config(
+                    path,
+                    format!("layer_types[{i}] is {v}, expected \"sliding_attention\" or \"full_attention\""),
+                )),
+            })
+            .collect::<Result<Vec<_>>>()?,
+        Some(other) => {
+            return Err(Error::config(path, format!("layer_types is {other}, expected a list")));
+        }
+    };
+    if keys.opt_bool("tie_word_embeddings")?.unwrap_or(false) {
+        return Err(Error::config(
+            path,
+            "tie_word_embeddings is true; gpt-oss keeps a separate lm_head and tied heads are not supported",
+        ));
+    }
+    let intermediate_size = keys.usize("intermediate_size")?;
+    Ok(FamilyKeys {
+        intermediate_size,
+        dense_intermediate_size: intermediate_size,
+        num_experts: keys.usize("num_local_experts")?,
+        layer_types,
+        sliding_window: keys.opt_usize("sliding_window")?.unwrap_or(0),
+        recipe: LayerRecipe {
+            qk_norm: false,
+            attention_sinks: true,
+            attention_bias: true,
+            router_bias: true,
+            expert_bias: true,
+            activation: Activation::ClampedSwiGlu,
+            routing: Routing::TopKThenSoftmax,
+        },
+        mlp_kinds: per_layer(num_layers, |_| MlpKind::Moe),
+        tie_word_embeddings: false,
+    })
+}
+
+/// Qwen3-MoE: `moe_intermediate_size` for the experts and `intermediate_size` for the dense
+/// layers (`mlp_only_layers`, `decoder_sparse_step`), `num_experts`, `norm_topk_prob`,
+/// `attention_bias`, `tie_word_embeddings`; full attention everywhere (`use_sliding_window`
+/// true is refused), QK-norm, no sinks, plain SwiGLU without biases.
+fn qwen3_moe_keys(keys: &Keys<'_>, num_layers: usize) -> Result<FamilyKeys> {
+    let path = keys.path;
+    if keys.opt_bool("use_sliding_window")?.unwrap_or(false) {
+        return Err(Error::config(
+            path,
+            "use_sliding_window is true; sliding-window Qwen3-MoE layers are not supported",
+        ));
+    }
+    let num_experts = keys.usize("num_experts")?;
+    let step = keys.opt_usize("decoder_sparse_step")?.unwrap_or(1);
+    if step == 0 {
+        return Err(Error::config(path, "decoder_sparse_step is 0; it must be positive"));
+    }
+    let dense_only: Vec<usize> = match keys.obj.get("mlp_only_layers") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(items)) => items
+            .iter()
+            .enumerate()
+            .map(|(i, v)| match v.as_u64().and_then(|n| usize::try_from(n).ok()) {
+                Some(n) if n < num_layers => Ok(n),
+                _ => Err(Error::config(
+                    path,
+                    format!("mlp_only_layers[{i}] is {v}, expected a layer index below num_hidden_layers {num_layers}"),
+                )),
+            })
+            .collect::<Result<_>>()?,
+        Some(other) => {
+            return Err(Error::config(path, format!("mlp_only_layers is {other}, expected a list")));
+        }
+    };
+    let mlp_kinds = per_layer(num_layers, |l| {
+        if !dense_only.contains(&l) && num_experts > 0 && (l + 1) % step == 0 {
+            MlpKind::Moe
+        } else {
+            MlpKind::Dense
+        }
+    });
+    let attention_bias = keys.opt_bool("attention_bias")?.unwrap_or(false);
+    Ok(FamilyKeys {
+        intermediate_size: keys.usize("moe_intermediate_size")?,
+        dense_intermediate_size: keys.usize("intermediate_size")?,
+        num_experts,
+        layer_types: per_layer(num_layers, |_| AttentionKind::Full),
+        sliding_window: 0,
+        recipe: LayerRecipe {
+            qk_norm: true,
+            attention_sinks: false,
+            attention_bias,
+            router_bias: false,
+            expert_bias: false,
+            activation: Activation::SiluGlu,
+            routing: Routing::SoftmaxThenTopK {
+                renormalize: keys.opt_bool("norm_topk_prob")?.unwrap_or(false),
+            },
+        },
+        mlp_kinds,
+        tie_word_embeddings: keys.opt_bool("tie_word_embeddings")?.unwrap_or(false),
+    })
 }
 
 /// Typed access to config keys with errors that name the key and the value found.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crate::backend::Backend;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::gpu::{GpuBackend, GpuOptions};
-use crate::config::ModelConfig;
+use crate::config::{MlpKind, ModelConfig};
 use crate::error::{Error, Result};
 use crate::experts::{CacheOptions, CachedExperts, ExpertSource, ExpertStats, ExpertStore, ResidentExperts};
 use crate::format::container::convert::{STATE_FILE, is_hf_checkpoint};
@@ -17,7 +17,9 @@ use crate::format::container::{
 };
 use crate::format::hf;
 use crate::model::forward::PhaseTimes;
-use crate::model::weights::{AttentionWeights, DenseWeights, ExpertWeights, LayerWeights, Linear};
+use crate::model::weights::{
+    AttentionWeights, DenseWeights, ExpertWeights, FeedForward, LayerWeights, Linear,
+};
 use crate::model::{Forward, LogitRows, Observer};
 use crate::system::gib;
 
@@ -127,9 +129,19 @@ impl LoadedModel {
                         v: lin(&l.attn.v),
                         o: lin(&l.attn.o),
                         sinks: l.attn.sinks.clone(),
+                        q_norm: l.attn.q_norm.clone(),
+                        k_norm: l.attn.k_norm.clone(),
                     },
                     mlp_norm: l.mlp_norm.clone(),
-                    router: lin(&l.router),
+                    ffn: match &l.ffn {
+                        FeedForward::Moe { router } => FeedForward::Moe { router: lin(router) },
+                        FeedForward::Dense(w) => FeedForward::Dense(ExpertWeights {
+                            gate_up: w.gate_up.dequantized(),
+                            gate_up_bias: w.gate_up_bias.clone(),
+                            down: w.down.dequantized(),
+                            down_bias: w.down_bias.clone(),
+                        }),
+                    },
                 })
                 .collect(),
             final_norm: d.final_norm.clone(),
@@ -137,7 +149,11 @@ impl LoadedModel {
         };
         let experts = (0..cfg.num_layers)
             .map(|l| {
-                (0..cfg.num_experts)
+                let experts = match cfg.mlp_kinds[l] {
+                    MlpKind::Moe => cfg.num_experts,
+                    MlpKind::Dense => 0,
+                };
+                (0..experts)
                     .map(|e| {
                         let w = self.experts.expert(l, e)?;
                         Ok(ExpertWeights {
@@ -277,6 +293,11 @@ pub fn open(path: &Path, opts: &OpenOptions) -> Result<LoadedModel> {
             "neither a Picchio container (manifest.json) nor a Hugging Face checkpoint (config.json + model.safetensors)",
         ));
     }
+    let cfg = ModelConfig::from_dir(path)?;
+    if cfg.mlp_kinds.contains(&MlpKind::Dense) {
+        // The converter does not store dense MLP layers yet: run the checkpoint from memory.
+        return load_hf_in_memory(path, &cfg);
+    }
     let target = converted_copy_dir(path, opts)?;
     if is_container(&target) {
         // A cached copy whose manifest cannot be read is damaged; converting over it would
@@ -389,6 +410,33 @@ pub fn load_hf(dir: &Path) -> Result<LoadedModel> {
         experts: Arc::new(ResidentExperts::new(experts)),
         dir: dir.to_path_buf(),
     })
+}
+
+/// [`load_hf`] for a checkpoint the converter does not handle yet (dense MLP layers), after
+/// checking that its weights decoded to F32 fit in the memory available now; the error says
+/// how much they need.
+fn load_hf_in_memory(dir: &Path, cfg: &ModelConfig) -> Result<LoadedModel> {
+    let sizes = cfg.derived_sizes().map_err(|m| Error::config(dir.join("config.json"), m))?;
+    let need = sizes
+        .all_experts_bytes_f32
+        .saturating_add(sizes.embedding_bytes.saturating_mul(2))
+        .saturating_add(sizes.attention_bytes_per_layer.saturating_mul(cfg.num_layers as u64));
+    if let Some(available) = crate::system::available_memory()
+        && need > available
+    {
+        return Err(Error::format(
+            dir,
+            format!(
+                "checkpoints with dense MLP layers ({}) are not converted into containers yet, so they run \
+                 with every weight decoded to F32 in memory: this one needs about {} and {} is available",
+                cfg.family.model_type(),
+                gib(need),
+                gib(available)
+            ),
+        ));
+    }
+    tracing::info!("dense MLP layers: running the checkpoint from memory (F32, no container yet)");
+    load_hf(dir)
 }
 
 /// Where a backend keeps its key/value cache, for the memory check of [`check_context_memory`].

@@ -33,6 +33,14 @@ const KEYS: &[&str] = &[
     "max_position_embeddings",
     "quantization_config",
     "tie_word_embeddings",
+    // Qwen3-MoE.
+    "moe_intermediate_size",
+    "num_experts",
+    "norm_topk_prob",
+    "mlp_only_layers",
+    "decoder_sparse_step",
+    "attention_bias",
+    "use_sliding_window",
 ];
 
 const NESTED: &[(&str, &str)] = &[
@@ -52,13 +60,21 @@ fn fixture_configs() -> &'static [Value] {
     static CONFIGS: std::sync::OnceLock<Vec<Value>> = std::sync::OnceLock::new();
     CONFIGS.get_or_init(|| {
         let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures");
-        ["tiny-f32", "tiny-mxfp4", "alt-f32", "alt-mxfp4"]
-            .iter()
-            .map(|d| {
-                let text = std::fs::read_to_string(root.join(d).join("config.json")).unwrap();
-                serde_json::from_str(&text).unwrap()
-            })
-            .collect()
+        [
+            "tiny-f32",
+            "tiny-mxfp4",
+            "alt-f32",
+            "alt-mxfp4",
+            "qwen3-tiny-f32",
+            "qwen3-tiny-bf16",
+            "qwen3-alt-f32",
+        ]
+        .iter()
+        .map(|d| {
+            let text = std::fs::read_to_string(root.join(d).join("config.json")).unwrap();
+            serde_json::from_str(&text).unwrap()
+        })
+        .collect()
     })
 }
 
@@ -174,6 +190,8 @@ fn assert_usable(c: &ModelConfig) {
     assert!(c.experts_per_token >= 1 && c.experts_per_token <= c.num_experts);
     assert!(c.num_heads.is_multiple_of(c.num_kv_heads));
     assert_eq!(c.layer_types.len(), c.num_layers);
+    assert_eq!(c.mlp_kinds.len(), c.num_layers);
+    assert!(checked(&[3, n(c.dense_intermediate_size), n(c.hidden_size), 4]).is_some(), "dense MLP bytes");
     for l in 0..c.num_layers {
         let _ = (c.attention(l), c.window(l));
     }

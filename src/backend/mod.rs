@@ -37,6 +37,10 @@ pub enum NormId {
     Mlp(usize),
     /// Before the output head.
     Final,
+    /// Over each query head of a layer, before RoPE (QK-norm).
+    Query(usize),
+    /// Over each key head of a layer, before RoPE (QK-norm).
+    Key(usize),
 }
 
 /// The routing decision for a batch of rows: for each row, `k` experts in descending
@@ -93,6 +97,9 @@ pub trait Backend {
     fn embed(&mut self, ids: &[u32], out: &mut Self::Act) -> Result<()>;
     /// `out = rmsnorm(x) * weight`, row by row.
     fn rms_norm(&mut self, norm: NormId, x: &Self::Act, out: &mut Self::Act) -> Result<()>;
+    /// RMSNorm of every `head_dim` slice of every row of `x`, in place, with the weight of
+    /// `norm` ([`NormId::Query`] or [`NormId::Key`]): QK-norm, for families with it.
+    fn rms_norm_heads(&mut self, norm: NormId, x: &mut Self::Act) -> Result<()>;
     /// `out = W x + b`, row by row.
     fn linear(&mut self, w: LinearId, x: &Self::Act, out: &mut Self::Act) -> Result<()>;
     /// Rotates every head of every row by its position (`x` is `[rows, heads * head_dim]`).
@@ -109,7 +116,8 @@ pub trait Backend {
         v: &Self::Act,
         out: &mut Self::Act,
     ) -> Result<()>;
-    /// Router logits of `layer`, top-k and softmax over the k, for every row.
+    /// Router logits of `layer` and the config's routing rule (top-k and the weights),
+    /// for every row.
     fn route(&mut self, layer: usize, x: &Self::Act, routes: &mut Self::Routes) -> Result<()>;
     /// `out[r] = sum_j w[r][j] * expert_{e[r][j]}(x[r])`, summed in routing order.
     fn experts(
@@ -119,6 +127,8 @@ pub trait Backend {
         routes: &Self::Routes,
         out: &mut Self::Act,
     ) -> Result<()>;
+    /// The dense gated MLP of a dense layer (`MlpKind::Dense`): `out[r] = mlp(x[r])`.
+    fn dense_mlp(&mut self, layer: usize, x: &Self::Act, out: &mut Self::Act) -> Result<()>;
     /// `x += y`.
     fn add(&mut self, x: &mut Self::Act, y: &Self::Act) -> Result<()>;
     /// Copies `dst.rows` rows of `src`, starting at row `first_row`, into `dst`.

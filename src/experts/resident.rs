@@ -31,7 +31,7 @@ impl ExpertSource for ResidentExperts {
     }
 
     fn expert_bytes(&self) -> u64 {
-        self.layers.first().and_then(|l| l.first()).map_or(0, |e| e.byte_len() as u64)
+        self.layers.iter().flatten().next().map_or(0, |e| e.byte_len() as u64)
     }
 
     fn describe(&self) -> String {

@@ -1,7 +1,9 @@
-//! Loading a Hugging Face GPT-OSS checkpoint directly: dense tensors memory-mapped (F32 or
-//! BF16 kept as stored), experts decoded to F32 (from MXFP4 blocks/scales, or from the
+//! Loading a Hugging Face checkpoint directly: dense tensors memory-mapped (F32 or BF16 kept
+//! as stored), experts decoded to F32 (GPT-OSS: from MXFP4 blocks/scales, or from the
 //! dequantized `[E, in, out]` layout that `save_pretrained` writes, transposed to rows =
-//! outputs). Every mandatory tensor must be present with the shape the config implies.
+//! outputs; Qwen3-MoE: one `gate_proj`/`up_proj`/`down_proj` matrix per expert, rows =
+//! outputs, gate and up interleaved into the fused layout). Every mandatory tensor must be
+//! present with the shape the config implies.
 //!
 //! Every weight, bias and decoded MXFP4 value must be finite: a NaN or an infinity is an
 //! error naming the tensor, the position and the value (the converter uses the same
@@ -12,7 +14,7 @@
 
 use std::path::Path;
 
-use crate::config::ModelConfig;
+use crate::config::{MlpKind, ModelConfig, ModelFamily};
 use crate::error::{Error, Result};
 use crate::format::container::layout::dense_tensors;
 use crate::format::safetensors::Checkpoint;
@@ -27,10 +29,19 @@ pub enum ExpertLayout {
     Mxfp4,
     /// Dense `gate_up_proj` `[E, hidden, 2I]` and `down_proj` `[E, I, hidden]` (inputs first).
     Dequantized,
+    /// One matrix per expert and projection, rows = outputs, no biases:
+    /// `experts.{e}.gate_proj.weight` / `up_proj.weight` `[I, hidden]`, `down_proj.weight`
+    /// `[hidden, I]` (Qwen3-MoE), in F32, BF16 or F16.
+    Separate,
 }
 
-/// Detects the expert layout of layer 0; fails naming the tensors looked for.
-pub fn expert_layout(ck: &Checkpoint) -> Result<ExpertLayout> {
+/// The expert layout of a checkpoint of `cfg`'s family (for GPT-OSS, detected from the
+/// first MoE layer); fails naming the tensors looked for.
+pub fn expert_layout(ck: &Checkpoint, cfg: &ModelConfig) -> Result<ExpertLayout> {
+    match cfg.family {
+        ModelFamily::GptOss => {}
+        ModelFamily::Qwen3Moe => return Ok(ExpertLayout::Separate),
+    }
     let p = "model.layers.0.mlp.experts.";
     if ck.contains(&format!("{p}gate_up_proj_blocks")) {
         Ok(ExpertLayout::Mxfp4)
@@ -51,41 +62,74 @@ pub fn expert_layout(ck: &Checkpoint) -> Result<ExpertLayout> {
 pub fn check_checkpoint(ck: &Checkpoint, cfg: &ModelConfig, layout: ExpertLayout) -> Result<()> {
     for (name, shape, _) in dense_tensors(cfg) {
         let t = ck.require_shape(&name, &shape)?;
-        if !matches!(t.dtype, safetensors::Dtype::F32 | safetensors::Dtype::BF16 | safetensors::Dtype::F16) {
+        if !is_dense_dtype(t.dtype) {
             return Err(Error::tensor(&name, format!("dtype {:?}, expected F32, BF16 or F16", t.dtype)));
         }
     }
-    let (h, i, e) = (cfg.hidden_size, cfg.intermediate_size, cfg.num_experts);
-    for l in 0..cfg.num_layers {
-        let p = format!("model.layers.{l}.mlp.experts");
-        for (m, rows, cols) in [("gate_up_proj", 2 * i, h), ("down_proj", h, i)] {
-            match layout {
-                ExpertLayout::Mxfp4 => {
-                    if !cols.is_multiple_of(mxfp4::BLOCK) {
-                        return Err(Error::tensor(
-                            format!("{p}.{m}_blocks"),
-                            format!("input dimension {cols} is not a multiple of the MXFP4 block size 32"),
-                        ));
-                    }
-                    let g = cols / mxfp4::BLOCK;
-                    let shapes =
-                        [("blocks", vec![e, rows, g, mxfp4::BLOCK_BYTES]), ("scales", vec![e, rows, g])];
-                    for (suffix, shape) in shapes {
-                        let name = format!("{p}.{m}_{suffix}");
-                        let t = ck.require_shape(&name, &shape)?;
-                        if t.dtype != safetensors::Dtype::U8 {
-                            return Err(Error::tensor(&name, format!("dtype {:?}, expected U8", t.dtype)));
-                        }
-                    }
-                }
-                ExpertLayout::Dequantized => {
-                    ck.require_shape(&format!("{p}.{m}"), &[e, cols, rows])?;
-                }
-            }
-            ck.require_shape(&format!("{p}.{m}_bias"), &[e, rows])?;
+    for l in (0..cfg.num_layers).filter(|&l| cfg.mlp_kinds[l] == MlpKind::Moe) {
+        match layout {
+            ExpertLayout::Separate => check_separate_experts(ck, cfg, l)?,
+            ExpertLayout::Mxfp4 => check_fused_experts(ck, cfg, l, true)?,
+            ExpertLayout::Dequantized => check_fused_experts(ck, cfg, l, false)?,
         }
     }
     Ok(())
+}
+
+/// The dense dtypes a checkpoint may store weights in.
+fn is_dense_dtype(dtype: safetensors::Dtype) -> bool {
+    matches!(dtype, safetensors::Dtype::F32 | safetensors::Dtype::BF16 | safetensors::Dtype::F16)
+}
+
+/// GPT-OSS: layer `l`'s fused `gate_up_proj`/`down_proj` (MXFP4 blocks and scales when
+/// `mxfp4`, else dequantized `[E, in, out]`) and their biases.
+fn check_fused_experts(ck: &Checkpoint, cfg: &ModelConfig, l: usize, mxfp4: bool) -> Result<()> {
+    let (h, i, e) = (cfg.hidden_size, cfg.intermediate_size, cfg.num_experts);
+    let p = format!("model.layers.{l}.mlp.experts");
+    for (m, rows, cols) in [("gate_up_proj", 2 * i, h), ("down_proj", h, i)] {
+        if mxfp4 {
+            if !cols.is_multiple_of(mxfp4::BLOCK) {
+                return Err(Error::tensor(
+                    format!("{p}.{m}_blocks"),
+                    format!("input dimension {cols} is not a multiple of the MXFP4 block size 32"),
+                ));
+            }
+            let g = cols / mxfp4::BLOCK;
+            let shapes = [("blocks", vec![e, rows, g, mxfp4::BLOCK_BYTES]), ("scales", vec![e, rows, g])];
+            for (suffix, shape) in shapes {
+                let name = format!("{p}.{m}_{suffix}");
+                let t = ck.require_shape(&name, &shape)?;
+                if t.dtype != safetensors::Dtype::U8 {
+                    return Err(Error::tensor(&name, format!("dtype {:?}, expected U8", t.dtype)));
+                }
+            }
+        } else {
+            ck.require_shape(&format!("{p}.{m}"), &[e, cols, rows])?;
+        }
+        ck.require_shape(&format!("{p}.{m}_bias"), &[e, rows])?;
+    }
+    Ok(())
+}
+
+/// Qwen3-MoE: every expert's `gate_proj`, `up_proj` and `down_proj` of layer `l`.
+fn check_separate_experts(ck: &Checkpoint, cfg: &ModelConfig, l: usize) -> Result<()> {
+    let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+    for expert in 0..cfg.num_experts {
+        for (m, rows, cols) in [("gate_proj", i, h), ("up_proj", i, h), ("down_proj", h, i)] {
+            let name = separate_expert_name(l, expert, m);
+            let t = ck.require_shape(&name, &[rows, cols])?;
+            if !is_dense_dtype(t.dtype) {
+                return Err(Error::tensor(&name, format!("dtype {:?}, expected F32, BF16 or F16", t.dtype)));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The name of one projection (`gate_proj`, `up_proj`, `down_proj`) of one expert in the
+/// separate layout.
+pub fn separate_expert_name(layer: usize, expert: usize, projection: &str) -> String {
+    format!("model.layers.{layer}.mlp.experts.{expert}.{projection}.weight")
 }
 
 /// Loads the dense part of a checkpoint, checking every tensor's presence, shape and
@@ -194,6 +238,7 @@ pub fn load_expert(
             transpose_expert(ck, &format!("{p}.gate_up_proj"), e_count, expert, h, 2 * i)?,
             transpose_expert(ck, &format!("{p}.down_proj"), e_count, expert, i, h)?,
         ),
+        ExpertLayout::Separate => return load_separate_expert(ck, cfg, layer, expert),
     };
     let w = ExpertWeights {
         gate_up: Matrix::from_f32(&format!("{p}.gate_up_proj[{expert}]"), 2 * i, h, gate_up)?,
@@ -205,11 +250,39 @@ pub fn load_expert(
     Ok(w)
 }
 
+/// One expert in the separate layout, each matrix checked finite, fused into the record
+/// layout (interleaved gate/up rows, zero biases).
+fn load_separate_expert(
+    ck: &Checkpoint,
+    cfg: &ModelConfig,
+    layer: usize,
+    expert: usize,
+) -> Result<ExpertWeights> {
+    let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+    let matrix = |m: &str, rows: usize, cols: usize| -> Result<Matrix> {
+        let name = separate_expert_name(layer, expert, m);
+        let t = ck.require_shape(&name, &[rows, cols])?;
+        check_finite_bytes(&name, t.dtype, ck.bytes(t), &|j| position(2, cols, j))?;
+        ck.matrix(&name, rows, cols)
+    };
+    let w = ExpertWeights::from_separate(
+        &format!("model.layers.{layer}.mlp.experts.{expert}"),
+        &matrix("gate_proj", i, h)?,
+        &matrix("up_proj", i, h)?,
+        &matrix("down_proj", h, i)?,
+    )?;
+    w.check(cfg, &format!("model.layers.{layer}.mlp.experts.{expert}"))?;
+    Ok(w)
+}
+
 /// Loads every expert of every layer, decoded to F32.
 pub fn load_all_experts(ck: &Checkpoint, cfg: &ModelConfig) -> Result<Vec<Vec<ExpertWeights>>> {
-    let layout = expert_layout(ck)?;
+    let layout = expert_layout(ck, cfg)?;
     (0..cfg.num_layers)
-        .map(|l| (0..cfg.num_experts).map(|e| load_expert(ck, cfg, layout, l, e)).collect())
+        .map(|l| match cfg.mlp_kinds[l] {
+            MlpKind::Moe => (0..cfg.num_experts).map(|e| load_expert(ck, cfg, layout, l, e)).collect(),
+            MlpKind::Dense => Ok(Vec::new()),
+        })
         .collect()
 }
 

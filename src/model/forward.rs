@@ -1,12 +1,16 @@
-//! The GPT-OSS forward pass, written once over the [`Backend`] ops.
+//! The forward pass of every model family, written once over the [`Backend`] ops; the
+//! config's layer recipe says which optional steps a family has.
 //!
-//! Per layer: RMSNorm, Q/K/V with bias, RoPE on Q and K, attention with sinks over the
-//! cache (sliding on sliding layers), output projection, residual; RMSNorm, router top-k,
-//! the experts, residual. Then the final RMSNorm and the head.
+//! Per layer: RMSNorm, Q/K/V (with bias where the family has them), QK-norm per head
+//! (Qwen3-MoE), RoPE on Q and K, attention over the cache (with sinks in GPT-OSS; sliding on
+//! sliding layers), output projection, residual; RMSNorm, then on a MoE layer the router's
+//! rule and the experts, on a dense layer one gated MLP; residual. Then the final RMSNorm and
+//! the head.
 
 use std::time::{Duration, Instant};
 
 use crate::backend::{Backend, LinearId, NormId, RouteTable};
+use crate::config::MlpKind;
 use crate::error::Result;
 
 /// Which positions of a batch get logits.
@@ -31,7 +35,8 @@ pub trait Observer {
     /// The residual stream entering layer `layer` (layer == num_layers: after the last),
     /// `[rows, hidden]`, for positions `start_pos..`.
     fn residual(&mut self, _layer: usize, _start_pos: usize, _rows: &[f32]) {}
-    /// The routing decision of `layer` for positions `start_pos..`.
+    /// The routing decision of `layer` (a MoE layer; dense layers have none) for
+    /// positions `start_pos..`.
     fn routes(&mut self, _layer: usize, _start_pos: usize, _routes: &RouteTable) {}
 }
 
@@ -179,6 +184,7 @@ fn layers<B: Backend>(
 ) -> Result<Vec<f32>> {
     let observe = observer.enabled();
     let layers = b.config().num_layers;
+    let qk_norm = b.config().recipe.qk_norm;
     b.embed(ids, &mut s.x)?;
     for layer in 0..layers {
         if observe {
@@ -189,6 +195,10 @@ fn layers<B: Backend>(
         b.linear(LinearId::Q(layer), &s.normed, &mut s.q)?;
         b.linear(LinearId::K(layer), &s.normed, &mut s.k)?;
         b.linear(LinearId::V(layer), &s.normed, &mut s.v)?;
+        if qk_norm {
+            b.rms_norm_heads(NormId::Query(layer), &mut s.q)?;
+            b.rms_norm_heads(NormId::Key(layer), &mut s.k)?;
+        }
         b.rope(&mut s.q, start_pos)?;
         b.rope(&mut s.k, start_pos)?;
         b.attention(layer, start_pos, &s.q, &s.k, &s.v, &mut s.attn)?;
@@ -196,11 +206,16 @@ fn layers<B: Backend>(
         b.add(&mut s.x, &s.proj)?;
         let t1 = Instant::now();
         b.rms_norm(NormId::Mlp(layer), &s.x, &mut s.normed)?;
-        b.route(layer, &s.normed, &mut s.routes)?;
-        if observe {
-            observer.routes(layer, start_pos, &b.read_routes(&s.routes)?);
+        match b.config().mlp_kinds[layer] {
+            MlpKind::Moe => {
+                b.route(layer, &s.normed, &mut s.routes)?;
+                if observe {
+                    observer.routes(layer, start_pos, &b.read_routes(&s.routes)?);
+                }
+                b.experts(layer, &s.normed, &s.routes, &mut s.proj)?;
+            }
+            MlpKind::Dense => b.dense_mlp(layer, &s.normed, &mut s.proj)?,
         }
-        b.experts(layer, &s.normed, &s.routes, &mut s.proj)?;
         b.add(&mut s.x, &s.proj)?;
         b.prefetch_next(layer, &s.x)?;
         let t2 = Instant::now();

@@ -1,6 +1,9 @@
-//! The elementwise and small-vector math of GPT-OSS, as plain functions: RMSNorm, the
-//! attention softmax with a sink, top-k routing, and the clipped interleaved SwiGLU.
-//! Backends that compute these elsewhere (SIMD, GPU) are tested against these.
+//! The elementwise and small-vector math of the model families, as plain functions:
+//! RMSNorm, the attention softmax with a sink, the routing rules, the clipped interleaved
+//! SwiGLU (GPT-OSS) and the plain one (Qwen3-MoE). Backends that compute these elsewhere
+//! (SIMD, GPU) are tested against these.
+
+use crate::config::Routing;
 
 /// `out[i] = weight[i] * (x[i] / sqrt(mean(x^2) + eps))`, in f32.
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
@@ -51,6 +54,38 @@ pub fn softmax(values: &mut [f32]) {
 /// The `k` largest router logits, in descending order (ties: lower index first), and the
 /// softmax over just those `k` logits. Writes `k` indices and `k` weights.
 pub fn route_top_k(logits: &[f32], k: usize, indices: &mut [u32], weights: &mut [f32]) {
+    top_k_logits(logits, k, indices, weights);
+    softmax(weights);
+}
+
+/// The routing decision of `routing` for one row of router `logits`: the `k` best experts
+/// in descending logit order (ties: lower index first) into `indices`, their weights into
+/// `weights`. [`Routing::TopKThenSoftmax`] is [`route_top_k`];
+/// [`Routing::SoftmaxThenTopK`] takes the softmax over all experts at the chosen ones,
+/// divided by their sum when it renormalizes (as Transformers computes it for Qwen3-MoE).
+pub fn route(logits: &[f32], k: usize, routing: Routing, indices: &mut [u32], weights: &mut [f32]) {
+    match routing {
+        Routing::TopKThenSoftmax => route_top_k(logits, k, indices, weights),
+        Routing::SoftmaxThenTopK { renormalize } => {
+            top_k_logits(logits, k, indices, weights);
+            let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let denom: f32 = logits.iter().map(|&l| (l - max).exp()).sum();
+            for w in weights.iter_mut() {
+                *w = (*w - max).exp() / denom;
+            }
+            if renormalize {
+                let sum: f32 = weights.iter().sum();
+                for w in weights.iter_mut() {
+                    *w /= sum;
+                }
+            }
+        }
+    }
+}
+
+/// The `k` largest of `logits` in descending order (ties: lower index first): their
+/// indices into `indices` and values into `values`.
+fn top_k_logits(logits: &[f32], k: usize, indices: &mut [u32], weights: &mut [f32]) {
     debug_assert!(k <= logits.len());
     debug_assert_eq!(indices.len(), k);
     debug_assert_eq!(weights.len(), k);
@@ -76,7 +111,6 @@ pub fn route_top_k(logits: &[f32], k: usize, indices: &mut [u32], weights: &mut 
             n += 1;
         }
     }
-    softmax(weights);
 }
 
 /// GPT-OSS's SwiGLU over the interleaved gate/up vector (`gate_up[2i]` is gate `i`,
@@ -89,6 +123,16 @@ pub fn swiglu_interleaved(gate_up: &[f32], limit: f32, alpha: f32, out: &mut [f3
         let up = pair[1].clamp(-limit, limit);
         let glu = gate * sigmoid(gate * alpha);
         *o = (up + 1.0) * glu;
+    }
+}
+
+/// Plain SwiGLU over the interleaved gate/up vector: `out[i] = silu(gate) * up` with
+/// `silu(g) = g * sigmoid(g)`, no clamp (Qwen3-MoE, Mixtral).
+pub fn silu_glu_interleaved(gate_up: &[f32], out: &mut [f32]) {
+    debug_assert_eq!(gate_up.len(), 2 * out.len());
+    for (o, pair) in out.iter_mut().zip(gate_up.chunks_exact(2)) {
+        let (gate, up) = (pair[0], pair[1]);
+        *o = gate * sigmoid(gate) * up;
     }
 }
 

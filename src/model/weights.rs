@@ -1,7 +1,7 @@
 //! The weights of a model, independent of where they came from (a Hugging Face checkpoint
 //! or a converted container) and of their storage format.
 
-use crate::config::ModelConfig;
+use crate::config::{MlpKind, ModelConfig, ModelFamily};
 use crate::error::{Error, Result};
 use crate::quant::Matrix;
 
@@ -37,8 +37,26 @@ pub struct AttentionWeights {
     pub v: Linear,
     /// Output projection `[hidden, heads * head_dim]`.
     pub o: Linear,
-    /// One sink logit per query head.
-    pub sinks: Vec<f32>,
+    /// One sink logit per query head, in families with sinks.
+    pub sinks: Option<Vec<f32>>,
+    /// RMSNorm weight `[head_dim]` applied to every query head before RoPE (QK-norm).
+    pub q_norm: Option<Vec<f32>>,
+    /// RMSNorm weight `[head_dim]` applied to every key head before RoPE (QK-norm).
+    pub k_norm: Option<Vec<f32>>,
+}
+
+/// The feed-forward block of a layer.
+#[derive(Clone, Debug)]
+pub enum FeedForward {
+    /// A router `[experts, hidden]` (with bias in families that have one); the experts
+    /// themselves live in the expert store.
+    Moe {
+        /// The router.
+        router: Linear,
+    },
+    /// One dense gated MLP, resident, in the experts' layout (interleaved gate/up rows,
+    /// zero biases where the family has none) so the same activation code applies.
+    Dense(ExpertWeights),
 }
 
 /// The dense (always resident) part of one decoder layer.
@@ -48,10 +66,20 @@ pub struct LayerWeights {
     pub attn_norm: Vec<f32>,
     /// Attention projections and sinks.
     pub attn: AttentionWeights,
-    /// RMSNorm weight before the MoE block.
+    /// RMSNorm weight before the feed-forward block.
     pub mlp_norm: Vec<f32>,
-    /// Router `[experts, hidden]` with bias `[experts]`.
-    pub router: Linear,
+    /// The feed-forward block.
+    pub ffn: FeedForward,
+}
+
+impl LayerWeights {
+    /// The router, on a MoE layer.
+    pub fn router(&self) -> Option<&Linear> {
+        match &self.ffn {
+            FeedForward::Moe { router } => Some(router),
+            FeedForward::Dense(_) => None,
+        }
+    }
 }
 
 /// Everything but the experts.
@@ -63,7 +91,8 @@ pub struct DenseWeights {
     pub layers: Vec<LayerWeights>,
     /// Final RMSNorm weight.
     pub final_norm: Vec<f32>,
-    /// Output head `[vocab, hidden]`, no bias.
+    /// Output head `[vocab, hidden]`, no bias (a copy of the embedding when the family
+    /// ties them).
     pub lm_head: Matrix,
 }
 
@@ -82,6 +111,39 @@ pub struct ExpertWeights {
 }
 
 impl ExpertWeights {
+    /// An expert from separate `gate` and `up` `[intermediate, hidden]` and `down`
+    /// `[hidden, intermediate]` matrices without biases (Qwen3-MoE's layout): gate and up
+    /// rows are interleaved into the fused layout, the biases are zeros. `name` prefixes
+    /// errors.
+    pub fn from_separate(name: &str, gate: &Matrix, up: &Matrix, down: &Matrix) -> Result<ExpertWeights> {
+        let (i, h) = (gate.rows, gate.cols);
+        if (up.rows, up.cols) != (i, h) || (down.rows, down.cols) != (h, i) {
+            return Err(Error::tensor(
+                name,
+                format!(
+                    "gate {i}x{h}, up {}x{}, down {}x{}: up must match gate and down be {h}x{i}",
+                    up.rows, up.cols, down.rows, down.cols
+                ),
+            ));
+        }
+        let mut gate_up = vec![0.0f32; 2 * i * h];
+        for (r, pair) in gate_up.chunks_exact_mut(2 * h).enumerate() {
+            let (g, u) = pair.split_at_mut(h);
+            gate.row_to_f32(r, g);
+            up.row_to_f32(r, u);
+        }
+        let mut down_f32 = vec![0.0f32; h * i];
+        for (r, row) in down_f32.chunks_exact_mut(i).enumerate() {
+            down.row_to_f32(r, row);
+        }
+        Ok(ExpertWeights {
+            gate_up: Matrix::from_f32(&format!("{name}.gate_up"), 2 * i, h, gate_up)?,
+            gate_up_bias: vec![0.0; 2 * i],
+            down: Matrix::from_f32(&format!("{name}.down_proj"), h, i, down_f32)?,
+            down_bias: vec![0.0; h],
+        })
+    }
+
     /// Bytes this expert occupies in memory.
     pub fn byte_len(&self) -> usize {
         self.gate_up.byte_len() + self.down.byte_len() + 4 * (self.gate_up_bias.len() + self.down_bias.len())
@@ -89,7 +151,11 @@ impl ExpertWeights {
 
     /// Checks the shapes against the config; `what` names the expert in errors.
     pub fn check(&self, cfg: &ModelConfig, what: &str) -> Result<()> {
-        let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+        self.check_dims(cfg.hidden_size, cfg.intermediate_size, what)
+    }
+
+    /// Checks the shapes against hidden width `h` and intermediate width `i`.
+    pub fn check_dims(&self, h: usize, i: usize, what: &str) -> Result<()> {
         let ok = self.gate_up.rows == 2 * i
             && self.gate_up.cols == h
             && self.gate_up_bias.len() == 2 * i
@@ -128,34 +194,56 @@ impl DenseWeights {
         vector: &dyn Fn(&str, usize) -> Result<Vec<f32>>,
     ) -> Result<DenseWeights> {
         let h = cfg.hidden_size;
-        let linear = |name: &str, rows: usize, cols: usize| -> Result<Linear> {
+        let recipe = cfg.recipe;
+        let linear = |name: &str, rows: usize, cols: usize, bias: bool| -> Result<Linear> {
             Ok(Linear {
                 weight: matrix(&format!("{name}.weight"), rows, cols)?,
-                bias: Some(vector(&format!("{name}.bias"), rows)?),
+                bias: if bias { Some(vector(&format!("{name}.bias"), rows)?) } else { None },
             })
+        };
+        let optional = |present: bool, name: &str, len: usize| -> Result<Option<Vec<f32>>> {
+            if present { vector(name, len).map(Some) } else { Ok(None) }
         };
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for l in 0..cfg.num_layers {
             let p = format!("model.layers.{l}");
+            let a = format!("{p}.self_attn");
+            let bias = recipe.attention_bias;
+            let ffn = match cfg.mlp_kinds[l] {
+                MlpKind::Moe => FeedForward::Moe {
+                    router: linear(&router_name(cfg.family, l), cfg.num_experts, h, recipe.router_bias)?,
+                },
+                MlpKind::Dense => {
+                    let i = cfg.dense_intermediate_size;
+                    let m = format!("{p}.mlp");
+                    let gate = matrix(&format!("{m}.gate_proj.weight"), i, h)?;
+                    let up = matrix(&format!("{m}.up_proj.weight"), i, h)?;
+                    let down = matrix(&format!("{m}.down_proj.weight"), h, i)?;
+                    FeedForward::Dense(ExpertWeights::from_separate(&m, &gate, &up, &down)?)
+                }
+            };
             layers.push(LayerWeights {
                 attn_norm: vector(&format!("{p}.input_layernorm.weight"), h)?,
                 attn: AttentionWeights {
-                    q: linear(&format!("{p}.self_attn.q_proj"), cfg.q_dim(), h)?,
-                    k: linear(&format!("{p}.self_attn.k_proj"), cfg.kv_dim(), h)?,
-                    v: linear(&format!("{p}.self_attn.v_proj"), cfg.kv_dim(), h)?,
-                    o: linear(&format!("{p}.self_attn.o_proj"), h, cfg.q_dim())?,
-                    sinks: vector(&format!("{p}.self_attn.sinks"), cfg.num_heads)?,
+                    q: linear(&format!("{a}.q_proj"), cfg.q_dim(), h, bias)?,
+                    k: linear(&format!("{a}.k_proj"), cfg.kv_dim(), h, bias)?,
+                    v: linear(&format!("{a}.v_proj"), cfg.kv_dim(), h, bias)?,
+                    o: linear(&format!("{a}.o_proj"), h, cfg.q_dim(), bias)?,
+                    sinks: optional(recipe.attention_sinks, &format!("{a}.sinks"), cfg.num_heads)?,
+                    q_norm: optional(recipe.qk_norm, &format!("{a}.q_norm.weight"), cfg.head_dim)?,
+                    k_norm: optional(recipe.qk_norm, &format!("{a}.k_norm.weight"), cfg.head_dim)?,
                 },
                 mlp_norm: vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
-                router: linear(&format!("{p}.mlp.router"), cfg.num_experts, h)?,
+                ffn,
             });
         }
-        let dense = DenseWeights {
-            embed: matrix("model.embed_tokens.weight", cfg.vocab_size, h)?,
-            layers,
-            final_norm: vector("model.norm.weight", h)?,
-            lm_head: matrix("lm_head.weight", cfg.vocab_size, h)?,
+        let embed = matrix("model.embed_tokens.weight", cfg.vocab_size, h)?;
+        let lm_head = if cfg.tie_word_embeddings {
+            embed.clone()
+        } else {
+            matrix("lm_head.weight", cfg.vocab_size, h)?
         };
+        let dense = DenseWeights { embed, layers, final_norm: vector("model.norm.weight", h)?, lm_head };
         dense.check(cfg)?;
         Ok(dense)
     }
@@ -201,9 +289,46 @@ impl DenseWeights {
             lin(format!("{p}.self_attn.k_proj"), &layer.attn.k, cfg.kv_dim(), h)?;
             lin(format!("{p}.self_attn.v_proj"), &layer.attn.v, cfg.kv_dim(), h)?;
             lin(format!("{p}.self_attn.o_proj"), &layer.attn.o, h, cfg.q_dim())?;
-            vec(format!("{p}.self_attn.sinks"), &layer.attn.sinks, cfg.num_heads)?;
-            lin(format!("{p}.mlp.router"), &layer.router, cfg.num_experts, h)?;
+            let a = &layer.attn;
+            let present = |v: &Option<Vec<f32>>| v.is_some();
+            if present(&a.sinks) != cfg.recipe.attention_sinks || present(&a.q_norm) != cfg.recipe.qk_norm {
+                return Err(Error::tensor(
+                    format!("{p}.self_attn"),
+                    "sinks or QK-norm weights present where the family has none, or missing",
+                ));
+            }
+            for (name, v, len) in [
+                ("sinks", &a.sinks, cfg.num_heads),
+                ("q_norm", &a.q_norm, cfg.head_dim),
+                ("k_norm", &a.k_norm, cfg.head_dim),
+            ] {
+                if let Some(v) = v {
+                    vec(format!("{p}.self_attn.{name}"), v, len)?;
+                }
+            }
+            match (&layer.ffn, cfg.mlp_kinds[l]) {
+                (FeedForward::Moe { router }, MlpKind::Moe) => {
+                    lin(router_name(cfg.family, l), router, cfg.num_experts, h)?
+                }
+                (FeedForward::Dense(w), MlpKind::Dense) => {
+                    w.check_dims(h, cfg.dense_intermediate_size, &format!("{p}.mlp"))?
+                }
+                (FeedForward::Moe { .. }, MlpKind::Dense) | (FeedForward::Dense(_), MlpKind::Moe) => {
+                    return Err(Error::tensor(
+                        format!("{p}.mlp"),
+                        "the layer's feed-forward kind (MoE or dense) differs from the config's",
+                    ));
+                }
+            }
         }
         Ok(())
+    }
+}
+
+/// The Hugging Face name (without `.weight`/`.bias`) of layer `layer`'s router.
+pub fn router_name(family: ModelFamily, layer: usize) -> String {
+    match family {
+        ModelFamily::GptOss => format!("model.layers.{layer}.mlp.router"),
+        ModelFamily::Qwen3Moe => format!("model.layers.{layer}.mlp.gate"),
     }
 }

@@ -8,7 +8,9 @@ use picchio::ModelConfig;
 use picchio::backend::gpu::{AdapterReport, FeatureUse, GpuOptions, probe};
 use picchio::engine::LoadedModel;
 use picchio::experts::ResidentExperts;
-use picchio::model::weights::{AttentionWeights, DenseWeights, ExpertWeights, LayerWeights, Linear};
+use picchio::model::weights::{
+    AttentionWeights, DenseWeights, ExpertWeights, FeedForward, LayerWeights, Linear,
+};
 use picchio::quant::{Matrix, MatrixData, WeightBuf, int4, int8};
 
 /// True when the environment demands a GPU (CI sets `PICCHIO_REQUIRE_GPU=1`).
@@ -161,12 +163,16 @@ pub fn random_model_shaped(seed: u64, dense: Fmt, experts: Fmt, hidden: usize, i
                 k: lin(&mut rng, cfg.kv_dim(), h),
                 v: lin(&mut rng, cfg.kv_dim(), h),
                 o: lin(&mut rng, h, cfg.q_dim()),
-                sinks: rng.vec(cfg.num_heads, 2.0),
+                sinks: Some(rng.vec(cfg.num_heads, 2.0)),
+                q_norm: None,
+                k_norm: None,
             },
             mlp_norm: rng.vec(h, 0.5).iter().map(|v| 1.0 + v).collect(),
-            router: Linear {
-                weight: matrix(&mut rng, cfg.num_experts, h, dense),
-                bias: Some(rng.vec(cfg.num_experts, 0.5)),
+            ffn: FeedForward::Moe {
+                router: Linear {
+                    weight: matrix(&mut rng, cfg.num_experts, h, dense),
+                    bias: Some(rng.vec(cfg.num_experts, 0.5)),
+                },
             },
         })
         .collect();

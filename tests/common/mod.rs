@@ -34,13 +34,13 @@ pub struct Reference {
     pub attention_factor: f32,
 }
 
-fn floats(st: &SafeTensors, name: &str) -> Vec<f32> {
+pub fn floats(st: &SafeTensors, name: &str) -> Vec<f32> {
     let t = st.tensor(name).unwrap_or_else(|e| panic!("reference tensor {name}: {e}"));
     assert_eq!(t.dtype(), Dtype::F32, "{name}");
     t.data().chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
 }
 
-fn ints(st: &SafeTensors, name: &str) -> Vec<u32> {
+pub fn ints(st: &SafeTensors, name: &str) -> Vec<u32> {
     let t = st.tensor(name).unwrap_or_else(|e| panic!("reference tensor {name}: {e}"));
     assert_eq!(t.dtype(), Dtype::I32, "{name}");
     t.data()

@@ -1,7 +1,7 @@
 //! Attention for one query position over the cached keys and values: GQA head mapping,
-//! causal and sliding-window visibility, scaled scores, softmax with the head's sink.
+//! causal and sliding-window visibility, scaled scores, softmax with the head's sink (plain softmax in families without sinks).
 
-use crate::model::math::softmax_with_sink;
+use crate::model::math::{softmax, softmax_with_sink};
 
 /// Shape of the attention computation.
 #[derive(Clone, Copy, Debug)]
@@ -32,8 +32,8 @@ pub struct LayerCache<'a> {
     pub keys: &'a [f32],
     /// Values by position.
     pub values: &'a [f32],
-    /// One sink logit per query head.
-    pub sinks: &'a [f32],
+    /// One sink logit per query head, in families with sinks.
+    pub sinks: Option<&'a [f32]>,
 }
 
 /// Attends one query head `qh` (`head_dim` values) of head index `h` at position `pos` over
@@ -65,7 +65,10 @@ pub fn attend_head(
         }
         *sj = dot * scale;
     }
-    softmax_with_sink(scores, sinks[h]);
+    match sinks {
+        Some(sinks) => softmax_with_sink(scores, sinks[h]),
+        None => softmax(scores),
+    }
     out.fill(0.0);
     for (j, &w) in scores.iter().enumerate() {
         let p = first + j;
@@ -109,7 +112,7 @@ mod tests {
         let values = [10.0f32, 20.0];
         let sinks = [f32::NEG_INFINITY; 4];
         let mut out = [0.0f32; 4];
-        attend_row(shape, LayerCache { keys: &keys, values: &values, sinks: &sinks }, &q, 0, &mut out);
+        attend_row(shape, LayerCache { keys: &keys, values: &values, sinks: Some(&sinks) }, &q, 0, &mut out);
         assert_eq!(out, [10.0, 10.0, 20.0, 20.0]);
     }
 
@@ -121,7 +124,7 @@ mod tests {
         let values = [100.0f32, 1.0, 3.0];
         let mut out = [0.0f32; 1];
         let sinks = [f32::NEG_INFINITY];
-        let cache = LayerCache { keys: &keys, values: &values, sinks: &sinks };
+        let cache = LayerCache { keys: &keys, values: &values, sinks: Some(&sinks) };
         attend_row(shape, cache, &[1.0], 2, &mut out);
         assert_eq!(out[0], 2.0);
         let full = AttentionShape { window: None, ..shape };

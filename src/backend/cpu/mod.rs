@@ -11,12 +11,12 @@ use std::sync::Arc;
 use rayon::prelude::*;
 
 use crate::backend::{Backend, LinearId, NormId, RouteTable};
-use crate::config::ModelConfig;
+use crate::config::{ModelConfig, Routing};
 use crate::error::{Error, Result};
 use crate::experts::{ExpertSource, ExpertStats};
-use crate::model::math::{rms_norm, route_top_k};
+use crate::model::math::{rms_norm, route};
 use crate::model::rope::{RopeFrequencies, rotate_half};
-use crate::model::weights::{DenseWeights, Linear};
+use crate::model::weights::{DenseWeights, FeedForward, Linear};
 use crate::quant::Matrix;
 
 use attention::{AttentionShape, LayerCache, attend_head};
@@ -76,6 +76,7 @@ struct Prediction {
 fn route_rows(
     router: &Linear,
     k: usize,
+    routing: Routing,
     x: &[f32],
     width: usize,
     logits: &mut Vec<f32>,
@@ -89,7 +90,7 @@ fn route_rows(
     let chosen = routes.experts.chunks_exact_mut(k).zip(routes.weights.chunks_exact_mut(k));
     for (row, (experts, weights)) in x.chunks_exact(width).zip(chosen) {
         router.forward(row, logits);
-        route_top_k(logits, k, experts, weights);
+        route(logits, k, routing, experts, weights);
     }
 }
 
@@ -129,20 +130,44 @@ impl CpuBackend {
         self
     }
 
+    /// The weight of a norm; an error for a QK-norm the family does not have.
+    fn norm_weight(&self, norm: NormId) -> Result<&[f32]> {
+        let missing =
+            |what: &str, l: usize| Error::Backend(format!("layer {l} has no {what} weight (no QK-norm)"));
+        Ok(match norm {
+            NormId::Attention(l) => &self.dense.layers[l].attn_norm,
+            NormId::Mlp(l) => &self.dense.layers[l].mlp_norm,
+            NormId::Final => &self.dense.final_norm,
+            NormId::Query(l) => {
+                self.dense.layers[l].attn.q_norm.as_deref().ok_or_else(|| missing("q_norm", l))?
+            }
+            NormId::Key(l) => {
+                self.dense.layers[l].attn.k_norm.as_deref().ok_or_else(|| missing("k_norm", l))?
+            }
+        })
+    }
+
+    /// The router of `layer`, or an error on a dense layer.
+    fn router(&self, layer: usize) -> Result<&Linear> {
+        self.dense.layers[layer]
+            .router()
+            .ok_or_else(|| Error::Backend(format!("layer {layer} is a dense layer and has no router")))
+    }
+
     /// The weight matrix and bias of a linear layer.
-    fn linear_parts(&self, id: LinearId) -> (&Matrix, Option<&[f32]>) {
+    fn linear_parts(&self, id: LinearId) -> Result<(&Matrix, Option<&[f32]>)> {
         fn lin(l: &Linear) -> (&Matrix, Option<&[f32]>) {
             (&l.weight, l.bias.as_deref())
         }
         let d = &self.dense;
-        match id {
+        Ok(match id {
             LinearId::Q(l) => lin(&d.layers[l].attn.q),
             LinearId::K(l) => lin(&d.layers[l].attn.k),
             LinearId::V(l) => lin(&d.layers[l].attn.v),
             LinearId::O(l) => lin(&d.layers[l].attn.o),
-            LinearId::Router(l) => lin(&d.layers[l].router),
+            LinearId::Router(l) => lin(self.router(l)?),
             LinearId::LmHead => (&d.lm_head, None),
-        }
+        })
     }
 }
 
@@ -201,11 +226,7 @@ impl Backend for CpuBackend {
 
     fn rms_norm(&mut self, norm: NormId, x: &CpuAct, out: &mut CpuAct) -> Result<()> {
         check_shape("rms_norm", out, x.rows, x.width)?;
-        let w = match norm {
-            NormId::Attention(l) => &self.dense.layers[l].attn_norm,
-            NormId::Mlp(l) => &self.dense.layers[l].mlp_norm,
-            NormId::Final => &self.dense.final_norm,
-        };
+        let w = self.norm_weight(norm)?;
         let eps = self.cfg.rms_norm_eps;
         for (xr, or) in x.data.chunks(x.width).zip(out.data.chunks_mut(x.width)) {
             rms_norm(xr, w, eps, or);
@@ -213,8 +234,26 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn rms_norm_heads(&mut self, norm: NormId, x: &mut CpuAct) -> Result<()> {
+        let d = self.cfg.head_dim;
+        if !x.width.is_multiple_of(d) {
+            return Err(Error::Backend(format!(
+                "rms_norm_heads: width {} is not whole heads of {d}",
+                x.width
+            )));
+        }
+        let w = self.norm_weight(norm)?;
+        let eps = self.cfg.rms_norm_eps;
+        let mut normed = vec![0.0f32; d];
+        for head in x.data.chunks_exact_mut(d) {
+            rms_norm(head, w, eps, &mut normed);
+            head.copy_from_slice(&normed);
+        }
+        Ok(())
+    }
+
     fn linear(&mut self, id: LinearId, x: &CpuAct, out: &mut CpuAct) -> Result<()> {
-        let (w, bias) = self.linear_parts(id);
+        let (w, bias) = self.linear_parts(id)?;
         check_shape("linear", out, x.rows, w.rows)?;
         w.matmul(&x.data, x.rows, &mut out.data);
         if let Some(b) = bias {
@@ -272,7 +311,7 @@ impl Backend for CpuBackend {
         let cache = LayerCache {
             keys: self.kv.keys(layer),
             values: self.kv.values(layer),
-            sinks: &self.dense.layers[layer].attn.sinks,
+            sinks: self.dense.layers[layer].attn.sinks.as_deref(),
         };
         // One task per (row, head); each head's result is independent of the split.
         let (d, heads) = (cfg.head_dim, cfg.num_heads);
@@ -285,8 +324,20 @@ impl Backend for CpuBackend {
     }
 
     fn route(&mut self, layer: usize, x: &CpuAct, routes: &mut RouteTable) -> Result<()> {
-        let router = &self.dense.layers[layer].router;
-        route_rows(router, self.cfg.experts_per_token, &x.data, x.width, &mut self.router_logits, routes);
+        let router = self.dense.layers[layer]
+            .router()
+            .ok_or_else(|| Error::Backend(format!("layer {layer} is a dense layer and has no router")))?;
+        let (k, routing) = (self.cfg.experts_per_token, self.cfg.recipe.routing);
+        route_rows(router, k, routing, &x.data, x.width, &mut self.router_logits, routes);
+        Ok(())
+    }
+
+    fn dense_mlp(&mut self, layer: usize, x: &CpuAct, out: &mut CpuAct) -> Result<()> {
+        check_shape("dense mlp out", out, x.rows, self.cfg.hidden_size)?;
+        let FeedForward::Dense(w) = &self.dense.layers[layer].ffn else {
+            return Err(Error::Backend(format!("layer {layer} is a MoE layer, not a dense one")));
+        };
+        moe::dense_forward(&self.cfg, w, &x.data, x.rows, &mut self.moe, &mut out.data);
         Ok(())
     }
 
@@ -348,11 +399,15 @@ impl Backend for CpuBackend {
             return Ok(());
         }
         let l = &self.dense.layers[next];
+        let Some(router) = l.router() else {
+            return Ok(());
+        };
         let p = &mut self.prediction;
         p.normed.resize(self.cfg.hidden_size, 0.0);
         rms_norm(&x.data, &l.mlp_norm, self.cfg.rms_norm_eps, &mut p.normed);
         let (k, width) = (self.cfg.experts_per_token, self.cfg.hidden_size);
-        route_rows(&l.router, k, &p.normed, width, &mut self.router_logits, &mut p.routes);
+        let routing = self.cfg.recipe.routing;
+        route_rows(router, k, routing, &p.normed, width, &mut self.router_logits, &mut p.routes);
         p.experts.clear();
         p.experts.extend(p.routes.experts.iter().map(|&e| e as usize));
         self.experts.prefetch(next, &p.experts);

@@ -4,10 +4,11 @@
 //! cache state.
 
 use crate::backend::RouteTable;
+use crate::config::Activation;
 use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::experts::ExpertSource;
-use crate::model::math::swiglu_interleaved;
+use crate::model::math::{silu_glu_interleaved, swiglu_interleaved};
 use crate::model::weights::ExpertWeights;
 
 /// Reusable buffers of [`moe_forward`], kept by the backend so that a decoded token
@@ -49,7 +50,7 @@ fn expert_forward(
     gate_up: &mut Vec<f32>,
     act: &mut Vec<f32>,
 ) {
-    let i = cfg.intermediate_size;
+    let i = w.down.cols;
     let gate_up = zeroed(gate_up, n * 2 * i);
     w.gate_up.matmul(x, n, gate_up);
     let act = zeroed(act, n * i);
@@ -57,7 +58,10 @@ fn expert_forward(
         for (g, &b) in gu.iter_mut().zip(&w.gate_up_bias) {
             *g += b;
         }
-        swiglu_interleaved(gu, cfg.swiglu_limit, cfg.swiglu_alpha, a);
+        match cfg.recipe.activation {
+            Activation::ClampedSwiGlu => swiglu_interleaved(gu, cfg.swiglu_limit, cfg.swiglu_alpha, a),
+            Activation::SiluGlu => silu_glu_interleaved(gu, a),
+        }
     }
     w.down.matmul(act, n, out);
     for row in out.chunks_mut(cfg.hidden_size) {
@@ -65,6 +69,19 @@ fn expert_forward(
             *o += b;
         }
     }
+}
+
+/// A dense layer's gated MLP on `rows` rows of `x` into `out`: the expert computation with
+/// weight one, so it is exactly what an expert of the same weights would give.
+pub fn dense_forward(
+    cfg: &ModelConfig,
+    w: &ExpertWeights,
+    x: &[f32],
+    rows: usize,
+    scratch: &mut MoeScratch,
+    out: &mut [f32],
+) {
+    expert_forward(cfg, w, x, rows, out, &mut scratch.gate_up, &mut scratch.act);
 }
 
 /// `out[r] = sum_j w[r][j] * expert_{e[r][j]}(x[r])` for a batch of `routes.rows()` rows.

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use crate::backend::{Backend, LinearId, NormId, RouteTable};
-use crate::config::ModelConfig;
+use crate::config::{ModelConfig, ModelFamily};
 use crate::error::{Error, Result};
 use crate::experts::{ExpertSource, ExpertStats};
 use crate::model::rope::RopeFrequencies;
@@ -133,6 +133,18 @@ impl GpuBackend {
         capacity: usize,
         opts: &GpuOptions,
     ) -> Result<Self> {
+        // The shaders implement GPT-OSS's recipe only (sinks, biases, clamped SwiGLU, top-k
+        // then softmax); another family is refused here rather than computed wrongly.
+        match cfg.family {
+            ModelFamily::GptOss => {}
+            ModelFamily::Qwen3Moe => {
+                return Err(Error::Backend(
+                    "the GPU backend does not run Qwen3-MoE yet (QK-norm, plain SwiGLU and its routing \
+                     have no shaders); use --device cpu"
+                        .into(),
+                ));
+            }
+        }
         let open = device::open(opts.api, opts.allow_software, opts.features)?;
         let report = open.report.clone();
         let k = cfg.experts_per_token;
@@ -168,8 +180,8 @@ impl GpuBackend {
                 k: lin(&mut gpu, &format!("{p}.k_proj"), &w.attn.k)?,
                 v: lin(&mut gpu, &format!("{p}.v_proj"), &w.attn.v)?,
                 o: lin(&mut gpu, &format!("{p}.o_proj"), &w.attn.o)?,
-                sinks: upload_vector(&mut gpu, &format!("{p}.sinks"), &w.attn.sinks)?,
-                router: lin(&mut gpu, &format!("{p}.router"), &w.router)?,
+                sinks: upload_vector(&mut gpu, &format!("{p}.sinks"), required(&w.attn.sinks, &p, "sinks")?)?,
+                router: lin(&mut gpu, &format!("{p}.router"), required(&w.router(), &p, "router")?)?,
             }));
         }
         let final_norm = upload_vector(&mut gpu, "norm", &dense.final_norm)?;
@@ -710,11 +722,24 @@ impl Backend for GpuBackend {
             NormId::Attention(l) => self.layers[l].attn_norm.clone(),
             NormId::Mlp(l) => self.layers[l].mlp_norm.clone(),
             NormId::Final => self.final_norm.clone(),
+            NormId::Query(_) | NormId::Key(_) => {
+                return Err(Error::Backend(
+                    "rms_norm: QK-norm weights are applied with rms_norm_heads".into(),
+                ));
+            }
         };
         let (nx, ny) = self.gpu.grid(x.rows() as u64)?;
         let params = [x.rows() as u32, x.width() as u32, bits(self.cfg.rms_norm_eps), nx];
         let v = self.variant(Op::RmsNorm);
         self.gpu.dispatch(Op::RmsNorm, v, &params, &[x.bind(), out.bind(), Bind::whole(&w)], (nx, ny, 1))
+    }
+
+    fn rms_norm_heads(&mut self, _norm: NormId, _x: &mut GpuAct) -> Result<()> {
+        Err(Error::Backend("the GPU backend has no QK-norm kernel yet".into()))
+    }
+
+    fn dense_mlp(&mut self, layer: usize, _x: &GpuAct, _out: &mut GpuAct) -> Result<()> {
+        Err(Error::Backend(format!("layer {layer}: the GPU backend has no dense MLP kernel yet")))
     }
 
     fn linear(&mut self, id: LinearId, x: &GpuAct, out: &mut GpuAct) -> Result<()> {
@@ -951,4 +976,10 @@ impl Backend for GpuBackend {
     fn report(&self) -> Vec<String> {
         self.report_lines()
     }
+}
+
+/// A part of a layer the GPU's GPT-OSS recipe needs, or an error naming it.
+fn required<'a, T: std::ops::Deref>(part: &'a Option<T>, layer: &str, what: &str) -> Result<&'a T::Target> {
+    part.as_deref()
+        .ok_or_else(|| Error::Backend(format!("{layer}: no {what} (the GPU runs GPT-OSS's recipe only)")))
 }

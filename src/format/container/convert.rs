@@ -24,7 +24,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rayon::prelude::*;
 use safetensors::Dtype as SrcDtype;
 
-use crate::config::ModelConfig;
+use crate::config::{MlpKind, ModelConfig};
 use crate::error::{Error, Result};
 use crate::format::container::layout::{Formats, plan_dense, plan_experts};
 use crate::format::container::manifest::{
@@ -158,8 +158,18 @@ pub fn convert_with_hooks(
 ) -> Result<ConvertReport> {
     let started = Instant::now();
     let cfg = ModelConfig::from_dir(src)?;
+    if let Some(l) = cfg.mlp_kinds.iter().position(|&k| k == MlpKind::Dense) {
+        return Err(Error::format(
+            src,
+            format!(
+                "layer {l} is a dense MLP layer (mlp_only_layers / decoder_sparse_step); converting models \
+                 with dense layers is not supported yet (released Qwen3-MoE models have none); `-m DIR` runs \
+                 the Hugging Face directory itself, every weight decoded to F32 in memory"
+            ),
+        ));
+    }
     let ck = Checkpoint::open(src)?;
-    let layout = expert_layout(&ck)?;
+    let layout = expert_layout(&ck, &cfg)?;
     check_checkpoint(&ck, &cfg, layout)?;
     let formats =
         opts.formats.resolve(layout == ExpertLayout::Mxfp4).map_err(|why| Error::format(src, why))?;
@@ -522,6 +532,7 @@ fn ordered_items(
         let first = match layout {
             ExpertLayout::Mxfp4 => format!("model.layers.{l}.mlp.experts.gate_up_proj_blocks"),
             ExpertLayout::Dequantized => format!("model.layers.{l}.mlp.experts.gate_up_proj"),
+            ExpertLayout::Separate => crate::format::hf::separate_expert_name(l, 0, "gate_proj"),
         };
         let e = ck.get(&first).expect("checked");
         items.push((e.shard, e.offset as u64, Item::Experts(l)));
@@ -540,7 +551,7 @@ fn item_source_bytes(
 ) -> u64 {
     match item {
         Item::Dense(i) => ck.get(&dense[*i].name).map_or(0, |t| t.len as u64),
-        Item::Experts(l) => expert_tensor_names(*l, layout)
+        Item::Experts(l) => expert_tensor_names(*l, cfg.num_experts, layout)
             .iter()
             .filter_map(|n| ck.get(n))
             .map(|t| t.len as u64)
@@ -549,7 +560,7 @@ fn item_source_bytes(
     }
 }
 
-fn expert_tensor_names(layer: usize, layout: ExpertLayout) -> Vec<String> {
+fn expert_tensor_names(layer: usize, experts: usize, layout: ExpertLayout) -> Vec<String> {
     let p = format!("model.layers.{layer}.mlp.experts");
     let mut v = Vec::new();
     for m in ["gate_up_proj", "down_proj"] {
@@ -559,6 +570,16 @@ fn expert_tensor_names(layer: usize, layout: ExpertLayout) -> Vec<String> {
                 v.push(format!("{p}.{m}_scales"));
             }
             ExpertLayout::Dequantized => v.push(format!("{p}.{m}")),
+            ExpertLayout::Separate => {
+                let projections =
+                    if m == "gate_up_proj" { &["gate_proj", "up_proj"][..] } else { &["down_proj"] };
+                for e in 0..experts {
+                    for proj in projections {
+                        v.push(crate::format::hf::separate_expert_name(layer, e, proj));
+                    }
+                }
+                continue;
+            }
         }
         v.push(format!("{p}.{m}_bias"));
     }
@@ -777,6 +798,11 @@ enum ExpertRows<'a> {
     Mxfp4 { blocks: Vec<u8>, scales: Vec<u8>, groups: usize, at: ExpertAt<'a> },
     /// A dequantized `[in, out]` slice (checked finite), transposed on access.
     Transposed { data: Vec<f32>, inputs: usize, outputs: usize },
+    /// Separate `gate` and `up` `[I, in]` matrices (checked finite), read as the fused
+    /// gate/up with interleaved rows (even rows gate, odd rows up).
+    Interleaved { gate: Vec<f32>, up: Vec<f32>, inputs: usize },
+    /// A `[out, in]` matrix (checked finite), rows as they are.
+    Rows { data: Vec<f32>, inputs: usize },
 }
 
 impl ExpertRows<'_> {
@@ -792,6 +818,16 @@ impl ExpertRows<'_> {
                 for (c, o) in out.iter_mut().enumerate().take(*inputs) {
                     *o = data[c * outputs + r];
                 }
+                Ok(())
+            }
+            ExpertRows::Interleaved { gate, up, inputs } => {
+                let half = if r % 2 == 0 { gate } else { up };
+                let row = r / 2;
+                out[..*inputs].copy_from_slice(&half[row * inputs..(row + 1) * inputs]);
+                Ok(())
+            }
+            ExpertRows::Rows { data, inputs } => {
+                out[..*inputs].copy_from_slice(&data[r * inputs..(r + 1) * inputs]);
                 Ok(())
             }
         }
@@ -876,6 +912,26 @@ fn convert_expert(job: &ExpertJob<'_>, expert: usize) -> Result<(Vec<u8>, usize)
                 let data = decode_floats(&src_name, t.dtype, &raw)?;
                 check_finite(&src_name, &data, &|k| dequantized_position(expert, rows, k))?;
                 ExpertRows::Transposed { data, inputs: cols, outputs: rows }
+            }
+            ExpertLayout::Separate => {
+                // One matrix per projection; no biases (the record's stay zero).
+                let mut whole = |proj: &str| -> Result<Vec<f32>> {
+                    let name = crate::format::hf::separate_expert_name(job.layer, expert, proj);
+                    let t = ck.require(&name)?;
+                    let raw = reader.read(t, 0, t.len)?;
+                    read += raw.len();
+                    let data = decode_floats(&name, t.dtype, &raw)?;
+                    let cols = if proj == "down_proj" { i } else { h };
+                    check_finite(&name, &data, &|k| crate::format::hf::position(2, cols, k))?;
+                    Ok(data)
+                };
+                let source = if m == "gate_up" {
+                    ExpertRows::Interleaved { gate: whole("gate_proj")?, up: whole("up_proj")?, inputs: cols }
+                } else {
+                    ExpertRows::Rows { data: whole("down_proj")?, inputs: cols }
+                };
+                encode_matrix(&source, info, job.format, m, (rows, cols), at, &mut record)?;
+                continue;
             }
         };
         encode_matrix(&source, info, job.format, m, (rows, cols), at, &mut record)?;

@@ -5,11 +5,12 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::ModelConfig;
+use crate::config::{MlpKind, ModelConfig};
 use crate::format::container::manifest::{
     Component, DENSE_ALIGN, DENSE_FILE, Dtype, EXPERTS_FILE, ExpertRecord, ExpertStoreInfo, Part,
     RECORD_ALIGN, TensorRecord, align_up,
 };
+use crate::model::weights::router_name;
 use crate::quant::format::WeightFormat;
 
 /// How experts are stored.
@@ -101,14 +102,17 @@ pub enum TensorRole {
     Vector,
 }
 
-/// Every dense tensor the model needs: name, shape, role. Order is the file order.
+/// Every dense tensor the model needs: name, shape, role. Order is the file order. The
+/// family's recipe decides which exist (biases, sinks, QK-norm, a router or a dense MLP per
+/// layer, a separate head).
 pub fn dense_tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>, TensorRole)> {
     let h = cfg.hidden_size;
-    let mut v = vec![
-        ("model.embed_tokens.weight".to_string(), vec![cfg.vocab_size, h], TensorRole::Vocab),
-        ("lm_head.weight".to_string(), vec![cfg.vocab_size, h], TensorRole::Vocab),
-        ("model.norm.weight".to_string(), vec![h], TensorRole::Vector),
-    ];
+    let r = cfg.recipe;
+    let mut v = vec![("model.embed_tokens.weight".to_string(), vec![cfg.vocab_size, h], TensorRole::Vocab)];
+    if !cfg.tie_word_embeddings {
+        v.push(("lm_head.weight".to_string(), vec![cfg.vocab_size, h], TensorRole::Vocab));
+    }
+    v.push(("model.norm.weight".to_string(), vec![h], TensorRole::Vector));
     for l in 0..cfg.num_layers {
         let p = format!("model.layers.{l}");
         let attn = [
@@ -120,12 +124,33 @@ pub fn dense_tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>, TensorRole)>
         v.push((format!("{p}.input_layernorm.weight"), vec![h], TensorRole::Vector));
         for (name, rows, cols) in attn {
             v.push((format!("{p}.self_attn.{name}.weight"), vec![rows, cols], TensorRole::Matrix));
-            v.push((format!("{p}.self_attn.{name}.bias"), vec![rows], TensorRole::Vector));
+            if r.attention_bias {
+                v.push((format!("{p}.self_attn.{name}.bias"), vec![rows], TensorRole::Vector));
+            }
         }
-        v.push((format!("{p}.self_attn.sinks"), vec![cfg.num_heads], TensorRole::Vector));
+        if r.qk_norm {
+            v.push((format!("{p}.self_attn.q_norm.weight"), vec![cfg.head_dim], TensorRole::Vector));
+            v.push((format!("{p}.self_attn.k_norm.weight"), vec![cfg.head_dim], TensorRole::Vector));
+        }
+        if r.attention_sinks {
+            v.push((format!("{p}.self_attn.sinks"), vec![cfg.num_heads], TensorRole::Vector));
+        }
         v.push((format!("{p}.post_attention_layernorm.weight"), vec![h], TensorRole::Vector));
-        v.push((format!("{p}.mlp.router.weight"), vec![cfg.num_experts, h], TensorRole::Matrix));
-        v.push((format!("{p}.mlp.router.bias"), vec![cfg.num_experts], TensorRole::Vector));
+        match cfg.mlp_kinds[l] {
+            MlpKind::Moe => {
+                let router = router_name(cfg.family, l);
+                v.push((format!("{router}.weight"), vec![cfg.num_experts, h], TensorRole::Matrix));
+                if r.router_bias {
+                    v.push((format!("{router}.bias"), vec![cfg.num_experts], TensorRole::Vector));
+                }
+            }
+            MlpKind::Dense => {
+                let i = cfg.dense_intermediate_size;
+                v.push((format!("{p}.mlp.gate_proj.weight"), vec![i, h], TensorRole::Matrix));
+                v.push((format!("{p}.mlp.up_proj.weight"), vec![i, h], TensorRole::Matrix));
+                v.push((format!("{p}.mlp.down_proj.weight"), vec![h, i], TensorRole::Matrix));
+            }
+        }
     }
     v
 }
