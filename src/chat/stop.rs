@@ -68,7 +68,8 @@ impl StopMatcher {
         let mut text = std::mem::take(&mut self.held);
         text.push_str(piece);
         // The stop string complete first: smallest end, then smallest start.
-        let first = self.stops.iter().filter_map(|s| text.find(s.as_str()).map(|at| (at + s.len(), at))).min();
+        let first =
+            self.stops.iter().filter_map(|s| text.find(s.as_str()).map(|at| (at + s.len(), at))).min();
         if let Some((_, at)) = first {
             text.truncate(at);
             self.stopped = true;

@@ -821,7 +821,7 @@ impl ExpertRows<'_> {
                 Ok(())
             }
             ExpertRows::Interleaved { gate, up, inputs } => {
-                let half = if r % 2 == 0 { gate } else { up };
+                let half = if r.is_multiple_of(2) { gate } else { up };
                 let row = r / 2;
                 out[..*inputs].copy_from_slice(&half[row * inputs..(row + 1) * inputs]);
                 Ok(())

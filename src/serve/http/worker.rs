@@ -12,8 +12,8 @@ use std::time::Instant;
 use serde::Serialize;
 use tokio::sync::mpsc::UnboundedSender;
 
-use super::raw::{RawText, complete_raw};
 use super::logprobs::{ContentLogprobs, TokenLogprob};
+use super::raw::{RawText, complete_raw};
 use crate::chat::{ChatEvent, HarmonyEncoding, Message, TurnOptions, complete_prompt};
 use crate::error::Error;
 use crate::session::{Session, StopReason};
