@@ -5,6 +5,7 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use crate::constrain::TokenConstraint;
 use crate::error::{Error, Result};
 use crate::model::math::argmax_with_margin;
 
@@ -63,8 +64,9 @@ impl SamplingParams {
     }
 }
 
-/// Picks tokens according to [`SamplingParams`].
-#[derive(Clone, Debug)]
+/// Picks tokens according to [`SamplingParams`], among those an optional
+/// [`TokenConstraint`] allows.
+#[derive(Debug)]
 pub struct Sampler {
     params: SamplingParams,
     rng: ChaCha8Rng,
@@ -75,6 +77,10 @@ pub struct Sampler {
     seen: Vec<u32>,
     /// and the candidate (token, logit or probability) pairs.
     cand: Vec<(u32, f32)>,
+    /// What restricts the tokens (a grammar), if anything,
+    constraint: Option<Box<dyn TokenConstraint>>,
+    /// and the logits with the tokens it forbids pushed to the lowest finite value.
+    masked: Vec<f32>,
 }
 
 impl Default for Sampler {
@@ -93,7 +99,35 @@ impl Sampler {
     pub fn new(params: SamplingParams) -> Result<Self> {
         params.validate()?;
         let rng = ChaCha8Rng::seed_from_u64(params.seed);
-        Ok(Sampler { params, rng, penalized: Vec::new(), seen: Vec::new(), cand: Vec::new() })
+        Ok(Sampler {
+            params,
+            rng,
+            penalized: Vec::new(),
+            seen: Vec::new(),
+            cand: Vec::new(),
+            constraint: None,
+            masked: Vec::new(),
+        })
+    }
+
+    /// The same sampler picking only tokens `constraint` allows.
+    pub fn with_constraint(mut self, constraint: Box<dyn TokenConstraint>) -> Self {
+        self.constraint = Some(constraint);
+        self
+    }
+
+    /// The constraint, if any.
+    pub fn constraint(&self) -> Option<&dyn TokenConstraint> {
+        self.constraint.as_deref()
+    }
+
+    /// Tells the constraint (if any) that `token` was emitted, so it starts on the next
+    /// mask while the caller runs the model. Call it with every token [`Sampler::sample`]
+    /// returned, before the forward pass that consumes it.
+    pub fn advance(&mut self, token: u32) {
+        if let Some(c) = &mut self.constraint {
+            c.advance(token);
+        }
     }
 
     /// The settings.
@@ -105,14 +139,40 @@ impl Sampler {
     /// repetition penalty; its last token is the one whose logits these are). Fails when
     /// the logits are empty or hold a NaN or an infinity: that is a model fault (corrupt or
     /// non-finite weights), and no token picked from them would mean anything.
+    /// With a constraint, only a token it allows is returned; it fails when the constraint
+    /// does (it broke, or allows nothing).
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> Result<u32> {
         check_finite(logits, history.len().saturating_sub(1))?;
-        Ok(self.pick(logits, history))
+        let Some(constraint) = self.constraint.as_mut() else {
+            return Ok(self.pick(logits, history));
+        };
+        // Forbidden tokens get the lowest finite logit (not -inf: the steps below expect
+        // finite values), which no softmax gives any weight next to an allowed one; a pick
+        // that still lands on one (every allowed token as unlikely) takes the best allowed.
+        let mask = constraint.mask()?;
+        let mut masked = std::mem::take(&mut self.masked);
+        masked.clear();
+        masked.extend(
+            logits.iter().enumerate().map(|(i, &l)| if mask.allows(i as u32) { l } else { f32::MIN }),
+        );
+        let mut token = self.pick(&masked, history);
+        let mask = self.constraint.as_mut().map(|c| c.mask()).transpose()?;
+        if let Some(mask) = mask
+            && !mask.allows(token)
+        {
+            let best = (0..logits.len() as u32)
+                .filter(|&t| mask.allows(t))
+                .max_by(|&a, &b| logits[a as usize].total_cmp(&logits[b as usize]).then(b.cmp(&a)));
+            token =
+                best.ok_or_else(|| Error::invalid("the output constraint allows no token of the model"))?;
+        }
+        self.masked = masked;
+        Ok(token)
     }
 
     /// [`Sampler::sample`] on logits known to be finite and non-empty.
     fn pick(&mut self, logits: &[f32], history: &[u32]) -> u32 {
-        let Sampler { params: p, rng, penalized, seen, cand } = self;
+        let Sampler { params: p, rng, penalized, seen, cand, .. } = self;
         let logits = if p.repetition_penalty != 1.0 && !history.is_empty() {
             penalized.clear();
             penalized.extend_from_slice(logits);

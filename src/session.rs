@@ -228,6 +228,8 @@ impl Session {
             // Non-finite logits are an error, not a token: the cache still matches the
             // history (the last token was consumed), so the session stays usable.
             let token = sampler.sample(logits, &self.tokens)?;
+            // A constraint computes its next mask while the token is consumed below.
+            sampler.advance(token);
             out.push(token);
             let keep_going = on_token(token);
             let is_stop = stop.contains(&token);

@@ -34,6 +34,7 @@ fn second_turn_reuses_the_prefix_and_matches_a_fresh_session() {
         max_tokens: Some(12),
         sampling: SamplingParams { temperature: 0.8, seed: 11, ..Default::default() },
         declared_functions: Vec::new(),
+        grammar: None,
     };
     let mut convo = Conversation::from_messages([system(), Message::user("Hello there")]);
     let mut s = session(model.path());
@@ -69,6 +70,7 @@ fn a_stopped_turn_keeps_the_session_consistent() {
         max_tokens: Some(20),
         sampling: SamplingParams::default(),
         declared_functions: Vec::new(),
+        grammar: None,
     };
     let mut s = session(model.path());
     let mut seen = 0;
@@ -96,13 +98,18 @@ fn the_default_limit_is_the_room_after_the_new_prompt() {
         max_tokens: Some(1),
         sampling: SamplingParams::default(),
         declared_functions: Vec::new(),
+        grammar: None,
     };
     complete(&mut s, &harmony, &long, &one, &mut |_| true).unwrap();
     let stale_room = s.capacity() - s.pos();
 
     let short = Conversation::from_messages([system(), Message::user("Hi")]);
-    let opts =
-        TurnOptions { max_tokens: None, sampling: SamplingParams::default(), declared_functions: Vec::new() };
+    let opts = TurnOptions {
+        max_tokens: None,
+        sampling: SamplingParams::default(),
+        declared_functions: Vec::new(),
+        grammar: None,
+    };
     let turn = complete(&mut s, &harmony, &short, &opts, &mut |_| true).unwrap();
     assert!(turn.prompt_tokens + stale_room < s.capacity(), "the test needs a short second prompt");
     assert!(
@@ -142,6 +149,7 @@ fn a_limit_is_clamped_to_the_room_and_complete_prompt_matches_complete() {
         max_tokens: Some(5),
         sampling: SamplingParams::default(),
         declared_functions: Vec::new(),
+        grammar: None,
     };
     let a = complete_prompt(&mut s, &harmony, &prompt, &within, &mut |_| true).unwrap();
     let mut fresh = session(model.path());
@@ -156,6 +164,7 @@ fn a_limit_is_clamped_to_the_room_and_complete_prompt_matches_complete() {
         max_tokens: Some(room + 1000),
         sampling: SamplingParams::default(),
         declared_functions: Vec::new(),
+        grammar: None,
     };
     let c = complete_prompt(&mut s, &harmony, &prompt, &beyond, &mut |_| true).unwrap();
     assert!(c.completion_tokens <= room);
@@ -183,6 +192,7 @@ fn a_prefill_stopped_after_its_first_block_keeps_that_block_and_the_next_turn_ma
         max_tokens: Some(10),
         sampling: SamplingParams { temperature: 0.8, seed: 5, ..Default::default() },
         declared_functions: Vec::new(),
+        grammar: None,
     };
     let block = 8;
     let prompt = render_prompt(&harmony, &convo).unwrap();

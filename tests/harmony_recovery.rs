@@ -272,6 +272,7 @@ fn every_fixture_through_an_assistant_turn() {
             max_tokens: Some(400),
             sampling: SamplingParams::default(),
             declared_functions: f.declared(),
+            grammar: None,
         };
         let mut seen = Collector::default();
         let outcome = complete(&mut session, &h, &convo, &opts, &mut |e| {

@@ -6,11 +6,14 @@
 //! `<|return|>` becomes `<|end|>`), so the cache is matched token by token against the new
 //! rendering rather than extended blindly.
 
+use std::sync::Arc;
+
 use crate::chat::RenderConfig;
 use crate::chat::harmony::HarmonyEncoding;
 use crate::chat::message::{Conversation, Message, Role};
 use crate::chat::recovery::{Delta, DeltaKind, TurnParser};
 use crate::chat::tokenizer::special;
+use crate::constrain::Grammar;
 use crate::error::Result;
 use crate::model::LogitRows;
 use crate::sample::{Sampler, SamplingParams};
@@ -62,6 +65,10 @@ pub struct TurnOptions {
     /// `to=functions.get_weather`). A message addressed to anything else is text; empty
     /// means no tool calls at all (see [`crate::chat::recovery`]).
     pub declared_functions: Vec<String>,
+    /// A grammar the generated turn must follow (structured output, forced tool calls),
+    /// compiled over the model's vocabulary for the tokens after `<|start|>assistant`;
+    /// `None` leaves the turn free.
+    pub grammar: Option<Arc<Grammar>>,
 }
 
 /// What a turn did.
@@ -144,6 +151,10 @@ pub fn complete_prompt(
     // With no limit, or one past the room, the session stops when the context is full.
     let max_new = opts.max_tokens.unwrap_or(usize::MAX);
     let mut sampler = Sampler::new(opts.sampling.clone())?;
+    if let Some(grammar) = &opts.grammar {
+        // Started before the prefill, so the first mask is ready when its logits are.
+        sampler = sampler.with_constraint(Box::new(grammar.start()));
+    }
     let reused = session.reuse_prefix(prompt)?;
     let stops = turn_stop_tokens(session.runner().config().vocab_size);
     let mut parser = TurnParser::new(*harmony, &opts.declared_functions);

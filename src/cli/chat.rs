@@ -117,6 +117,7 @@ impl ChatSettings {
             max_tokens: self.max_tokens,
             sampling: self.sampling_with(turn, 1.0),
             declared_functions: Vec::new(),
+            grammar: None,
         }
     }
 }
