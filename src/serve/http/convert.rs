@@ -6,6 +6,7 @@ use std::collections::HashMap;
 
 use super::api::{ChatRequest, FunctionCall, RequestMessage, ResponseMessage, Tool, ToolCall};
 use super::error::ApiError;
+use super::structured::{self, DeclaredTool, FormatSpelling, Structured, ToolChoice};
 use crate::chat::{
     Conversation, DeveloperContent, JsonValue, Message, ReasoningEffort, SystemContent, ToolDescription,
 };
@@ -30,6 +31,8 @@ pub(crate) struct Plan {
     /// The functions the model may call: the declared tools, none with `tool_choice: "none"`.
     /// A message addressed to anything else is text.
     pub declared_functions: Vec<String>,
+    /// What `response_format` and `tool_choice` constrain the turn to, if anything.
+    pub structured: Option<Structured>,
 }
 
 /// The developer message carrying a request's instructions (joined by blank lines) and
@@ -129,18 +132,8 @@ pub(crate) fn plan(req: ChatRequest, date: &str, seed: u64) -> Result<Plan, ApiE
             ));
         }
     }
-    check_response_format(req.response_format.as_ref())?;
-    let use_tools = match &req.tool_choice {
-        None | Some(serde_json::Value::Null) => true,
-        Some(serde_json::Value::String(s)) if s == "auto" => true,
-        Some(serde_json::Value::String(s)) if s == "none" => false,
-        Some(_) => {
-            return Err(ApiError::unsupported(
-                "tool_choice",
-                "tool_choice must be \"auto\" or \"none\" (the model cannot be forced to call a tool)",
-            ));
-        }
-    };
+    let format = structured::answer_format(req.response_format.as_ref(), FormatSpelling::ResponseFormat)?;
+    let choice = structured::tool_choice(req.tool_choice.as_ref())?;
     let sampling = sampling(
         &SamplingFields {
             temperature: req.temperature,
@@ -172,18 +165,33 @@ pub(crate) fn plan(req: ChatRequest, date: &str, seed: u64) -> Result<Plan, ApiE
             ));
         }
     };
-    let tools = function_tools(req.tools.unwrap_or_default())?;
+    let tools = req.tools.unwrap_or_default();
+    let strict: Vec<bool> =
+        tools.iter().map(|t| t.function.as_ref().and_then(|f| f.strict).unwrap_or(false)).collect();
+    let tools = function_tools(tools)?;
     let messages =
         req.messages.ok_or_else(|| ApiError::invalid(Some("messages"), "`messages` is required"))?;
     if messages.is_empty() {
         return Err(ApiError::invalid(Some("messages"), "`messages` must not be empty"));
     }
-    let (instructions, body) = convert_messages(messages)?;
+    let (mut instructions, body) = convert_messages(messages)?;
+    let declared: Vec<DeclaredTool<'_>> = tools
+        .iter()
+        .zip(&strict)
+        .enumerate()
+        .map(|(i, (tool, &strict))| DeclaredTool {
+            tool,
+            strict,
+            parameters_param: format!("tools[{i}].function.parameters"),
+        })
+        .collect();
+    let structured = structured::structure(&format, &choice, &declared, FormatSpelling::ResponseFormat)?;
+    instructions.extend(structured::format_instructions(&format));
 
     let mut conversation = vec![Message::system(
         SystemContent::new().with_reasoning_effort(effort).with_conversation_start_date(date),
     )];
-    let tools = if use_tools { tools } else { Vec::new() };
+    let tools = if choice == ToolChoice::None { Vec::new() } else { tools };
     let declared_functions = tools.iter().map(|t| t.name.clone()).collect();
     conversation.extend(developer_message(&instructions, tools));
     conversation.extend(body);
@@ -195,6 +203,7 @@ pub(crate) fn plan(req: ChatRequest, date: &str, seed: u64) -> Result<Plan, ApiE
         include_usage: req.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
         return_token_ids: req.return_token_ids.unwrap_or(false),
         declared_functions,
+        structured,
     })
 }
 
@@ -212,17 +221,6 @@ fn check_stop(stop: Option<&serde_json::Value>) -> Result<(), ApiError> {
             "stop",
             "stop sequences are not supported; a turn ends at the model's own end of turn",
         ))
-    }
-}
-
-fn check_response_format(format: Option<&serde_json::Value>) -> Result<(), ApiError> {
-    match format {
-        None | Some(serde_json::Value::Null) => Ok(()),
-        Some(v) if v.get("type").and_then(|t| t.as_str()) == Some("text") => Ok(()),
-        Some(_) => Err(ApiError::unsupported(
-            "response_format",
-            "only response_format {\"type\": \"text\"} is supported",
-        )),
     }
 }
 

@@ -41,6 +41,7 @@ mod responses_stream;
 mod routes;
 mod store;
 mod stream;
+mod structured;
 mod tokens;
 mod worker;
 
@@ -203,7 +204,8 @@ impl ServerHandle {
         }
         let capacity = session.capacity();
         let (jobs, queue) = std::sync::mpsc::channel();
-        let engine = routes::Engine { model: app.model_card(capacity), capacity, jobs };
+        let vocab_size = session.runner().config().vocab_size;
+        let engine = routes::Engine { model: app.model_card(capacity), capacity, vocab_size, jobs };
         if app.set_engine(engine).is_err() {
             return Err(Error::invalid("the server already has a session"));
         }
