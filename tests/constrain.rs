@@ -276,3 +276,22 @@ fn the_sampler_picks_only_allowed_tokens_and_the_mask_is_computed_ahead() {
     assert!(g.accepts(&tokenizer.encode("yes")));
     assert!(!g.accepts(&tokenizer.encode("maybe")));
 }
+
+#[test]
+fn well_formed_replies_are_sentences_of_the_grammar_and_undeclared_calls_are_not() {
+    use common::scripted::{DEFAULT_REPLY, TOOL_REPLY};
+    let tokenizer = Tokenizer::new();
+    let spec = TurnSpec { answer: AnswerFormat::Text, tools: ToolRule::Optional(vec!["get_weather".into()]) };
+    let g = Grammar::for_turn(&spec, &vocab()).unwrap();
+    let in_channel = "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{}<|call|>";
+    // TOOL_REPLY puts the recipient after the role, as a rendered conversation does.
+    for reply in [DEFAULT_REPLY, TOOL_REPLY, in_channel] {
+        assert!(g.accepts(&tokenizer.encode_with_special(reply)), "{reply}");
+    }
+    assert!(!g.accepts(&tokenizer.encode_with_special(EVIL_CALL)));
+    let none =
+        Grammar::for_turn(&TurnSpec { answer: AnswerFormat::Text, tools: ToolRule::Forbidden }, &vocab())
+            .unwrap();
+    assert!(none.accepts(&tokenizer.encode_with_special(DEFAULT_REPLY)));
+    assert!(!none.accepts(&tokenizer.encode_with_special(TOOL_REPLY)));
+}

@@ -12,6 +12,7 @@
 //! preamble := <|channel|>commentary<|message|> TEXT <|end|><|start|>assistant
 //! final    := <|channel|>final<|message|> ANSWER <|return|>
 //! call     := <|channel|>commentary to=functions.NAME <|constrain|>json<|message|> ARGS <|call|>
+//!           | ␣to=functions.NAME<|channel|>commentary <|constrain|>json<|message|> ARGS <|call|>
 //! ```
 //!
 //! `ANSWER` is free text or JSON (an object, or valid against a schema); a call exists
@@ -19,8 +20,9 @@
 //! when the call is optional and JSON valid against the function's parameters when it is
 //! required. A preamble (text for the user before a call) is allowed only where tool calls
 //! are and the answer is free text, so a JSON answer is exactly the final message. The
-//! forced call is the header form OpenAI's Harmony documentation shows the model writing
-//! (the recipient in the channel part), which the Harmony parser reads as a call.
+//! call's header takes either of Harmony's placements of the recipient: in the channel part
+//! (the form OpenAI's Harmony documentation shows the model writing) or after the role (the
+//! form a rendered conversation shows); the Harmony parser reads both as a call.
 //! Special tokens are written by ID (`<[200006]>`), which text can never match.
 
 use serde_json::Value;
@@ -119,11 +121,15 @@ impl TurnSpec {
             before.push(format!("{channel} \"commentary\" {message} TEXT {next}"));
         }
         let final_msg = format!("{channel} \"final\" {message} answer {}", tok(special::RETURN));
+        // Either placement of the recipient Harmony allows: in the channel part (as the
+        // model writes it) or after the role (as a rendered conversation shows it).
         let call_head = |name: &str| {
-            format!(
-                "{channel} \"commentary to=functions.{name} \" {} \"json\" {message}",
-                tok(special::CONSTRAIN)
-            )
+            let constrain = tok(special::CONSTRAIN);
+            let in_channel =
+                format!("{channel} \"commentary to=functions.{name} \" {constrain} \"json\" {message}");
+            let after_role =
+                format!("\" to=functions.{name}\" {channel} \"commentary \" {constrain} \"json\" {message}");
+            format!("({in_channel} | {after_role})")
         };
         let call = tok(special::CALL);
         let mut endings = Vec::new();
@@ -187,12 +193,13 @@ mod tests {
             }]),
         };
         let g = spec.lark();
-        assert!(
-            g.contains(
-                "\"commentary to=functions.get_weather \" <[200003]> \"json\" <[200008]> args_0 <[200012]>"
-            ),
-            "{g}"
-        );
+        for head in [
+            "<[200005]> \"commentary to=functions.get_weather \" <[200003]> \"json\" <[200008]>",
+            "\" to=functions.get_weather\" <[200005]> \"commentary \" <[200003]> \"json\" <[200008]>",
+        ] {
+            assert!(g.contains(head), "{head} in {g}");
+        }
+        assert!(g.contains("<[200008]>) args_0 <[200012]>"), "{g}");
         assert!(!g.contains("\"final\""), "a required call leaves no final answer: {g}");
         assert!(g.contains("\"lenient\":false") && g.contains("\"whitespace_flexible\":false"), "{g}");
     }

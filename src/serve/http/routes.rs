@@ -76,6 +76,8 @@ pub(crate) struct App {
     pub responses: Arc<Mutex<Store>>,
     /// The origin allowed to make cross-origin requests (`*`: any), if any.
     pub cors_origin: Option<String>,
+    /// Police `auto`/`none` tool choices with a grammar ([`HttpOptions::tool_grammar`]).
+    pub tool_grammar: bool,
 }
 
 impl App {
@@ -97,6 +99,7 @@ impl App {
             stopping,
             responses: Arc::new(Mutex::new(Store::default())),
             cors_origin: options.cors_origin.clone(),
+            tool_grammar: options.tool_grammar,
         }
     }
 
@@ -378,7 +381,7 @@ async fn chat(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<Response,
     let bytes = read_body_in_time(&headers, body, app.max_body_bytes, app.body_timeout).await?;
     let request = convert::parse_request(&bytes)?;
     let plan = convert::plan(request, &today_utc(), rand::random())?;
-    let grammar = compile_grammar(plan.structured.clone(), vocab_size).await?;
+    let grammar = compile_grammar(plan.structured.clone(), vocab_size, app.tool_grammar).await?;
     // Rendering tokenizes the whole conversation: keep it off the async workers.
     // The job carries the prompt's token IDs, so the engine thread does not render it again.
     let harmony = app.harmony;
@@ -454,13 +457,17 @@ async fn chat(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<Response,
 
 /// Renders a conversation off the async workers and checks that it leaves room for an
 /// answer; `param` names the request field a refusal is about.
-/// Compiles the output grammar of a request, if it has one, off the async workers (the
-/// first one also builds the vocabulary's token trie).
+/// Compiles the output grammar of a request, if it has one (one that only polices tool
+/// calls only with `tool_grammar`), off the async workers (the first one also builds the
+/// vocabulary's token trie).
 async fn compile_grammar(
     structured: Option<Structured>,
     vocab_size: usize,
+    tool_grammar: bool,
 ) -> Result<Option<Arc<Grammar>>, ApiError> {
-    let Some(structured) = structured else { return Ok(None) };
+    let Some(structured) = structured.filter(|s| tool_grammar || !s.only_polices_tools()) else {
+        return Ok(None);
+    };
     tokio::task::spawn_blocking(move || structured.compile(vocab_size))
         .await
         .map_err(|e| ApiError::server(format!("compiling the output grammar failed: {e}")))?
@@ -507,7 +514,7 @@ async fn respond(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<Respon
         let history = |id: &str| store.history(id);
         responses_api::plan(request, &history, &today_utc(), rand::random())?
     };
-    let grammar = compile_grammar(plan.structured.clone(), vocab_size).await?;
+    let grammar = compile_grammar(plan.structured.clone(), vocab_size, app.tool_grammar).await?;
     let prompt = render_checked(&app, plan.conversation, capacity, "input").await?;
     let (tx, mut rx) = unbounded_channel();
     app.submit(Job {

@@ -246,6 +246,12 @@ pub(crate) fn structure(
 }
 
 impl Structured {
+    /// Whether all this grammar does is hold tool calls to the declared functions (or
+    /// forbid them): a free-text answer with `tool_choice` `auto` or `none`.
+    pub fn only_polices_tools(&self) -> bool {
+        self.spec.answer == AnswerFormat::Text && !matches!(self.spec.tools, ToolRule::Required(_))
+    }
+
     /// Compiles the grammar over a model vocabulary of `vocab_size` IDs (the first call
     /// builds the shared vocabulary). Blocking: call it off the async runtime.
     pub fn compile(&self, vocab_size: usize) -> Result<Arc<Grammar>, ApiError> {
