@@ -136,6 +136,18 @@ impl Grammar {
         Grammar::from_lark(&spec.lark(), vocab, GrammarPart::Turn)
     }
 
+    /// JSON values valid against `schema`, one per line, without end: a grammar for
+    /// measuring the cost of masks over a raw decode (`picchio bench --json-schema`), where
+    /// no chat format frames the output.
+    pub fn json_lines(
+        schema: &serde_json::Value,
+        vocab: &Vocabulary,
+    ) -> std::result::Result<Grammar, GrammarError> {
+        check_schema(schema, true, vocab, GrammarPart::Answer)?;
+        let lark = format!("start: (value \"\\n\")+\nvalue: {}\n", grammar::json_rule(schema, true));
+        Grammar::from_lark(&lark, vocab, GrammarPart::Turn)
+    }
+
     /// A constraint at the start of the grammar, computing its masks on its own thread.
     pub fn start(&self) -> GrammarConstraint {
         GrammarConstraint::new(self.matcher.deep_clone())
