@@ -295,3 +295,18 @@ fn well_formed_replies_are_sentences_of_the_grammar_and_undeclared_calls_are_not
     assert!(none.accepts(&tokenizer.encode_with_special(DEFAULT_REPLY)));
     assert!(!none.accepts(&tokenizer.encode_with_special(TOOL_REPLY)));
 }
+
+#[test]
+fn a_finished_grammar_allows_only_its_end_token() {
+    let tokenizer = Tokenizer::new();
+    let g = Grammar::from_lark("start: \"yes\"\n", &vocab(), GrammarPart::Turn).unwrap();
+    let mut c = g.start();
+    for t in tokenizer.encode("yes") {
+        assert!(c.mask().unwrap().allows(t));
+        c.advance(t);
+    }
+    // The session stops on it (`<|endoftext|>` is one of a turn's stop tokens).
+    let mask = c.mask().unwrap();
+    assert_eq!(mask.count(), 1);
+    assert!(mask.allows(special::ENDOFTEXT));
+}
