@@ -163,8 +163,7 @@ impl Sampler {
             let best = (0..logits.len() as u32)
                 .filter(|&t| mask.allows(t))
                 .max_by(|&a, &b| logits[a as usize].total_cmp(&logits[b as usize]).then(b.cmp(&a)));
-            token =
-                best.ok_or_else(|| Error::invalid("the output constraint allows no token of the model"))?;
+            token = best.ok_or_else(|| Error::Constraint("it allows no token of the model".into()))?;
         }
         self.masked = masked;
         Ok(token)

@@ -248,21 +248,20 @@ impl TokenConstraint for GrammarConstraint {
     fn mask(&mut self) -> Result<&TokenMask> {
         if self.pending {
             let t0 = Instant::now();
-            let computed = self.masks.recv().map_err(|_| Error::invalid("the grammar thread stopped"))?;
+            let computed = self.masks.recv().map_err(|_| Error::Constraint("its thread stopped".into()))?;
             self.stats.waited += t0.elapsed();
             self.stats.compute += computed.took;
             self.stats.masks += 1;
             self.pending = false;
-            let bits =
-                computed.mask.map_err(|e| Error::invalid(format!("the output grammar failed: {e}")))?;
+            let bits = computed.mask.map_err(Error::Constraint)?;
             self.current = Some(TokenMask { bits });
         }
         match &self.current {
             Some(m) if m.count() > 0 => Ok(m),
-            Some(_) => Err(Error::invalid(
-                "the output grammar allows no token here (it needs a token the model's vocabulary lacks)",
+            Some(_) => Err(Error::Constraint(
+                "it allows no token here (it needs a token the model's vocabulary lacks)".into(),
             )),
-            None => Err(Error::invalid("the output grammar failed earlier")),
+            None => Err(Error::Constraint("it failed earlier".into())),
         }
     }
 
