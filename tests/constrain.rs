@@ -121,9 +121,10 @@ proptest! {
                 },
             ]),
         };
-        // Noise alone keeps writing preambles; a light push towards a call header (the
-        // function name and the arguments stay noise) makes the turn end.
-        let runner = Noisy::new(seed, 4096).with_script("<|channel|>commentary to=functions.", 12.0);
+        // Noise alone keeps writing preambles; a push towards a call header, stronger than
+        // any boosted token's noise (the function name and the arguments stay noise), makes
+        // the turn end.
+        let runner = Noisy::new(seed, 4096).with_script("<|channel|>commentary to=functions.", 20.0);
         let out = turn(runner, &spec, seed, 1500);
         prop_assert_eq!(out.stop, StopReason::Stop(special::CALL), "{}", decoded(&out));
         let calls = out.tool_calls();
