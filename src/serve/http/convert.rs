@@ -638,6 +638,51 @@ mod tests {
     }
 
     #[test]
+    fn formats_and_tool_choices_become_the_turn_grammar() {
+        let p = plan_json(
+            r#"{"messages": [{"role": "user", "content": "hi"}],
+              "response_format": {"type": "json_schema", "json_schema": {"name": "person",
+                  "schema": {"type": "object", "properties": {"z": {"type": "string"}, "a": {"type": "number"}}},
+                  "strict": true}}}"#,
+        )
+        .unwrap();
+        let s = p.structured.unwrap();
+        let crate::constrain::AnswerFormat::JsonSchema { schema, strict } = &s.spec.answer else {
+            panic!("not a schema: {:?}", s.spec.answer)
+        };
+        assert!(*strict);
+        let keys: Vec<&String> = schema["properties"].as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["z", "a"], "the schema's key order is kept");
+        let Content::Developer(dev) = &p.conversation.messages[1].content[0] else {
+            panic!("no developer message")
+        };
+        let instructions = dev.instructions.as_deref().unwrap();
+        assert!(instructions.starts_with("# Response Formats\n\n## person\n\n{\"type\""), "{instructions}");
+
+        let tools = r#""tools": [{"type": "function", "function": {"name": "f", "strict": true,
+            "parameters": {"type": "object"}}}]"#;
+        let with = |choice: &str| {
+            plan_json(&format!(
+                r#"{{"messages": [{{"role": "user", "content": "hi"}}], {tools}, "tool_choice": {choice}}}"#
+            ))
+            .unwrap()
+        };
+        let named = with(r#"{"type": "function", "function": {"name": "f"}}"#);
+        let crate::constrain::ToolRule::Required(rules) = &named.structured.unwrap().spec.tools else {
+            panic!("not required")
+        };
+        assert_eq!((rules[0].name.as_str(), rules[0].strict), ("f", true));
+        assert_eq!(named.declared_functions, ["f"]);
+        let none = with(r#""none""#);
+        assert_eq!(none.structured.unwrap().spec.tools, crate::constrain::ToolRule::Forbidden);
+        assert!(none.declared_functions.is_empty());
+        // No tools and no format: no grammar.
+        assert!(
+            plan_json(r#"{"messages": [{"role": "user", "content": "hi"}]}"#).unwrap().structured.is_none()
+        );
+    }
+
+    #[test]
     fn generated_messages_map_back() {
         let messages = [
             Message::assistant("analysis", "think"),
