@@ -1,9 +1,9 @@
 //! A JSON value that keeps the order of object keys as written.
 //!
 //! Tool parameter schemas are rendered property by property, in the order the caller wrote
-//! them (the official library builds `serde_json` with `preserve_order`). Turning that feature
-//! on here would change key order for every other user of `serde_json` in the crate, so the
-//! schemas get this small value type instead.
+//! them (the official library builds `serde_json` with `preserve_order`). This type keeps the
+//! order whatever `serde_json`'s features are (the `llguidance` dependency happens to turn
+//! `preserve_order` on for the whole build today, which nothing here relies on).
 
 use std::fmt;
 use std::str::FromStr;
