@@ -2,8 +2,11 @@
 //!
 //! Tool parameter schemas are rendered property by property, in the order the caller wrote
 //! them (the official library builds `serde_json` with `preserve_order`). This type keeps the
-//! order whatever `serde_json`'s features are (the `llguidance` dependency happens to turn
-//! `preserve_order` on for the whole build today, which nothing here relies on).
+//! order whatever `serde_json`'s features are. (The `llguidance` dependency turns
+//! `preserve_order` on for the whole build, and the output grammars rely on it: a schema
+//! turned into a `serde_json::Value` keeps its property order, so forced arguments and
+//! structured answers are written in the order the schema lists; see `serve::http::convert`'s
+//! tests.)
 
 use std::fmt;
 use std::str::FromStr;
