@@ -65,6 +65,10 @@ pub enum Error {
     /// A backend (device) failure: lost device, allocation failure, shader error.
     #[error("backend: {0}")]
     Backend(String),
+    /// The output grammar failed during generation (the grammar engine's fault, not the
+    /// request's: a grammar is compiled and checked before the turn starts).
+    #[error("output grammar: {0}")]
+    Constraint(String),
 }
 
 impl Error {

@@ -9,6 +9,7 @@ pub mod backend;
 pub mod bench;
 pub mod chat;
 pub mod config;
+pub mod constrain;
 pub mod engine;
 pub mod error;
 pub mod experts;

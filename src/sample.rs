@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use crate::constrain::TokenConstraint;
 use crate::error::{Error, Result};
 use crate::model::math::argmax_with_margin;
 
@@ -162,8 +163,9 @@ pub struct TokenLogprobs {
     pub top: Vec<(u32, f32)>,
 }
 
-/// Picks tokens according to [`SamplingParams`].
-#[derive(Clone, Debug)]
+/// Picks tokens according to [`SamplingParams`], among those an optional
+/// [`TokenConstraint`] allows.
+#[derive(Debug)]
 pub struct Sampler {
     params: SamplingParams,
     rng: ChaCha8Rng,
@@ -177,6 +179,10 @@ pub struct Sampler {
     /// How often each token was picked, for the presence and frequency penalties (empty
     /// when both are off).
     picked: HashMap<u32, u32>,
+    /// What restricts the tokens (a grammar), if anything,
+    constraint: Option<Box<dyn TokenConstraint>>,
+    /// and the logits with the tokens it forbids pushed to the lowest finite value.
+    masked: Vec<f32>,
 }
 
 impl Default for Sampler {
@@ -202,7 +208,29 @@ impl Sampler {
             seen: Vec::new(),
             cand: Vec::new(),
             picked: HashMap::new(),
+            constraint: None,
+            masked: Vec::new(),
         })
+    }
+
+    /// The same sampler picking only tokens `constraint` allows.
+    pub fn with_constraint(mut self, constraint: Box<dyn TokenConstraint>) -> Self {
+        self.constraint = Some(constraint);
+        self
+    }
+
+    /// The constraint, if any.
+    pub fn constraint(&self) -> Option<&dyn TokenConstraint> {
+        self.constraint.as_deref()
+    }
+
+    /// Tells the constraint (if any) that `token` was emitted, so it starts on the next
+    /// mask while the caller runs the model. Call it with every token [`Sampler::sample`]
+    /// returned, before the forward pass that consumes it.
+    pub fn advance(&mut self, token: u32) {
+        if let Some(c) = &mut self.constraint {
+            c.advance(token);
+        }
     }
 
     /// The settings.
@@ -214,6 +242,8 @@ impl Sampler {
     /// repetition penalty; its last token is the one whose logits these are). Fails when
     /// the logits are empty or hold a NaN or an infinity: that is a model fault (corrupt or
     /// non-finite weights), and no token picked from them would mean anything.
+    /// With a constraint, only a token it allows is returned; it fails when the constraint
+    /// does (it broke, or allows nothing).
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> Result<u32> {
         self.sample_with_logprobs(logits, history).map(|s| s.token)
     }
@@ -224,12 +254,45 @@ impl Sampler {
     /// picked here: one sampler per turn penalizes that turn's tokens.
     pub fn sample_with_logprobs(&mut self, logits: &[f32], history: &[u32]) -> Result<Sampled> {
         check_finite(logits, history.len().saturating_sub(1))?;
-        Ok(self.pick(logits, history))
+        let Some(constraint) = self.constraint.as_mut() else {
+            return Ok(self.pick(logits, history));
+        };
+        // Forbidden tokens get the lowest finite logit (not -inf: the steps below expect
+        // finite values), which no softmax gives any weight next to an allowed one; a pick
+        // that still lands on one (every allowed token as unlikely) takes the best allowed.
+        let mask = constraint.mask()?;
+        let mut masked = std::mem::take(&mut self.masked);
+        masked.clear();
+        masked.extend(
+            logits.iter().enumerate().map(|(i, &l)| if mask.allows(i as u32) { l } else { f32::MIN }),
+        );
+        let mut sampled = self.pick(&masked, history);
+        let mask = self.constraint.as_mut().map(|c| c.mask()).transpose()?;
+        if let Some(mask) = mask
+            && !mask.allows(sampled.token)
+        {
+            let best = (0..logits.len() as u32)
+                .filter(|&t| mask.allows(t))
+                .max_by(|&a, &b| logits[a as usize].total_cmp(&logits[b as usize]).then(b.cmp(&a)));
+            let token = best.ok_or_else(|| Error::Constraint("it allows no token of the model".into()))?;
+            // The penalties count the token actually emitted; the log probabilities of the
+            // rejected pick say nothing about it, so none are reported for this step.
+            if let Some(c) = self.picked.get_mut(&sampled.token) {
+                *c -= 1;
+                if *c == 0 {
+                    self.picked.remove(&sampled.token);
+                }
+                *self.picked.entry(token).or_insert(0) += 1;
+            }
+            sampled = Sampled { token, logprobs: None };
+        }
+        self.masked = masked;
+        Ok(sampled)
     }
 
     /// [`Sampler::sample_with_logprobs`] on logits known to be finite and non-empty.
     fn pick(&mut self, logits: &[f32], history: &[u32]) -> Sampled {
-        let Sampler { params: p, rng, penalized, seen, cand, picked } = self;
+        let Sampler { params: p, rng, penalized, seen, cand, picked, .. } = self;
         let logits = if needs_adjusting(p, history, picked) {
             penalized.clear();
             penalized.extend_from_slice(logits);

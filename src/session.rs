@@ -235,6 +235,8 @@ impl Session {
             // history (the last token was consumed), so the session stays usable.
             let sampled = sampler.sample_with_logprobs(logits, &self.tokens)?;
             let token = sampled.token;
+            // A constraint computes its next mask while the token is consumed below.
+            sampler.advance(token);
             out.push(token);
             let keep_going = on_token(&sampled);
             let is_stop = stop.contains(&token);

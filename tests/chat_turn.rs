@@ -35,6 +35,7 @@ fn second_turn_reuses_the_prefix_and_matches_a_fresh_session() {
         sampling: SamplingParams { temperature: 0.8, seed: 11, ..Default::default() },
         declared_functions: Vec::new(),
         stop: Vec::new(),
+        grammar: None,
     };
     let mut convo = Conversation::from_messages([system(), Message::user("Hello there")]);
     let mut s = session(model.path());
@@ -71,6 +72,7 @@ fn a_stopped_turn_keeps_the_session_consistent() {
         sampling: SamplingParams::default(),
         declared_functions: Vec::new(),
         stop: Vec::new(),
+        grammar: None,
     };
     let mut s = session(model.path());
     let mut seen = 0;
@@ -99,6 +101,7 @@ fn the_default_limit_is_the_room_after_the_new_prompt() {
         sampling: SamplingParams::default(),
         declared_functions: Vec::new(),
         stop: Vec::new(),
+        grammar: None,
     };
     complete(&mut s, &harmony, &long, &one, &mut |_| true).unwrap();
     let stale_room = s.capacity() - s.pos();
@@ -109,6 +112,7 @@ fn the_default_limit_is_the_room_after_the_new_prompt() {
         sampling: SamplingParams::default(),
         declared_functions: Vec::new(),
         stop: Vec::new(),
+        grammar: None,
     };
     let turn = complete(&mut s, &harmony, &short, &opts, &mut |_| true).unwrap();
     assert!(turn.prompt_tokens + stale_room < s.capacity(), "the test needs a short second prompt");
@@ -150,6 +154,7 @@ fn a_limit_is_clamped_to_the_room_and_complete_prompt_matches_complete() {
         sampling: SamplingParams::default(),
         declared_functions: Vec::new(),
         stop: Vec::new(),
+        grammar: None,
     };
     let a = complete_prompt(&mut s, &harmony, &prompt, &within, &mut |_| true).unwrap();
     let mut fresh = session(model.path());
@@ -165,6 +170,7 @@ fn a_limit_is_clamped_to_the_room_and_complete_prompt_matches_complete() {
         sampling: SamplingParams::default(),
         declared_functions: Vec::new(),
         stop: Vec::new(),
+        grammar: None,
     };
     let c = complete_prompt(&mut s, &harmony, &prompt, &beyond, &mut |_| true).unwrap();
     assert!(c.completion_tokens <= room);
@@ -193,6 +199,7 @@ fn a_prefill_stopped_after_its_first_block_keeps_that_block_and_the_next_turn_ma
         sampling: SamplingParams { temperature: 0.8, seed: 5, ..Default::default() },
         declared_functions: Vec::new(),
         stop: Vec::new(),
+        grammar: None,
     };
     let block = 8;
     let prompt = render_prompt(&harmony, &convo).unwrap();

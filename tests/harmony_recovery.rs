@@ -273,6 +273,7 @@ fn every_fixture_through_an_assistant_turn() {
             sampling: SamplingParams::default(),
             declared_functions: f.declared(),
             stop: Vec::new(),
+            grammar: None,
         };
         let mut seen = Collector::default();
         let outcome = complete(&mut session, &h, &convo, &opts, &mut |e| {
@@ -390,7 +391,13 @@ fn every_fixture_through_http_streaming_and_not() {
     let all = fixtures();
     let session = Session::new(Box::new(Replay::new(&all)));
     let server =
-        serve(std::net::TcpListener::bind("127.0.0.1:0").unwrap(), session, HttpOptions::new("replay"))
+        // The replayed tokens are malformed on purpose: the tool grammar (which would make
+        // them impossible) is off, so the parser's recovery is what is tested.
+        serve(
+            std::net::TcpListener::bind("127.0.0.1:0").unwrap(),
+            session,
+            HttpOptions { tool_grammar: false, ..HttpOptions::new("replay") },
+        )
             .unwrap();
     for f in &all {
         assert_eq!(non_streaming(&server, f), f.expect, "{}: non-streaming", f.name);

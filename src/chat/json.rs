@@ -1,9 +1,12 @@
 //! A JSON value that keeps the order of object keys as written.
 //!
 //! Tool parameter schemas are rendered property by property, in the order the caller wrote
-//! them (the official library builds `serde_json` with `preserve_order`). Turning that feature
-//! on here would change key order for every other user of `serde_json` in the crate, so the
-//! schemas get this small value type instead.
+//! them (the official library builds `serde_json` with `preserve_order`). This type keeps the
+//! order whatever `serde_json`'s features are. (The `llguidance` dependency turns
+//! `preserve_order` on for the whole build, and the output grammars rely on it: a schema
+//! turned into a `serde_json::Value` keeps its property order, so forced arguments and
+//! structured answers are written in the order the schema lists; see `serve::http::convert`'s
+//! tests.)
 
 use std::fmt;
 use std::str::FromStr;

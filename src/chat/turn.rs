@@ -6,12 +6,15 @@
 //! `<|return|>` becomes `<|end|>`), so the cache is matched token by token against the new
 //! rendering rather than extended blindly.
 
+use std::sync::Arc;
+
 use crate::chat::RenderConfig;
 use crate::chat::harmony::HarmonyEncoding;
 use crate::chat::message::{Content, Conversation, Message, Role};
 use crate::chat::recovery::{Delta, DeltaKind, TurnParser};
 use crate::chat::stop::StopMatcher;
 use crate::chat::tokenizer::special;
+use crate::constrain::Grammar;
 use crate::error::Result;
 use crate::model::LogitRows;
 use crate::sample::{Sampled, Sampler, SamplingParams};
@@ -70,6 +73,10 @@ pub struct TurnOptions {
     /// anything after it is sent or kept ([`StopReason::StopString`]). Reasoning,
     /// commentary and tool-call arguments are never cut.
     pub stop: Vec<String>,
+    /// A grammar the generated turn must follow (structured output, forced tool calls),
+    /// compiled over the model's vocabulary for the tokens after `<|start|>assistant`;
+    /// `None` leaves the turn free.
+    pub grammar: Option<Arc<Grammar>>,
 }
 
 /// What a turn did.
@@ -156,6 +163,10 @@ pub fn complete_prompt(
     let max_new = opts.max_tokens.unwrap_or(usize::MAX);
     opts.sampling.validate_for_vocab(session.runner().config().vocab_size)?;
     let mut sampler = Sampler::new(opts.sampling.clone())?;
+    if let Some(grammar) = &opts.grammar {
+        // Started before the prefill, so the first mask is ready when its logits are.
+        sampler = sampler.with_constraint(Box::new(grammar.start()));
+    }
     let stops = turn_stop_tokens(session.runner().config().vocab_size);
     let mut parser = TurnParser::new(*harmony, &opts.declared_functions);
     let mut answer = AnswerFilter { stops: StopMatcher::new(&opts.stop)?, released: 0 };

@@ -3,10 +3,12 @@
 
 use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use clap::Args;
 use picchio::bench::{
     copy_bandwidth, decode_bytes_per_token, disk_read_bandwidth, prompt_ids, read_bandwidth,
 };
+use picchio::constrain::{Grammar, Vocabulary};
 use picchio::experts::ExpertStats;
 use picchio::model::forward::PhaseTimes;
 use picchio::model::{LogitRows, NoObserver};
@@ -42,6 +44,11 @@ pub struct BenchArgs {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
+    /// Constrain the decode to JSON lines valid against the JSON schema in FILE (greedy,
+    /// masks computed beside the forward pass as when serving) and report the grammar's
+    /// time per token.
+    #[arg(long, value_name = "FILE")]
+    json_schema: Option<std::path::PathBuf>,
 }
 
 fn delta_times(a: PhaseTimes, b: PhaseTimes) -> PhaseTimes {
@@ -169,9 +176,29 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     session.feed(&prompt, LogitRows::Last, &mut NoObserver)?;
     let prefill_wall = t0.elapsed();
     let (t_b, e_b) = snap(&session);
+    let mut sampler = Sampler::greedy();
+    let mut grammar_setup = None;
+    if let Some(path) = &args.json_schema {
+        let t = Instant::now();
+        let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
+        let schema: serde_json::Value =
+            serde_json::from_str(&text).with_context(|| format!("{}: not JSON", path.display()))?;
+        let vocab = Vocabulary::shared(cfg.vocab_size)?;
+        let grammar =
+            Grammar::json_lines(&schema, &vocab).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        sampler = sampler.with_constraint(Box::new(grammar.start()));
+        grammar_setup = Some(t.elapsed());
+    }
     let t1 = Instant::now();
-    let generation = session.generate(&[], args.decode_tokens, &mut Sampler::greedy(), &[], &mut |_| true)?;
+    let generation = session.generate(&[], args.decode_tokens, &mut sampler, &[], &mut |_| true)?;
     let decode_wall = t1.elapsed();
+    // Per decoded token: the mask's compute time (on its own thread) and how long sampling
+    // waited for it (what the grammar adds to the decode).
+    let grammar = sampler.constraint().map(|c| {
+        let s = c.stats();
+        let per = |d: Duration| 1e3 * d.as_secs_f64() / s.masks.max(1) as f64;
+        (s.masks, per(s.compute), per(s.waited), grammar_setup.unwrap_or_default())
+    });
     let (t_c, e_c) = snap(&session);
     let prefill = Phase {
         tokens: args.prompt,
@@ -223,6 +250,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             "decode_over_read_floor": ms_per_token / 1e3 / read_floor,
             "peak_rss_bytes": rss,
             "device_report": report,
+            "grammar": grammar.map(|(masks, compute_ms, waited_ms, setup)| json!({
+                "masks": masks,
+                "mask_compute_ms_per_token": compute_ms,
+                "mask_wait_ms_per_token": waited_ms,
+                "setup_s": setup.as_secs_f64(),
+            })),
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
@@ -294,6 +327,13 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         decode.tokens_per_s(),
         gib(rss)
     );
+    if let Some((masks, compute_ms, waited_ms, setup)) = grammar {
+        println!(
+            "grammar: {masks} masks, {compute_ms:.3} ms/token computing (beside the forward pass), \
+             {waited_ms:.3} ms/token waited for by sampling; setup {:.2} s (vocabulary trie and schema)",
+            setup.as_secs_f64()
+        );
+    }
     for line in report {
         println!("{line}");
     }

@@ -147,6 +147,7 @@ impl ChatSettings {
             sampling: self.sampling_with(turn, 1.0),
             declared_functions: Vec::new(),
             stop: self.stop.clone(),
+            grammar: None,
         }
     }
 }

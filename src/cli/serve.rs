@@ -52,6 +52,11 @@ pub struct ServeArgs {
     /// the API (CORS; off by default).
     #[arg(long, value_name = "ORIGIN")]
     cors: Option<String>,
+    /// HTTP: do not hold `tool_choice` auto/none turns to the declared functions with a
+    /// grammar (a call of an undeclared function is then returned as text); required and
+    /// named calls and response formats are constrained regardless.
+    #[arg(long)]
+    no_tool_grammar: bool,
 }
 
 /// Runs `picchio serve`.
@@ -94,6 +99,7 @@ fn http_options(args: &ServeArgs) -> anyhow::Result<HttpOptions> {
     options.api_key = args.api_key.clone();
     options.stop_on_ctrl_c = true;
     options.cors_origin = args.cors.clone();
+    options.tool_grammar = !args.no_tool_grammar;
     options.header_timeout = Duration::from_secs(args.header_timeout);
     options.body_timeout = Duration::from_secs(args.body_timeout);
     options.max_connections = usize::try_from(args.max_connections).context("--max-connections")?;

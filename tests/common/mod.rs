@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use safetensors::{Dtype, SafeTensors};
 
 pub mod gpu;
+pub mod noisy;
 pub mod scripted;
 
 /// `fixtures/<name>` in the source tree.

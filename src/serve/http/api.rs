@@ -138,6 +138,9 @@ pub(crate) struct FunctionDefinition {
     pub description: Option<String>,
     /// The JSON schema of its arguments, in the order written.
     pub parameters: Option<JsonValue>,
+    /// Refuse schema keywords a forced call's arguments cannot be held to (see
+    /// `tool_choice`); without it they are ignored.
+    pub strict: Option<bool>,
 }
 
 /// Token counts of a completion.

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 
 use super::api::{ChatRequest, FunctionCall, RequestMessage, ResponseMessage, Tool, ToolCall};
 use super::error::ApiError;
+use super::structured::{self, DeclaredTool, FormatSpelling, Structured, ToolChoice};
 use crate::chat::{
     Conversation, DeveloperContent, JsonValue, MAX_STOP_STRINGS, Message, ReasoningEffort, SystemContent,
     ToolDescription, VOCAB_SIZE,
@@ -37,6 +38,8 @@ pub(crate) struct Plan {
     pub stop: Vec<String>,
     /// Return log probabilities (`logprobs: true`; how many alternatives is in `sampling`).
     pub logprobs: bool,
+    /// What `response_format` and `tool_choice` constrain the turn to, if anything.
+    pub structured: Option<Structured>,
 }
 
 /// The developer message carrying a request's instructions (joined by blank lines) and
@@ -144,18 +147,8 @@ pub(crate) fn plan(req: ChatRequest, date: &str, seed: u64) -> Result<Plan, ApiE
         None => 0,
     };
     let stop = stop_strings(req.stop.as_ref())?;
-    check_response_format(req.response_format.as_ref())?;
-    let use_tools = match &req.tool_choice {
-        None | Some(serde_json::Value::Null) => true,
-        Some(serde_json::Value::String(s)) if s == "auto" => true,
-        Some(serde_json::Value::String(s)) if s == "none" => false,
-        Some(_) => {
-            return Err(ApiError::unsupported(
-                "tool_choice",
-                "tool_choice must be \"auto\" or \"none\" (the model cannot be forced to call a tool)",
-            ));
-        }
-    };
+    let format = structured::answer_format(req.response_format.as_ref(), FormatSpelling::ResponseFormat)?;
+    let choice = structured::tool_choice(req.tool_choice.as_ref())?;
     let sampling = sampling(
         &SamplingFields {
             temperature: req.temperature,
@@ -181,18 +174,33 @@ pub(crate) fn plan(req: ChatRequest, date: &str, seed: u64) -> Result<Plan, ApiE
         None => None,
     };
     let (effort, exclude_reasoning) = reasoning_settings(&req)?;
-    let tools = function_tools(req.tools.unwrap_or_default())?;
+    let tools = req.tools.unwrap_or_default();
+    let strict: Vec<bool> =
+        tools.iter().map(|t| t.function.as_ref().and_then(|f| f.strict).unwrap_or(false)).collect();
+    let tools = function_tools(tools)?;
     let messages =
         req.messages.ok_or_else(|| ApiError::invalid(Some("messages"), "`messages` is required"))?;
     if messages.is_empty() {
         return Err(ApiError::invalid(Some("messages"), "`messages` must not be empty"));
     }
-    let (instructions, body) = convert_messages(messages)?;
+    let (mut instructions, body) = convert_messages(messages)?;
+    let declared: Vec<DeclaredTool<'_>> = tools
+        .iter()
+        .zip(&strict)
+        .enumerate()
+        .map(|(i, (tool, &strict))| DeclaredTool {
+            tool,
+            strict,
+            parameters_param: format!("tools[{i}].function.parameters"),
+        })
+        .collect();
+    let structured = structured::structure(&format, &choice, &declared, FormatSpelling::ResponseFormat)?;
+    instructions.extend(structured::format_instructions(&format));
 
     let mut conversation = vec![Message::system(
         SystemContent::new().with_reasoning_effort(effort).with_conversation_start_date(date),
     )];
-    let tools = if use_tools { tools } else { Vec::new() };
+    let tools = if choice == ToolChoice::None { Vec::new() } else { tools };
     let declared_functions = tools.iter().map(|t| t.name.clone()).collect();
     conversation.extend(developer_message(&instructions, tools));
     conversation.extend(body);
@@ -207,6 +215,7 @@ pub(crate) fn plan(req: ChatRequest, date: &str, seed: u64) -> Result<Plan, ApiE
         exclude_reasoning,
         stop,
         logprobs,
+        structured,
     })
 }
 
@@ -340,17 +349,6 @@ fn logit_bias(bias: Option<&serde_json::Value>) -> Result<Vec<(u32, f32)>, ApiEr
         out.push((token, v as f32));
     }
     Ok(out)
-}
-
-fn check_response_format(format: Option<&serde_json::Value>) -> Result<(), ApiError> {
-    match format {
-        None | Some(serde_json::Value::Null) => Ok(()),
-        Some(v) if v.get("type").and_then(|t| t.as_str()) == Some("text") => Ok(()),
-        Some(_) => Err(ApiError::unsupported(
-            "response_format",
-            "only response_format {\"type\": \"text\"} is supported",
-        )),
-    }
 }
 
 /// The sampling fields of a request, as the chat and the responses APIs both name them.
@@ -875,6 +873,51 @@ mod tests {
         assert_eq!(
             refused(r#""reasoning": {"max_tokens": 100}"#),
             ("reasoning.max_tokens".into(), Some("unsupported_parameter"))
+        );
+    }
+
+    #[test]
+    fn formats_and_tool_choices_become_the_turn_grammar() {
+        let p = plan_json(
+            r#"{"messages": [{"role": "user", "content": "hi"}],
+              "response_format": {"type": "json_schema", "json_schema": {"name": "person",
+                  "schema": {"type": "object", "properties": {"z": {"type": "string"}, "a": {"type": "number"}}},
+                  "strict": true}}}"#,
+        )
+        .unwrap();
+        let s = p.structured.unwrap();
+        let crate::constrain::AnswerFormat::JsonSchema { schema, strict } = &s.spec.answer else {
+            panic!("not a schema: {:?}", s.spec.answer)
+        };
+        assert!(*strict);
+        let keys: Vec<&String> = schema["properties"].as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["z", "a"], "the schema's key order is kept");
+        let Content::Developer(dev) = &p.conversation.messages[1].content[0] else {
+            panic!("no developer message")
+        };
+        let instructions = dev.instructions.as_deref().unwrap();
+        assert!(instructions.starts_with("# Response Formats\n\n## person\n\n{\"type\""), "{instructions}");
+
+        let tools = r#""tools": [{"type": "function", "function": {"name": "f", "strict": true,
+            "parameters": {"type": "object"}}}]"#;
+        let with = |choice: &str| {
+            plan_json(&format!(
+                r#"{{"messages": [{{"role": "user", "content": "hi"}}], {tools}, "tool_choice": {choice}}}"#
+            ))
+            .unwrap()
+        };
+        let named = with(r#"{"type": "function", "function": {"name": "f"}}"#);
+        let crate::constrain::ToolRule::Required(rules) = &named.structured.unwrap().spec.tools else {
+            panic!("not required")
+        };
+        assert_eq!((rules[0].name.as_str(), rules[0].strict), ("f", true));
+        assert_eq!(named.declared_functions, ["f"]);
+        let none = with(r#""none""#);
+        assert_eq!(none.structured.unwrap().spec.tools, crate::constrain::ToolRule::Forbidden);
+        assert!(none.declared_functions.is_empty());
+        // No tools and no format: no grammar.
+        assert!(
+            plan_json(r#"{"messages": [{"role": "user", "content": "hi"}]}"#).unwrap().structured.is_none()
         );
     }
 

@@ -46,6 +46,7 @@ mod responses_stream;
 mod routes;
 mod store;
 mod stream;
+mod structured;
 mod tokens;
 mod worker;
 
@@ -100,11 +101,18 @@ pub struct HttpOptions {
     /// server with [`ServerHandle::shutdown`]). While no session is attached, Ctrl-C exits
     /// the process at once (status 130): there is nothing to drain.
     pub stop_on_ctrl_c: bool,
+    /// Hold tool calls to the declared functions with a grammar when a request declares
+    /// tools and leaves `tool_choice` at `auto` or `none` (no other structure asked for):
+    /// then a call of anything else, or any call under `none`, cannot be generated. Off,
+    /// such turns run free and a call of an undeclared function is returned as text.
+    /// Required and named calls and response formats always use their grammar.
+    pub tool_grammar: bool,
 }
 
 impl HttpOptions {
     /// Defaults for a model called `model_id`: no key, 16 MiB bodies, 10 s to send a request
-    /// head, 60 s to send a body, 256 connections, no CORS, no signal handling.
+    /// head, 60 s to send a body, 256 connections, no CORS, no signal handling, tool calls
+    /// held to the declared functions by grammar.
     pub fn new(model_id: impl Into<String>) -> Self {
         HttpOptions {
             model_id: model_id.into(),
@@ -115,6 +123,7 @@ impl HttpOptions {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             cors_origin: None,
             stop_on_ctrl_c: false,
+            tool_grammar: true,
         }
     }
 
@@ -208,7 +217,8 @@ impl ServerHandle {
         }
         let capacity = session.capacity();
         let (jobs, queue) = std::sync::mpsc::channel();
-        let engine = routes::Engine { model: app.model_card(capacity), capacity, jobs };
+        let vocab_size = session.runner().config().vocab_size;
+        let engine = routes::Engine { model: app.model_card(capacity), capacity, vocab_size, jobs };
         if app.set_engine(engine).is_err() {
             return Err(Error::invalid("the server already has a session"));
         }

@@ -18,6 +18,7 @@ use super::responses_api::{
     ResponseError, ResponseObject, ResponseTool, ResponseUsage, ResponsesRequest,
 };
 use super::store::{History, Stored};
+use super::structured::{self, DeclaredTool, FormatSpelling, Structured, ToolChoice};
 use super::worker::{Finished, Piece};
 use crate::chat::{
     Conversation, HarmonyEncoding, Message, ParserState, ReasoningEffort, Role, SystemContent,
@@ -40,6 +41,8 @@ pub(crate) struct ResponsePlan {
     /// The functions the model may call (the request's tools, none with `tool_choice:
     /// "none"`); a message addressed to anything else is text.
     pub declared_functions: Vec<String>,
+    /// What `text.format` and `tool_choice` constrain the turn to, if anything.
+    pub structured: Option<Structured>,
     /// What this request adds to the conversation, to store with its output.
     pub added: Added,
     /// What the response object repeats of the request.
@@ -94,18 +97,11 @@ pub(crate) fn plan(
     seed: u64,
 ) -> Result<ResponsePlan, ApiError> {
     refuse_unsupported(&req)?;
-    let use_tools = match &req.tool_choice {
-        None | Some(Value::Null) => true,
-        Some(Value::String(s)) if s == "auto" => true,
-        Some(Value::String(s)) if s == "none" => false,
-        Some(_) => {
-            return Err(ApiError::unsupported(
-                "tool_choice",
-                "tool_choice must be \"auto\" or \"none\": forcing a tool call (\"required\" or a named \
-                 function) needs constrained decoding, which this server does not have yet",
-            ));
-        }
-    };
+    let choice = structured::tool_choice(req.tool_choice.as_ref())?;
+    let format = structured::answer_format(
+        req.text.as_ref().and_then(|t| t.get("format")),
+        FormatSpelling::TextFormat,
+    )?;
     let sampling = convert::sampling(
         &SamplingFields {
             temperature: req.temperature,
@@ -132,7 +128,21 @@ pub(crate) fn plan(
         None => ReasoningEffort::Medium,
         Some(e) => convert::parse_effort(e, "reasoning.effort")?,
     };
-    let declared = function_tools(req.tools.as_deref().unwrap_or_default())?;
+    let request_tools = req.tools.as_deref().unwrap_or_default();
+    let declared = function_tools(request_tools)?;
+    let declared_tools: Vec<DeclaredTool<'_>> = declared
+        .iter()
+        .zip(request_tools)
+        .enumerate()
+        .map(|(i, (tool, t))| DeclaredTool {
+            tool,
+            strict: t.strict.unwrap_or(false),
+            parameters_param: format!("tools[{i}].parameters"),
+        })
+        .collect();
+    let structured = structured::structure(&format, &choice, &declared_tools, FormatSpelling::TextFormat)?;
+    drop(declared_tools);
+    let format_instructions = structured::format_instructions(&format);
     let earlier = match &req.previous_response_id {
         None => History::default(),
         Some(id) => history(id).map_err(|missing| {
@@ -173,8 +183,9 @@ pub(crate) fn plan(
         .into_iter()
         .chain(earlier.instructions.iter().map(String::as_str))
         .chain(added.instructions.iter().map(String::as_str))
+        .chain(format_instructions.as_deref())
         .collect();
-    let tools = if use_tools { declared } else { Vec::new() };
+    let tools = if choice == ToolChoice::None { Vec::new() } else { declared };
     let declared_functions = tools.iter().map(|t| t.name.clone()).collect();
     conversation.extend(convert::developer_message(&instructions, tools));
     conversation.extend(earlier.messages);
@@ -186,6 +197,7 @@ pub(crate) fn plan(
         max_tokens,
         stream: req.stream.unwrap_or(false),
         declared_functions,
+        structured,
         added,
         echo: Echo {
             instructions: req.instructions,
@@ -231,17 +243,6 @@ fn refuse_unsupported(req: &ResponsesRequest) -> Result<(), ApiError> {
             format!(
                 "truncation must be \"disabled\" (a conversation that does not fit is refused), got {t:?}"
             ),
-        ));
-    }
-    if let Some(text) = &req.text
-        && let Some(format) = text.get("format")
-        && !format.is_null()
-        && format.get("type").and_then(Value::as_str) != Some("text")
-    {
-        return Err(ApiError::unsupported(
-            "text.format",
-            "only text.format {\"type\": \"text\"} is supported (structured output needs constrained \
-             decoding, which this server does not have yet)",
         ));
     }
     Ok(())

@@ -77,7 +77,8 @@ pub(crate) struct ResponseTool {
     /// The JSON schema of its arguments, in the order written.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub parameters: Option<JsonValue>,
-    /// Accepted and echoed; arguments are not constrained to the schema.
+    /// With a forced call (`tool_choice`), refuse schema keywords its arguments cannot be
+    /// held to; without it they are ignored. Echoed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub strict: Option<bool>,
 }

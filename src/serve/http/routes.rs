@@ -33,8 +33,10 @@ use super::responses_api::ResponsesRequest;
 use super::responses_stream::ResponseStream;
 use super::store::Store;
 use super::stream::{ChunkMeta, ChunkStream};
+use super::structured::Structured;
 use super::worker::{Counters, Failure, Job, Output, Piece, Stats, WorkerMsg};
 use crate::chat::{HarmonyEncoding, TurnOptions, render_prompt, today_utc};
+use crate::constrain::Grammar;
 
 /// The most bytes reserved for a body before its bytes arrive.
 const PREALLOCATE: usize = 64 << 10;
@@ -48,6 +50,8 @@ pub(crate) struct Engine {
     pub model: ModelCard,
     /// Context capacity in tokens.
     pub capacity: usize,
+    /// Token IDs of the model (what an output grammar is compiled over).
+    pub vocab_size: usize,
     /// The engine's queue.
     pub jobs: mpsc::Sender<Job>,
 }
@@ -74,6 +78,8 @@ pub(crate) struct App {
     pub responses: Arc<Mutex<Store>>,
     /// The origin allowed to make cross-origin requests (`*`: any), if any.
     pub cors_origin: Option<String>,
+    /// Police `auto`/`none` tool choices with a grammar ([`HttpOptions::tool_grammar`]).
+    pub tool_grammar: bool,
 }
 
 impl App {
@@ -95,6 +101,7 @@ impl App {
             stopping,
             responses: Arc::new(Mutex::new(Store::default())),
             cors_origin: options.cors_origin.clone(),
+            tool_grammar: options.tool_grammar,
         }
     }
 
@@ -374,10 +381,11 @@ async fn chat_completions(State(app): State<Arc<App>>, headers: HeaderMap, body:
 /// prompt's token IDs to the engine, which also needs them), checks that it fits, queues
 /// it, and answers with one JSON body or a stream of chunks.
 async fn chat(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
-    let capacity = app.engine()?.capacity;
+    let (capacity, vocab_size) = (app.engine()?.capacity, app.engine()?.vocab_size);
     let bytes = read_body_in_time(&headers, body, app.max_body_bytes, app.body_timeout).await?;
     let request = convert::parse_request(&bytes)?;
     let plan = convert::plan(request, &today_utc(), rand::random())?;
+    let grammar = compile_grammar(plan.structured.clone(), vocab_size, app.tool_grammar).await?;
     // Rendering tokenizes the whole conversation: keep it off the async workers.
     // The job carries the prompt's token IDs, so the engine thread does not render it again.
     let harmony = app.harmony;
@@ -406,6 +414,7 @@ async fn chat(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<Response,
             sampling: plan.sampling,
             declared_functions: plan.declared_functions,
             stop: plan.stop,
+            grammar,
         },
         output: Output::Harmony,
         events: tx,
@@ -495,6 +504,7 @@ async fn complete_text(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<
             sampling: plan.sampling,
             declared_functions: Vec::new(),
             stop: Vec::new(),
+            grammar: None,
         },
         output: Output::Raw(plan.text),
         events: tx,
@@ -544,6 +554,23 @@ async fn complete_text(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<
 
 /// Renders a conversation off the async workers and checks that it leaves room for an
 /// answer; `param` names the request field a refusal is about.
+/// Compiles the output grammar of a request, if it has one (one that only polices tool
+/// calls only with `tool_grammar`), off the async workers (the first one also builds the
+/// vocabulary's token trie).
+async fn compile_grammar(
+    structured: Option<Structured>,
+    vocab_size: usize,
+    tool_grammar: bool,
+) -> Result<Option<Arc<Grammar>>, ApiError> {
+    let Some(structured) = structured.filter(|s| tool_grammar || !s.only_polices_tools()) else {
+        return Ok(None);
+    };
+    tokio::task::spawn_blocking(move || structured.compile(vocab_size))
+        .await
+        .map_err(|e| ApiError::server(format!("compiling the output grammar failed: {e}")))?
+        .map(Some)
+}
+
 async fn render_checked(
     app: &App,
     conversation: crate::chat::Conversation,
@@ -576,7 +603,7 @@ async fn create_response(State(app): State<Arc<App>>, headers: HeaderMap, body: 
 /// `previous_response_id`, renders and queues it, and answers with the response object or
 /// a stream of typed events; stores the finished response unless `store` is false.
 async fn respond(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<Response, ApiError> {
-    let capacity = app.engine()?.capacity;
+    let (capacity, vocab_size) = (app.engine()?.capacity, app.engine()?.vocab_size);
     let bytes = read_body_in_time(&headers, body, app.max_body_bytes, app.body_timeout).await?;
     let request: ResponsesRequest = convert::parse_json(&bytes)?;
     let plan = {
@@ -584,6 +611,7 @@ async fn respond(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<Respon
         let history = |id: &str| store.history(id);
         responses_api::plan(request, &history, &today_utc(), rand::random())?
     };
+    let grammar = compile_grammar(plan.structured.clone(), vocab_size, app.tool_grammar).await?;
     let prompt = render_checked(&app, plan.conversation, capacity, "input").await?;
     let (tx, mut rx) = unbounded_channel();
     app.submit(Job {
@@ -594,6 +622,7 @@ async fn respond(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<Respon
             declared_functions: plan.declared_functions,
             // The Responses API has no stop strings.
             stop: Vec::new(),
+            grammar,
         },
         output: Output::Harmony,
         events: tx,
