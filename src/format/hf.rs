@@ -18,6 +18,7 @@ use crate::config::{MlpKind, ModelConfig, ModelFamily};
 use crate::error::{Error, Result};
 use crate::format::container::layout::dense_tensors;
 use crate::format::safetensors::Checkpoint;
+use crate::model::names;
 use crate::model::weights::{DenseWeights, ExpertWeights};
 use crate::quant::Matrix;
 use crate::quant::mxfp4;
@@ -42,7 +43,7 @@ pub fn expert_layout(ck: &Checkpoint, cfg: &ModelConfig) -> Result<ExpertLayout>
         ModelFamily::GptOss => {}
         ModelFamily::Qwen3Moe => return Ok(ExpertLayout::Separate),
     }
-    let p = "model.layers.0.mlp.experts.";
+    let p = format!("{}.", names::fused_experts(0));
     if ck.contains(&format!("{p}gate_up_proj_blocks")) {
         Ok(ExpertLayout::Mxfp4)
     } else if ck.contains(&format!("{p}gate_up_proj")) {
@@ -85,7 +86,7 @@ fn is_dense_dtype(dtype: safetensors::Dtype) -> bool {
 /// `mxfp4`, else dequantized `[E, in, out]`) and their biases.
 fn check_fused_experts(ck: &Checkpoint, cfg: &ModelConfig, l: usize, mxfp4: bool) -> Result<()> {
     let (h, i, e) = (cfg.hidden_size, cfg.intermediate_size, cfg.num_experts);
-    let p = format!("model.layers.{l}.mlp.experts");
+    let p = names::fused_experts(l);
     for (m, rows, cols) in [("gate_up_proj", 2 * i, h), ("down_proj", h, i)] {
         if mxfp4 {
             if !cols.is_multiple_of(mxfp4::BLOCK) {
@@ -116,7 +117,7 @@ fn check_separate_experts(ck: &Checkpoint, cfg: &ModelConfig, l: usize) -> Resul
     let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
     for expert in 0..cfg.num_experts {
         for (m, rows, cols) in [("gate_proj", i, h), ("up_proj", i, h), ("down_proj", h, i)] {
-            let name = separate_expert_name(l, expert, m);
+            let name = names::separate_expert(l, expert, m);
             let t = ck.require_shape(&name, &[rows, cols])?;
             if !is_dense_dtype(t.dtype) {
                 return Err(Error::tensor(&name, format!("dtype {:?}, expected F32, BF16 or F16", t.dtype)));
@@ -124,12 +125,6 @@ fn check_separate_experts(ck: &Checkpoint, cfg: &ModelConfig, l: usize) -> Resul
         }
     }
     Ok(())
-}
-
-/// The name of one projection (`gate_proj`, `up_proj`, `down_proj`) of one expert in the
-/// separate layout.
-pub fn separate_expert_name(layer: usize, expert: usize, projection: &str) -> String {
-    format!("model.layers.{layer}.mlp.experts.{expert}.{projection}.weight")
 }
 
 /// Loads the dense part of a checkpoint, checking every tensor's presence, shape and
@@ -222,7 +217,7 @@ pub fn load_expert(
     expert: usize,
 ) -> Result<ExpertWeights> {
     let (h, i, e_count) = (cfg.hidden_size, cfg.intermediate_size, cfg.num_experts);
-    let p = format!("model.layers.{layer}.mlp.experts");
+    let p = names::fused_experts(layer);
     let bias = |name: &str, len: usize| -> Result<Vec<f32>> {
         let name = format!("{p}.{name}");
         let b = ck.f32_range(&name, &[e_count, len], expert * len, len)?;
@@ -260,18 +255,18 @@ fn load_separate_expert(
 ) -> Result<ExpertWeights> {
     let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
     let matrix = |m: &str, rows: usize, cols: usize| -> Result<Matrix> {
-        let name = separate_expert_name(layer, expert, m);
+        let name = names::separate_expert(layer, expert, m);
         let t = ck.require_shape(&name, &[rows, cols])?;
         check_finite_bytes(&name, t.dtype, ck.bytes(t), &|j| position(2, cols, j))?;
         ck.matrix(&name, rows, cols)
     };
     let w = ExpertWeights::from_separate(
-        &format!("model.layers.{layer}.mlp.experts.{expert}"),
+        &format!("{}.{expert}", names::fused_experts(layer)),
         &matrix("gate_proj", i, h)?,
         &matrix("up_proj", i, h)?,
         &matrix("down_proj", h, i)?,
     )?;
-    w.check(cfg, &format!("model.layers.{layer}.mlp.experts.{expert}"))?;
+    w.check(cfg, &format!("{}.{expert}", names::fused_experts(layer)))?;
     Ok(w)
 }
 

@@ -2,6 +2,7 @@
 
 pub mod forward;
 pub mod math;
+pub mod names;
 pub mod rope;
 pub mod weights;
 

@@ -1,8 +1,9 @@
 //! The weights of a model, independent of where they came from (a Hugging Face checkpoint
 //! or a converted container) and of their storage format.
 
-use crate::config::{MlpKind, ModelConfig, ModelFamily};
+use crate::config::{MlpKind, ModelConfig};
 use crate::error::{Error, Result};
+use crate::model::names;
 use crate::quant::Matrix;
 
 /// `y = W x + b`.
@@ -206,44 +207,44 @@ impl DenseWeights {
         };
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for l in 0..cfg.num_layers {
-            let p = format!("model.layers.{l}");
-            let a = format!("{p}.self_attn");
+            let n = names::layer(cfg.family, l);
             let bias = recipe.attention_bias;
             let ffn = match cfg.mlp_kinds[l] {
-                MlpKind::Moe => FeedForward::Moe {
-                    router: linear(&router_name(cfg.family, l), cfg.num_experts, h, recipe.router_bias)?,
-                },
+                MlpKind::Moe => {
+                    FeedForward::Moe { router: linear(&n.router, cfg.num_experts, h, recipe.router_bias)? }
+                }
                 MlpKind::Dense => {
                     let i = cfg.dense_intermediate_size;
-                    let m = format!("{p}.mlp");
-                    let gate = matrix(&format!("{m}.gate_proj.weight"), i, h)?;
-                    let up = matrix(&format!("{m}.up_proj.weight"), i, h)?;
-                    let down = matrix(&format!("{m}.down_proj.weight"), h, i)?;
-                    FeedForward::Dense(ExpertWeights::from_separate(&m, &gate, &up, &down)?)
+                    let gate = matrix(&n.dense_gate, i, h)?;
+                    let up = matrix(&n.dense_up, i, h)?;
+                    let down = matrix(&n.dense_down, h, i)?;
+                    FeedForward::Dense(ExpertWeights::from_separate(
+                        &format!("layer {l} dense MLP"),
+                        &gate,
+                        &up,
+                        &down,
+                    )?)
                 }
             };
             layers.push(LayerWeights {
-                attn_norm: vector(&format!("{p}.input_layernorm.weight"), h)?,
+                attn_norm: vector(&n.attn_norm, h)?,
                 attn: AttentionWeights {
-                    q: linear(&format!("{a}.q_proj"), cfg.q_dim(), h, bias)?,
-                    k: linear(&format!("{a}.k_proj"), cfg.kv_dim(), h, bias)?,
-                    v: linear(&format!("{a}.v_proj"), cfg.kv_dim(), h, bias)?,
-                    o: linear(&format!("{a}.o_proj"), h, cfg.q_dim(), bias)?,
-                    sinks: optional(recipe.attention_sinks, &format!("{a}.sinks"), cfg.num_heads)?,
-                    q_norm: optional(recipe.qk_norm, &format!("{a}.q_norm.weight"), cfg.head_dim)?,
-                    k_norm: optional(recipe.qk_norm, &format!("{a}.k_norm.weight"), cfg.head_dim)?,
+                    q: linear(&n.q, cfg.q_dim(), h, bias)?,
+                    k: linear(&n.k, cfg.kv_dim(), h, bias)?,
+                    v: linear(&n.v, cfg.kv_dim(), h, bias)?,
+                    o: linear(&n.o, h, cfg.q_dim(), bias)?,
+                    sinks: optional(recipe.attention_sinks, &n.sinks, cfg.num_heads)?,
+                    q_norm: optional(recipe.qk_norm, &n.q_norm, cfg.head_dim)?,
+                    k_norm: optional(recipe.qk_norm, &n.k_norm, cfg.head_dim)?,
                 },
-                mlp_norm: vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
+                mlp_norm: vector(&n.mlp_norm, h)?,
                 ffn,
             });
         }
-        let embed = matrix("model.embed_tokens.weight", cfg.vocab_size, h)?;
-        let lm_head = if cfg.tie_word_embeddings {
-            embed.clone()
-        } else {
-            matrix("lm_head.weight", cfg.vocab_size, h)?
-        };
-        let dense = DenseWeights { embed, layers, final_norm: vector("model.norm.weight", h)?, lm_head };
+        let embed = matrix(names::EMBED, cfg.vocab_size, h)?;
+        let lm_head =
+            if cfg.tie_word_embeddings { embed.clone() } else { matrix(names::LM_HEAD, cfg.vocab_size, h)? };
+        let dense = DenseWeights { embed, layers, final_norm: vector(names::FINAL_NORM, h)?, lm_head };
         dense.check(cfg)?;
         Ok(dense)
     }
@@ -308,7 +309,7 @@ impl DenseWeights {
             }
             match (&layer.ffn, cfg.mlp_kinds[l]) {
                 (FeedForward::Moe { router }, MlpKind::Moe) => {
-                    lin(router_name(cfg.family, l), router, cfg.num_experts, h)?
+                    lin(names::layer(cfg.family, l).router, router, cfg.num_experts, h)?
                 }
                 (FeedForward::Dense(w), MlpKind::Dense) => {
                     w.check_dims(h, cfg.dense_intermediate_size, &format!("{p}.mlp"))?
@@ -322,13 +323,5 @@ impl DenseWeights {
             }
         }
         Ok(())
-    }
-}
-
-/// The Hugging Face name (without `.weight`/`.bias`) of layer `layer`'s router.
-pub fn router_name(family: ModelFamily, layer: usize) -> String {
-    match family {
-        ModelFamily::GptOss => format!("model.layers.{layer}.mlp.router"),
-        ModelFamily::Qwen3Moe => format!("model.layers.{layer}.mlp.gate"),
     }
 }

@@ -37,6 +37,7 @@ use crate::format::hf::{
 };
 use crate::format::safetensors::{Checkpoint, INDEX_FILE, SINGLE_FILE, TensorEntry, decode_floats};
 use crate::io::{read_exact_at, write_all_at};
+use crate::model::names;
 use crate::quant::format::WeightFormat;
 use crate::quant::mxfp4;
 use crate::quant::{int4, int8};
@@ -530,9 +531,9 @@ fn ordered_items(
     }
     for l in 0..cfg.num_layers {
         let first = match layout {
-            ExpertLayout::Mxfp4 => format!("model.layers.{l}.mlp.experts.gate_up_proj_blocks"),
-            ExpertLayout::Dequantized => format!("model.layers.{l}.mlp.experts.gate_up_proj"),
-            ExpertLayout::Separate => crate::format::hf::separate_expert_name(l, 0, "gate_proj"),
+            ExpertLayout::Mxfp4 => format!("{}.gate_up_proj_blocks", names::fused_experts(l)),
+            ExpertLayout::Dequantized => format!("{}.gate_up_proj", names::fused_experts(l)),
+            ExpertLayout::Separate => names::separate_expert(l, 0, "gate_proj"),
         };
         let e = ck.get(&first).expect("checked");
         items.push((e.shard, e.offset as u64, Item::Experts(l)));
@@ -561,7 +562,7 @@ fn item_source_bytes(
 }
 
 fn expert_tensor_names(layer: usize, experts: usize, layout: ExpertLayout) -> Vec<String> {
-    let p = format!("model.layers.{layer}.mlp.experts");
+    let p = names::fused_experts(layer);
     let mut v = Vec::new();
     for m in ["gate_up_proj", "down_proj"] {
         match layout {
@@ -575,7 +576,7 @@ fn expert_tensor_names(layer: usize, experts: usize, layout: ExpertLayout) -> Ve
                     if m == "gate_up_proj" { &["gate_proj", "up_proj"][..] } else { &["down_proj"] };
                 for e in 0..experts {
                     for proj in projections {
-                        v.push(crate::format::hf::separate_expert_name(layer, e, proj));
+                        v.push(names::separate_expert(layer, e, proj));
                     }
                 }
                 continue;
@@ -886,7 +887,7 @@ fn convert_expert_layer(
 fn convert_expert(job: &ExpertJob<'_>, expert: usize) -> Result<(Vec<u8>, usize)> {
     let (h, i, e_count) = (job.cfg.hidden_size, job.cfg.intermediate_size, job.cfg.num_experts);
     let (reader, ck, info) = (job.reader, job.ck, job.info);
-    let p = format!("model.layers.{}.mlp.experts", job.layer);
+    let p = names::fused_experts(job.layer);
     let mut record = vec![0u8; info.payload_bytes as usize];
     let mut read = 0usize;
     for (m, rows, cols) in [("gate_up", 2 * i, h), ("down", h, i)] {
@@ -916,7 +917,7 @@ fn convert_expert(job: &ExpertJob<'_>, expert: usize) -> Result<(Vec<u8>, usize)
             ExpertLayout::Separate => {
                 // One matrix per projection; no biases (the record's stay zero).
                 let mut whole = |proj: &str| -> Result<Vec<f32>> {
-                    let name = crate::format::hf::separate_expert_name(job.layer, expert, proj);
+                    let name = names::separate_expert(job.layer, expert, proj);
                     let t = ck.require(&name)?;
                     let raw = reader.read(t, 0, t.len)?;
                     read += raw.len();

@@ -10,7 +10,7 @@ use crate::format::container::manifest::{
     Component, DENSE_ALIGN, DENSE_FILE, Dtype, EXPERTS_FILE, ExpertRecord, ExpertStoreInfo, Part,
     RECORD_ALIGN, TensorRecord, align_up,
 };
-use crate::model::weights::router_name;
+use crate::model::names;
 use crate::quant::format::WeightFormat;
 
 /// How experts are stored.
@@ -108,47 +108,46 @@ pub enum TensorRole {
 pub fn dense_tensors(cfg: &ModelConfig) -> Vec<(String, Vec<usize>, TensorRole)> {
     let h = cfg.hidden_size;
     let r = cfg.recipe;
-    let mut v = vec![("model.embed_tokens.weight".to_string(), vec![cfg.vocab_size, h], TensorRole::Vocab)];
+    let mut v = vec![(names::EMBED.to_string(), vec![cfg.vocab_size, h], TensorRole::Vocab)];
     if !cfg.tie_word_embeddings {
-        v.push(("lm_head.weight".to_string(), vec![cfg.vocab_size, h], TensorRole::Vocab));
+        v.push((names::LM_HEAD.to_string(), vec![cfg.vocab_size, h], TensorRole::Vocab));
     }
-    v.push(("model.norm.weight".to_string(), vec![h], TensorRole::Vector));
+    v.push((names::FINAL_NORM.to_string(), vec![h], TensorRole::Vector));
     for l in 0..cfg.num_layers {
-        let p = format!("model.layers.{l}");
+        let n = names::layer(cfg.family, l);
         let attn = [
-            ("q_proj", cfg.q_dim(), h),
-            ("k_proj", cfg.kv_dim(), h),
-            ("v_proj", cfg.kv_dim(), h),
-            ("o_proj", h, cfg.q_dim()),
+            (&n.q, cfg.q_dim(), h),
+            (&n.k, cfg.kv_dim(), h),
+            (&n.v, cfg.kv_dim(), h),
+            (&n.o, h, cfg.q_dim()),
         ];
-        v.push((format!("{p}.input_layernorm.weight"), vec![h], TensorRole::Vector));
+        v.push((n.attn_norm.clone(), vec![h], TensorRole::Vector));
         for (name, rows, cols) in attn {
-            v.push((format!("{p}.self_attn.{name}.weight"), vec![rows, cols], TensorRole::Matrix));
+            v.push((format!("{name}.weight"), vec![rows, cols], TensorRole::Matrix));
             if r.attention_bias {
-                v.push((format!("{p}.self_attn.{name}.bias"), vec![rows], TensorRole::Vector));
+                v.push((format!("{name}.bias"), vec![rows], TensorRole::Vector));
             }
         }
         if r.qk_norm {
-            v.push((format!("{p}.self_attn.q_norm.weight"), vec![cfg.head_dim], TensorRole::Vector));
-            v.push((format!("{p}.self_attn.k_norm.weight"), vec![cfg.head_dim], TensorRole::Vector));
+            v.push((n.q_norm.clone(), vec![cfg.head_dim], TensorRole::Vector));
+            v.push((n.k_norm.clone(), vec![cfg.head_dim], TensorRole::Vector));
         }
         if r.attention_sinks {
-            v.push((format!("{p}.self_attn.sinks"), vec![cfg.num_heads], TensorRole::Vector));
+            v.push((n.sinks.clone(), vec![cfg.num_heads], TensorRole::Vector));
         }
-        v.push((format!("{p}.post_attention_layernorm.weight"), vec![h], TensorRole::Vector));
+        v.push((n.mlp_norm.clone(), vec![h], TensorRole::Vector));
         match cfg.mlp_kinds[l] {
             MlpKind::Moe => {
-                let router = router_name(cfg.family, l);
-                v.push((format!("{router}.weight"), vec![cfg.num_experts, h], TensorRole::Matrix));
+                v.push((format!("{}.weight", n.router), vec![cfg.num_experts, h], TensorRole::Matrix));
                 if r.router_bias {
-                    v.push((format!("{router}.bias"), vec![cfg.num_experts], TensorRole::Vector));
+                    v.push((format!("{}.bias", n.router), vec![cfg.num_experts], TensorRole::Vector));
                 }
             }
             MlpKind::Dense => {
                 let i = cfg.dense_intermediate_size;
-                v.push((format!("{p}.mlp.gate_proj.weight"), vec![i, h], TensorRole::Matrix));
-                v.push((format!("{p}.mlp.up_proj.weight"), vec![i, h], TensorRole::Matrix));
-                v.push((format!("{p}.mlp.down_proj.weight"), vec![h, i], TensorRole::Matrix));
+                v.push((n.dense_gate.clone(), vec![i, h], TensorRole::Matrix));
+                v.push((n.dense_up.clone(), vec![i, h], TensorRole::Matrix));
+                v.push((n.dense_down.clone(), vec![h, i], TensorRole::Matrix));
             }
         }
     }
