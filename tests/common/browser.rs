@@ -149,10 +149,12 @@ impl Page {
         }
     }
 
-    /// Loads `url` and waits until its document has loaded.
+    /// Loads `url` and waits until its document has loaded. The old document is marked
+    /// first, so that a reload of the same URL is not mistaken for the page before it.
     pub fn navigate(&mut self, url: &str) {
+        self.eval("window.__leaving = true");
         self.call("Page.navigate", json!({"url": url}));
-        self.wait_for("document.readyState === 'complete' && document.URL !== 'about:blank'", 30);
+        self.wait_for("!window.__leaving && document.readyState === 'complete'", 30);
     }
 
     /// The value of a JavaScript expression (promises awaited); panics on an exception.
