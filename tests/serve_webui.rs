@@ -295,6 +295,11 @@ fn the_page_chats_in_a_real_browser() {
     page.navigate(&server.url());
     page.wait_for("document.getElementById('key-dialog').open", 30);
     page.eval("document.getElementById('key').focus()");
+    page.insert_text("wrong");
+    page.press("Enter", false);
+    // A refused key is asked for again, saying so.
+    page.wait_for("document.getElementById('key-dialog').open && document.querySelector('#key-dialog p').textContent.startsWith('The key was refused')", 30);
+    page.eval("document.getElementById('key').focus()");
     page.insert_text("sesame");
     page.press("Enter", false);
     page.wait_for("document.getElementById('status').textContent.startsWith('model keyed')", 30);
