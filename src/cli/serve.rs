@@ -126,6 +126,7 @@ fn run_http(args: &ServeArgs, addr: &str) -> anyhow::Result<()> {
     writeln!(out, "listening on {}", server.url())?;
     out.flush()?;
     drop(out);
+    tracing::info!("chat in a browser at {}/", server.url());
     if let Err(e) = load_session(&args.model).and_then(|s| attach(&mut server, s)) {
         server.shutdown();
         return Err(e);

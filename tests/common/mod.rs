@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use safetensors::{Dtype, SafeTensors};
 
+pub mod browser;
 pub mod gpu;
 pub mod noisy;
 pub mod scripted;

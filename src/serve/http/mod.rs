@@ -3,7 +3,8 @@
 //! `POST /v1/chat/completions` and `POST /v1/responses` (JSON or server-sent events),
 //! `POST /v1/completions`, `GET`/`DELETE /v1/responses/{id}`,
 //! `GET /v1/responses/{id}/input_items`, `POST /tokenize`, `POST /detokenize`, `GET /metrics`,
-//! `GET /v1/models`, `GET /v1/models/{id}` and `GET /health`. One [`Session`] lives on one engine thread;
+//! `GET /v1/models`, `GET /v1/models/{id}`, `GET /health`, and a chat page for the browser at
+//! `GET /` (`webui`). One [`Session`] lives on one engine thread;
 //! requests queue for it in arrival order, and each renders its whole conversation so that
 //! the longest common prefix with the cache is reused (reported as
 //! `usage.prompt_tokens_details.cached_tokens`). A client that disconnects cancels its
@@ -48,6 +49,7 @@ mod store;
 mod stream;
 mod structured;
 mod tokens;
+mod webui;
 mod worker;
 
 use std::net::{SocketAddr, TcpListener};

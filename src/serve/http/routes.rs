@@ -151,7 +151,8 @@ struct TokenNote(Usage);
 struct StreamNote;
 
 /// The application. The key check wraps every route and the fallbacks, so that without a
-/// valid key an unknown route is a 401, not a 404 (only `/health` needs no key).
+/// valid key an unknown route is a 401, not a 404 (only `/health` and the chat page's
+/// `GET`s need no key).
 pub(crate) fn router(app: Arc<App>) -> Router {
     Router::new()
         .route("/v1/chat/completions", post(chat_completions))
@@ -165,6 +166,9 @@ pub(crate) fn router(app: Arc<App>) -> Router {
         .route("/v1/models", get(list_models))
         .route("/v1/models/{id}", get(get_model))
         .route("/health", get(health))
+        .route("/", get(super::webui::index))
+        .route(super::webui::APP_JS_PATH, get(super::webui::app_js))
+        .route(super::webui::STYLE_CSS_PATH, get(super::webui::style_css))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(Arc::clone(&app), require_key))
@@ -207,11 +211,19 @@ fn same_key(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-/// Requires `Authorization: Bearer KEY` when a key is set, on every path but `/health`,
-/// before routing.
+/// Whether a request needs the key: all but `/health` and the chat page's own `GET`s (the
+/// page holds no data, and must load to ask for the key).
+fn needs_key(req: &Request) -> bool {
+    let path = req.uri().path();
+    let page = matches!(*req.method(), Method::GET | Method::HEAD) && super::webui::is_page_path(path);
+    path != HEALTH && !page
+}
+
+/// Requires `Authorization: Bearer KEY` when a key is set, on every path but `/health` and
+/// the chat page, before routing.
 async fn require_key(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
     if let Some(key) = &app.api_key
-        && req.uri().path() != HEALTH
+        && needs_key(&req)
     {
         let given = req
             .headers()
