@@ -1,6 +1,7 @@
-//! `picchio synth`: random GPT-OSS checkpoints of exact shape, in the released layout
-//! (config.json with `quantization_config`, BF16 dense tensors, MXFP4 experts, sharded
-//! safetensors with an index), for measuring speed where real weights cannot be had.
+//! `picchio synth`: random checkpoints of exact shape, in the released layout, for
+//! measuring speed where real weights cannot be had: GPT-OSS (config.json with
+//! `quantization_config`, BF16 dense tensors, MXFP4 experts) and Qwen3-MoE (BF16, one
+//! matrix per expert and projection), sharded safetensors with an index.
 //!
 //! Compute and I/O depend on shapes, not values, so a random checkpoint of the real shape
 //! is an honest stand-in for everything but routing statistics. Values are scaled so that
@@ -15,7 +16,9 @@ use std::path::Path;
 use half::bf16;
 use serde_json::{Value, json};
 
+use crate::config::ModelFamily;
 use crate::error::{Error, Result};
+use crate::model::names;
 
 /// A named starting shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -28,11 +31,20 @@ pub enum SynthShape {
     GptOss120b,
     /// A few MB of layers with the real 201088-token vocabulary (for chat tests).
     Tiny,
+    /// Qwen3-30B-A3B: 48 layers, 128 experts (top-8), BF16 (about 61 GB).
+    #[value(name = "qwen3-30b-a3b")]
+    Qwen3_30bA3b,
+    /// Qwen3-235B-A22B: 94 layers, 128 experts (top-8), BF16 (about 470 GB).
+    #[value(name = "qwen3-235b-a22b")]
+    Qwen3_235bA22b,
 }
 
 /// Every dimension of a synthetic model.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SynthSpec {
+    /// The family whose checkpoint layout is written: GPT-OSS (MXFP4 experts as released) or
+    /// Qwen3-MoE (BF16, one matrix per expert and projection).
+    pub family: ModelFamily,
     /// Decoder layers.
     pub layers: usize,
     /// Experts per layer.
@@ -63,6 +75,7 @@ impl SynthSpec {
     /// The spec of a named shape, with seed 0 and 4 GiB shards.
     pub fn of(shape: SynthShape) -> Self {
         let base = SynthSpec {
+            family: ModelFamily::GptOss,
             layers: 24,
             experts: 32,
             top_k: 4,
@@ -87,6 +100,32 @@ impl SynthSpec {
                 heads: 4,
                 kv_heads: 2,
                 head_dim: 16,
+                ..base
+            },
+            SynthShape::Qwen3_30bA3b => SynthSpec {
+                family: ModelFamily::Qwen3Moe,
+                layers: 48,
+                experts: 128,
+                top_k: 8,
+                hidden: 2048,
+                intermediate: 768,
+                heads: 32,
+                kv_heads: 4,
+                head_dim: 128,
+                vocab: 151936,
+                ..base
+            },
+            SynthShape::Qwen3_235bA22b => SynthSpec {
+                family: ModelFamily::Qwen3Moe,
+                layers: 94,
+                experts: 128,
+                top_k: 8,
+                hidden: 4096,
+                intermediate: 1536,
+                heads: 64,
+                kv_heads: 4,
+                head_dim: 128,
+                vocab: 151936,
                 ..base
             },
         }
@@ -117,6 +156,54 @@ impl SynthSpec {
 
     /// The config.json of the checkpoint.
     pub fn config_json(&self) -> Value {
+        match self.family {
+            ModelFamily::GptOss => self.gpt_oss_config(),
+            ModelFamily::Qwen3Moe => self.qwen3_moe_config(),
+        }
+    }
+
+    /// Qwen3-MoE's config.json, as the released Qwen3-30B-A3B writes it (every layer MoE).
+    fn qwen3_moe_config(&self) -> Value {
+        json!({
+            "architectures": ["Qwen3MoeForCausalLM"],
+            "attention_bias": false,
+            "attention_dropout": 0.0,
+            "bos_token_id": 151643,
+            "decoder_sparse_step": 1,
+            "eos_token_id": 151645,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "hidden_size": self.hidden,
+            "initializer_range": 0.02,
+            "intermediate_size": 6144,
+            "max_position_embeddings": 40960,
+            "max_window_layers": self.layers,
+            "mlp_only_layers": [],
+            "model_type": "qwen3_moe",
+            "moe_intermediate_size": self.intermediate,
+            "norm_topk_prob": true,
+            "num_attention_heads": self.heads,
+            "num_experts": self.experts,
+            "num_experts_per_tok": self.top_k,
+            "num_hidden_layers": self.layers,
+            "num_key_value_heads": self.kv_heads,
+            "output_router_logits": false,
+            "rms_norm_eps": 1e-06,
+            "rope_scaling": null,
+            "rope_theta": 1000000.0,
+            "router_aux_loss_coef": 0.001,
+            "sliding_window": null,
+            "tie_word_embeddings": false,
+            "torch_dtype": "bfloat16",
+            "use_cache": true,
+            "use_sliding_window": false,
+            "vocab_size": self.vocab,
+            "synthetic": { "generator": "picchio synth", "seed": self.seed }
+        })
+    }
+
+    /// GPT-OSS's config.json, as the released gpt-oss-20b writes it.
+    fn gpt_oss_config(&self) -> Value {
         let layer_types: Vec<&str> = (0..self.layers)
             .map(|i| if i % 2 == 0 { "sliding_attention" } else { "full_attention" })
             .collect();
@@ -177,6 +264,57 @@ impl SynthSpec {
 
     /// Every tensor: name, dtype, shape and how to fill it.
     fn tensors(&self) -> Vec<SynthTensor> {
+        match self.family {
+            ModelFamily::GptOss => self.gpt_oss_tensors(),
+            ModelFamily::Qwen3Moe => self.qwen3_moe_tensors(),
+        }
+    }
+
+    /// Qwen3-MoE's tensors, BF16, names from [`names`]: QK-norm weights, a router without
+    /// bias, three matrices per expert, no biases anywhere.
+    fn qwen3_moe_tensors(&self) -> Vec<SynthTensor> {
+        let (h, i, e, d) = (self.hidden, self.intermediate, self.experts, self.head_dim);
+        let q = self.heads * d;
+        let kv = self.kv_heads * d;
+        let inv = |n: usize| 1.0 / (n as f32).sqrt();
+        let u = |std: f32| Fill::Uniform { std, mean: 0.0 };
+        let norm = Fill::Uniform { std: 0.05, mean: 1.0 };
+        let mut v = vec![
+            SynthTensor::bf16(names::EMBED, vec![self.vocab, h], u(1.0)),
+            SynthTensor::bf16(names::FINAL_NORM, vec![h], norm),
+        ];
+        for l in 0..self.layers {
+            let n = names::layer(ModelFamily::Qwen3Moe, l);
+            v.push(SynthTensor::bf16(&n.attn_norm, vec![h], norm));
+            v.push(SynthTensor::bf16(&n.mlp_norm, vec![h], norm));
+            for (name, rows, cols, std) in [
+                (&n.q, q, h, inv(h)),
+                (&n.k, kv, h, inv(h)),
+                (&n.v, kv, h, inv(h)),
+                (&n.o, h, q, 0.5 * inv(q)),
+            ] {
+                v.push(SynthTensor::bf16(&format!("{name}.weight"), vec![rows, cols], u(std)));
+            }
+            v.push(SynthTensor::bf16(&n.q_norm, vec![d], norm));
+            v.push(SynthTensor::bf16(&n.k_norm, vec![d], norm));
+            v.push(SynthTensor::bf16(&format!("{}.weight", n.router), vec![e, h], u(2.0 * inv(h))));
+            for expert in 0..e {
+                for (proj, rows, cols, std) in [
+                    ("gate_proj", i, h, inv(h)),
+                    ("up_proj", i, h, inv(h)),
+                    ("down_proj", h, i, 0.5 * inv(i)),
+                ] {
+                    let name = names::separate_expert(l, expert, proj);
+                    v.push(SynthTensor::bf16(&name, vec![rows, cols], u(std)));
+                }
+            }
+        }
+        v.push(SynthTensor::bf16(names::LM_HEAD, vec![self.vocab, h], u(inv(h))));
+        v
+    }
+
+    /// GPT-OSS's tensors: BF16 dense weights, MXFP4 experts with BF16 biases.
+    fn gpt_oss_tensors(&self) -> Vec<SynthTensor> {
         let (h, i, e) = (self.hidden, self.intermediate, self.experts);
         let q = self.heads * self.head_dim;
         let kv = self.kv_heads * self.head_dim;

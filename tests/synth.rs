@@ -82,3 +82,18 @@ fn tiny_with_real_vocabulary_is_made_in_seconds() {
     assert_eq!(cfg.vocab_size, 201_088);
     eprintln!("tiny synthetic model with the real vocabulary: made and converted in {secs:.2} s");
 }
+
+/// Qwen3-MoE at its real width (hidden 2048, 32/4 heads of 128, top-8, expert width 768),
+/// two layers of 16 experts and a small vocabulary: converted with the defaults (INT4
+/// experts from BF16), finite, routing varied, and the config read as the family.
+#[test]
+fn qwen3_real_width_model_converts_stays_finite_and_routes_varied() {
+    let spec = SynthSpec { layers: 2, experts: 16, vocab: 3000, ..SynthSpec::of(SynthShape::Qwen3_30bA3b) };
+    let src = tempfile::tempdir().unwrap();
+    synth(&spec, src.path(), &mut |_, _| {}).unwrap();
+    let cfg = picchio::ModelConfig::from_dir(src.path()).unwrap();
+    assert_eq!(cfg.family, picchio::config::ModelFamily::Qwen3Moe);
+    assert_eq!((cfg.num_experts, cfg.experts_per_token, cfg.intermediate_size), (16, 8, 768));
+    assert_eq!(cfg.recipe.routing, picchio::config::Routing::SoftmaxThenTopK { renormalize: true });
+    check_healthy(&spec);
+}

@@ -41,7 +41,7 @@ pub enum Command {
     Convert(convert::ConvertArgs),
     /// Re-hash every tensor and expert of a container against its manifest.
     Verify(verify::VerifyArgs),
-    /// Write a random GPT-OSS checkpoint of exact shape (for benchmarks and tests).
+    /// Write a random GPT-OSS or Qwen3-MoE checkpoint of exact shape (for benchmarks and tests).
     Synth(synth::SynthArgs),
     /// Measure prefill and decode speed (the key/value cache holds the positions the run needs
     /// unless `--ctx` says more).
