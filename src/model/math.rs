@@ -7,15 +7,21 @@ use crate::config::Routing;
 
 /// `out[i] = weight[i] * (x[i] / sqrt(mean(x^2) + eps))`, in f32.
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
-    debug_assert_eq!(x.len(), weight.len());
     debug_assert_eq!(x.len(), out.len());
+    out.copy_from_slice(x);
+    rms_norm_in_place(out, weight, eps);
+}
+
+/// [`rms_norm`] in place (QK-norm over each head needs no scratch buffer).
+pub fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
+    debug_assert_eq!(x.len(), weight.len());
     let mut sum_sq = 0.0f32;
-    for v in x {
+    for v in x.iter() {
         sum_sq += v * v;
     }
     let inv = 1.0 / (sum_sq / x.len() as f32 + eps).sqrt();
-    for ((o, &v), &w) in out.iter_mut().zip(x).zip(weight) {
-        *o = w * (v * inv);
+    for (v, &w) in x.iter_mut().zip(weight) {
+        *v = w * (*v * inv);
     }
 }
 

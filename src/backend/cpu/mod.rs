@@ -14,7 +14,7 @@ use crate::backend::{Backend, LinearId, NormId, RouteTable};
 use crate::config::{ModelConfig, Routing};
 use crate::error::{Error, Result};
 use crate::experts::{ExpertSource, ExpertStats};
-use crate::model::math::{rms_norm, route};
+use crate::model::math::{rms_norm, rms_norm_in_place, route};
 use crate::model::rope::{RopeFrequencies, rotate_half};
 use crate::model::weights::{DenseWeights, FeedForward, Linear};
 use crate::quant::Matrix;
@@ -244,10 +244,8 @@ impl Backend for CpuBackend {
         }
         let w = self.norm_weight(norm)?;
         let eps = self.cfg.rms_norm_eps;
-        let mut normed = vec![0.0f32; d];
         for head in x.data.chunks_exact_mut(d) {
-            rms_norm(head, w, eps, &mut normed);
-            head.copy_from_slice(&normed);
+            rms_norm_in_place(head, w, eps);
         }
         Ok(())
     }

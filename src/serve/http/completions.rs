@@ -24,6 +24,7 @@ use super::convert::{self, SamplingFields};
 use super::error::ApiError;
 use super::raw::RawText;
 use super::routes::failure_error;
+use super::sse::{ENGINE_GONE, WorkerEvents, poll_events};
 use super::worker::{Finished, Piece, WorkerMsg};
 use crate::chat::{Tokenizer, VOCAB_SIZE};
 use crate::sample::SamplingParams;
@@ -404,29 +405,34 @@ impl CompletionStream {
     }
 }
 
+impl WorkerEvents for CompletionStream {
+    fn pending(&mut self) -> &mut VecDeque<Event> {
+        &mut self.pending
+    }
+
+    fn done(&self) -> bool {
+        self.done
+    }
+
+    fn rx(&mut self) -> &mut UnboundedReceiver<WorkerMsg> {
+        &mut self.rx
+    }
+
+    fn on_message(&mut self, msg: WorkerMsg) {
+        CompletionStream::on_message(self, msg)
+    }
+
+    fn on_engine_gone(&mut self) {
+        self.push_error(ApiError::unavailable(ENGINE_GONE));
+        self.finish();
+    }
+}
+
 impl Stream for CompletionStream {
     type Item = Result<Event, Infallible>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let this = &mut *self;
-        loop {
-            if let Some(event) = this.pending.pop_front() {
-                return Poll::Ready(Some(Ok(event)));
-            }
-            if this.done {
-                return Poll::Ready(None);
-            }
-            match this.rx.poll_recv(cx) {
-                Poll::Ready(Some(msg)) => this.on_message(msg),
-                Poll::Ready(None) => {
-                    this.push_error(ApiError::unavailable(
-                        "the engine stopped before the answer was complete",
-                    ));
-                    this.finish();
-                }
-                Poll::Pending => return Poll::Pending,
-            }
-        }
+        poll_events(&mut *self, cx)
     }
 }
 

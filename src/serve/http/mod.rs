@@ -45,6 +45,7 @@ mod responses;
 mod responses_api;
 mod responses_stream;
 mod routes;
+mod sse;
 mod store;
 mod stream;
 mod structured;

@@ -30,6 +30,7 @@ use super::responses::{
 };
 use super::responses_api::ContentPart;
 use super::routes::failure_error;
+use super::sse::{ENGINE_GONE, WorkerEvents, poll_events};
 use super::store::Store;
 use super::worker::{Finished, WorkerMsg};
 use crate::chat::HarmonyEncoding;
@@ -226,26 +227,33 @@ impl ResponseStream {
     }
 }
 
+impl WorkerEvents for ResponseStream {
+    fn pending(&mut self) -> &mut VecDeque<Event> {
+        &mut self.pending
+    }
+
+    fn done(&self) -> bool {
+        self.done
+    }
+
+    fn rx(&mut self) -> &mut UnboundedReceiver<WorkerMsg> {
+        &mut self.rx
+    }
+
+    fn on_message(&mut self, msg: WorkerMsg) {
+        ResponseStream::on_message(self, msg)
+    }
+
+    fn on_engine_gone(&mut self) {
+        self.on_failed(ENGINE_GONE.into());
+        self.done = true;
+    }
+}
+
 impl Stream for ResponseStream {
     type Item = Result<Event, Infallible>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let this = &mut *self;
-        loop {
-            if let Some(event) = this.pending.pop_front() {
-                return Poll::Ready(Some(Ok(event)));
-            }
-            if this.done {
-                return Poll::Ready(None);
-            }
-            match this.rx.poll_recv(cx) {
-                Poll::Ready(Some(msg)) => this.on_message(msg),
-                Poll::Ready(None) => {
-                    this.on_failed("the engine stopped before the answer was complete".into());
-                    this.done = true;
-                }
-                Poll::Pending => return Poll::Pending,
-            }
-        }
+        poll_events(&mut *self, cx)
     }
 }

@@ -31,6 +31,7 @@ use super::logprobs::ChoiceLogprobs;
 use super::responses::{self as responses_api, Ending, OutputBuilder, ResponseMeta};
 use super::responses_api::ResponsesRequest;
 use super::responses_stream::ResponseStream;
+use super::sse::ENGINE_GONE;
 use super::store::Store;
 use super::stream::{ChunkMeta, ChunkStream};
 use super::structured::Structured;
@@ -452,7 +453,7 @@ async fn chat(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<Response,
             Some(WorkerMsg::Done(result)) => break result.map_err(failure_error)?,
             Some(WorkerMsg::Logprobs(entries)) => logprobs.extend(entries),
             Some(WorkerMsg::Started | WorkerMsg::Piece(_)) => {}
-            None => return Err(ApiError::unavailable("the engine stopped before the answer was complete")),
+            None => return Err(ApiError::unavailable(ENGINE_GONE)),
         }
     };
     let usage = Usage::new(finished.prompt_tokens, finished.cached_tokens, finished.completion_tokens);
@@ -546,7 +547,7 @@ async fn complete_text(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<
                 | WorkerMsg::Started
                 | WorkerMsg::Logprobs(_),
             ) => {}
-            None => return Err(ApiError::unavailable("the engine stopped before the answer was complete")),
+            None => return Err(ApiError::unavailable(ENGINE_GONE)),
         }
     };
     let (finish_reason, usage) = completions::ending(&finished);
@@ -665,7 +666,7 @@ async fn respond(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<Respon
                 steps.clear();
             }
             Some(WorkerMsg::Started) => {}
-            None => return Err(ApiError::unavailable("the engine stopped before the answer was complete")),
+            None => return Err(ApiError::unavailable(ENGINE_GONE)),
         }
     };
     let last = responses_api::last_item_status(finished.stop);

@@ -19,6 +19,7 @@ use super::convert::{finish_reason, function_name};
 use super::error::ApiError;
 use super::logprobs::{ChoiceLogprobs, TokenLogprob};
 use super::routes::failure_error;
+use super::sse::{ENGINE_GONE, WorkerEvents, poll_events};
 use super::worker::{Piece, WorkerMsg};
 
 /// What every chunk of one completion shares.
@@ -192,29 +193,33 @@ impl ChunkStream {
     }
 }
 
+impl WorkerEvents for ChunkStream {
+    fn pending(&mut self) -> &mut VecDeque<Event> {
+        &mut self.pending
+    }
+
+    fn done(&self) -> bool {
+        self.done
+    }
+
+    fn rx(&mut self) -> &mut UnboundedReceiver<WorkerMsg> {
+        &mut self.rx
+    }
+
+    fn on_message(&mut self, msg: WorkerMsg) {
+        ChunkStream::on_message(self, msg)
+    }
+
+    fn on_engine_gone(&mut self) {
+        self.push_error(ApiError::unavailable(ENGINE_GONE));
+        self.finish();
+    }
+}
+
 impl Stream for ChunkStream {
     type Item = Result<Event, Infallible>;
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        let this = &mut *self;
-        loop {
-            if let Some(event) = this.pending.pop_front() {
-                return Poll::Ready(Some(Ok(event)));
-            }
-            if this.done {
-                return Poll::Ready(None);
-            }
-            match this.rx.poll_recv(cx) {
-                Poll::Ready(Some(msg)) => this.on_message(msg),
-                Poll::Ready(None) => {
-                    // The engine dropped the job without an outcome (it stopped).
-                    this.push_error(ApiError::unavailable(
-                        "the engine stopped before the answer was complete",
-                    ));
-                    this.finish();
-                }
-                Poll::Pending => return Poll::Pending,
-            }
-        }
+        poll_events(&mut *self, cx)
     }
 }
