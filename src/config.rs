@@ -507,6 +507,29 @@ impl ModelConfig {
         (ctx as u64).checked_mul(self.head_dim as u64)?.checked_mul(std::mem::size_of::<f32>() as u64)
     }
 
+    /// The layers whose feed-forward is a mixture of experts, in order. Only these have
+    /// expert records; a dense MLP layer's weights are dense tensors.
+    pub fn moe_layers(&self) -> impl Iterator<Item = usize> + '_ {
+        self.mlp_kinds.iter().enumerate().filter(|(_, k)| **k == MlpKind::Moe).map(|(l, _)| l)
+    }
+
+    /// Number of expert records: experts per layer times the MoE layers. Cannot overflow
+    /// for a validated config (both are bounded).
+    pub fn num_expert_records(&self) -> usize {
+        self.moe_layers().count() * self.num_experts
+    }
+
+    /// Position of the record of `expert` in `layer` in the expert store: records are
+    /// ordered by MoE layer, then expert, and dense layers have none. `None` for a dense
+    /// layer or an index out of range.
+    pub fn expert_record(&self, layer: usize, expert: usize) -> Option<usize> {
+        if expert >= self.num_experts || *self.mlp_kinds.get(layer)? != MlpKind::Moe {
+            return None;
+        }
+        let moe_before = self.mlp_kinds[..layer].iter().filter(|k| **k == MlpKind::Moe).count();
+        Some(moe_before * self.num_experts + expert)
+    }
+
     /// Width of all query heads together. Cannot overflow for a validated config (heads
     /// and head_dim are each at most 4096).
     pub fn q_dim(&self) -> usize {
@@ -917,6 +940,31 @@ mod tests {
 
     fn parse(text: &str) -> Result<ModelConfig> {
         ModelConfig::from_json_str(text, Path::new("config.json"))
+    }
+
+    #[test]
+    fn expert_records_skip_dense_layers() {
+        let mut c = parse(GPT_OSS_20B).unwrap();
+        assert_eq!(c.num_expert_records(), 24 * 32);
+        assert_eq!(c.expert_record(23, 31), Some(24 * 32 - 1));
+        c.mlp_kinds[0] = MlpKind::Dense;
+        c.mlp_kinds[5] = MlpKind::Dense;
+        assert_eq!(c.num_expert_records(), 22 * 32);
+        assert_eq!(c.expert_record(0, 0), None);
+        assert_eq!(c.expert_record(1, 0), Some(0));
+        assert_eq!(c.expert_record(4, 31), Some(4 * 32 - 1));
+        assert_eq!(c.expert_record(5, 3), None);
+        assert_eq!(c.expert_record(6, 0), Some(4 * 32));
+        assert_eq!(c.expert_record(6, 32), None, "expert out of range");
+        assert_eq!(c.expert_record(24, 0), None, "layer out of range");
+        let mut n = 0;
+        for l in c.moe_layers() {
+            for e in 0..32 {
+                assert_eq!(c.expert_record(l, e), Some(n));
+                n += 1;
+            }
+        }
+        assert_eq!(n, c.num_expert_records());
     }
 
     #[test]

@@ -293,11 +293,6 @@ pub fn open(path: &Path, opts: &OpenOptions) -> Result<LoadedModel> {
             "neither a Picchio container (manifest.json) nor a Hugging Face checkpoint (config.json + model.safetensors)",
         ));
     }
-    let cfg = ModelConfig::from_dir(path)?;
-    if cfg.mlp_kinds.contains(&MlpKind::Dense) {
-        // The converter does not store dense MLP layers yet: run the checkpoint from memory.
-        return load_hf_in_memory(path, &cfg);
-    }
     let target = converted_copy_dir(path, opts)?;
     if is_container(&target) {
         // A cached copy whose manifest cannot be read is damaged; converting over it would
@@ -410,33 +405,6 @@ pub fn load_hf(dir: &Path) -> Result<LoadedModel> {
         experts: Arc::new(ResidentExperts::new(experts)),
         dir: dir.to_path_buf(),
     })
-}
-
-/// [`load_hf`] for a checkpoint the converter does not handle yet (dense MLP layers), after
-/// checking that its weights decoded to F32 fit in the memory available now; the error says
-/// how much they need.
-fn load_hf_in_memory(dir: &Path, cfg: &ModelConfig) -> Result<LoadedModel> {
-    let sizes = cfg.derived_sizes().map_err(|m| Error::config(dir.join("config.json"), m))?;
-    let need = sizes
-        .all_experts_bytes_f32
-        .saturating_add(sizes.embedding_bytes.saturating_mul(2))
-        .saturating_add(sizes.attention_bytes_per_layer.saturating_mul(cfg.num_layers as u64));
-    if let Some(available) = crate::system::available_memory()
-        && need > available
-    {
-        return Err(Error::format(
-            dir,
-            format!(
-                "checkpoints with dense MLP layers ({}) are not converted into containers yet, so they run \
-                 with every weight decoded to F32 in memory: this one needs about {} and {} is available",
-                cfg.family.model_type(),
-                gib(need),
-                gib(available)
-            ),
-        ));
-    }
-    tracing::info!("dense MLP layers: running the checkpoint from memory (F32, no container yet)");
-    load_hf(dir)
 }
 
 /// Where a backend keeps its key/value cache, for the memory check of [`check_context_memory`].

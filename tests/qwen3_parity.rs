@@ -2,8 +2,8 @@
 //! fixtures/README.md): the residual stream entering every layer, the router top-k and
 //! weights of every MoE layer at every position, the prompt logits, the 32-token greedy
 //! continuation, the RoPE frequencies; decode through the cache against one batch; the
-//! exact container token-exact and the default one against its L1 reference; and what does
-//! not run yet (dense layers in a container, the GPU) refused by name.
+//! exact container token-exact and the default one against its L1 reference on every
+//! fixture (dense layers included); and what does not run yet (the GPU) refused by name.
 
 mod common;
 
@@ -231,58 +231,106 @@ fn prompt_and_greedy(model: &LoadedModel, r: &Reference) -> (Vec<f32>, Vec<u32>)
     (logits, out.tokens)
 }
 
+/// Every Qwen3 fixture: the dense-layer one (`qwen3-tiny-f32`, layer 2), the tied and
+/// not renormalized one, and the BF16 checkpoint (against its F32-from-BF16 reference).
+const FIXTURES: [&str; 3] = ["qwen3-tiny-f32", "qwen3-alt-f32", "qwen3-tiny-bf16"];
+
+/// The exact container (F32 experts and dense tensors) is token-exact against Transformers.
 #[test]
 fn exact_container_is_token_exact_against_transformers() {
-    let r = Reference::load("qwen3-alt-f32");
-    let dir = convert("qwen3-alt-f32", Formats { experts: ExpertFormat::F32, dense: DenseFormat::F32 });
-    let model = open(dir.path());
-    assert!(model.config.tie_word_embeddings, "the container keeps the tied head");
-    let (logits, greedy) = prompt_and_greedy(&model, &r);
-    let d = max_abs_diff(&logits, &r.logits);
-    assert!(d < 1e-4, "F32 container logits differ from Transformers by {d}");
-    assert_eq!(greedy, r.greedy, "F32 container greedy tokens");
+    for name in FIXTURES {
+        let r = Reference::load(name);
+        let dir = convert(name, Formats { experts: ExpertFormat::F32, dense: DenseFormat::F32 });
+        let model = open(dir.path());
+        let (logits, greedy) = prompt_and_greedy(&model, &r);
+        let d = max_abs_diff(&logits, &r.logits);
+        assert!(d < 1e-4, "{name}: F32 container logits differ from Transformers by {d}");
+        assert_eq!(greedy, r.greedy, "{name}: F32 container greedy tokens");
+    }
 }
 
-/// The default container (INT4 experts from the F32 source, INT8 embedding and head) against
-/// its level-L1 reference: F32 arithmetic on the same quantized weights.
+/// `--dense source` keeps the BF16 checkpoint's matrices BF16 (widened exactly when
+/// computed), so with F32 experts the container is as exact as the F32 one.
+#[test]
+fn source_precision_container_keeps_bf16_and_stays_exact() {
+    let name = "qwen3-tiny-bf16";
+    let r = Reference::load(name);
+    let dir = convert(name, Formats { experts: ExpertFormat::F32, dense: DenseFormat::Source });
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("manifest.json")).unwrap()).unwrap();
+    let scheme = |t: &str| {
+        let tensors = manifest["tensors"].as_array().unwrap();
+        let rec = tensors.iter().find(|x| x["name"] == t).unwrap_or_else(|| panic!("no tensor {t}"));
+        format!("{}/{}", rec["scheme"].as_str().unwrap(), rec["parts"][0]["dtype"].as_str().unwrap())
+    };
+    assert_eq!(scheme("model.layers.2.mlp.gate_proj.weight"), "none/bf16", "the dense MLP stays BF16");
+    assert_eq!(scheme("model.layers.0.self_attn.q_proj.weight"), "none/bf16");
+    assert_eq!(scheme("model.embed_tokens.weight"), "none/bf16");
+    let (logits, greedy) = prompt_and_greedy(&open(dir.path()), &r);
+    let d = max_abs_diff(&logits, &r.logits);
+    assert!(d < 1e-4, "BF16-kept container logits differ from the reference by {d}");
+    assert_eq!(greedy, r.greedy);
+}
+
+/// The default container (INT4 experts, INT8 embedding and head) against its level-L1
+/// reference: F32 arithmetic on the same quantized weights.
 #[test]
 fn default_container_matches_its_l1_reference() {
-    let r = Reference::load("qwen3-alt-f32");
-    let dir = convert("qwen3-alt-f32", Formats::default());
-    let model = open(dir.path());
-    let reference = model.dequantized().unwrap();
-    let vocab = model.config.vocab_size;
-    let (logits, greedy) = prompt_and_greedy(&model, &r);
-    let (ref_logits, ref_greedy) = prompt_and_greedy(&reference, &r);
-    for pos in 0..r.prompt.len() {
-        let (a, b) = (&logits[pos * vocab..(pos + 1) * vocab], &ref_logits[pos * vocab..(pos + 1) * vocab]);
-        assert_eq!(argmax(a), argmax(b), "top-1 at prompt position {pos} differs from L1");
+    for name in FIXTURES {
+        let r = Reference::load(name);
+        let dir = convert(name, Formats::default());
+        let model = open(dir.path());
+        let reference = model.dequantized().unwrap();
+        let vocab = model.config.vocab_size;
+        let (logits, greedy) = prompt_and_greedy(&model, &r);
+        let (ref_logits, ref_greedy) = prompt_and_greedy(&reference, &r);
+        for pos in 0..r.prompt.len() {
+            let (a, b) =
+                (&logits[pos * vocab..(pos + 1) * vocab], &ref_logits[pos * vocab..(pos + 1) * vocab]);
+            assert_eq!(argmax(a), argmax(b), "{name}: top-1 at prompt position {pos} differs from L1");
+        }
+        assert_eq!(greedy, ref_greedy, "{name}: greedy tokens differ from the L1 reference");
     }
-    assert_eq!(greedy, ref_greedy, "greedy tokens differ from the L1 reference");
 }
 
-/// Dense MLP layers have no container layout yet: the converter refuses them by layer, and
-/// `open` runs such a checkpoint from memory instead.
+/// A dense MLP layer is stored as three dense tensors and has no expert records: the store
+/// holds one record per expert of each MoE layer only, in layer order, and `open` on the
+/// Hugging Face directory converts it like any other checkpoint.
 #[test]
-fn dense_layers_are_refused_by_the_converter_and_run_from_memory() {
-    let out = tempfile::tempdir().unwrap();
-    let target = out.path().join("container");
-    let opts = ConvertOptions { formats: Formats::default(), progress: false, interrupt_after: None };
-    let err = picchio::format::container::convert(&fixture("qwen3-tiny-f32"), &target, &opts)
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("layer 2 is a dense MLP layer"), "{err}");
-    assert!(!target.exists(), "a refused conversion must not create {}", target.display());
+fn dense_layers_are_dense_tensors_without_expert_records() {
+    let name = "qwen3-tiny-f32";
+    let cfg = picchio::config::ModelConfig::from_dir(&fixture(name)).unwrap();
     let cache = tempfile::tempdir().unwrap();
     let model = engine::open(
-        &fixture("qwen3-tiny-f32"),
+        &fixture(name),
         &OpenOptions { ctx: 512, cache_dir: Some(cache.path().to_path_buf()), ..Default::default() },
     )
     .unwrap();
-    let r = Reference::load("qwen3-tiny-f32");
-    let (logits, _) = prompt_and_greedy(&model, &r);
-    assert!(max_abs_diff(&logits, &r.logits) < 1e-4);
-    assert_eq!(std::fs::read_dir(cache.path()).unwrap().count(), 0, "nothing was converted");
+    assert_eq!(std::fs::read_dir(cache.path()).unwrap().count(), 1, "open converted the checkpoint");
+    let container = std::fs::read_dir(cache.path()).unwrap().next().unwrap().unwrap().path();
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(container.join("manifest.json")).unwrap()).unwrap();
+    let records = manifest["experts"]["records"].as_array().unwrap();
+    let moe_layers: Vec<usize> = cfg.moe_layers().collect();
+    assert_eq!(moe_layers, [0, 1, 3], "the fixture's layer 2 is dense");
+    assert_eq!(records.len(), moe_layers.len() * cfg.num_experts);
+    for (n, rec) in records.iter().enumerate() {
+        let (layer, expert) = (moe_layers[n / cfg.num_experts], n % cfg.num_experts);
+        assert_eq!(
+            (rec["layer"].as_u64(), rec["expert"].as_u64()),
+            (Some(layer as u64), Some(expert as u64))
+        );
+        assert_eq!(cfg.expert_record(layer, expert), Some(n));
+    }
+    assert_eq!(cfg.expert_record(2, 0), None, "a dense layer has no record");
+    let tensors = manifest["tensors"].as_array().unwrap();
+    for m in ["gate_proj", "up_proj", "down_proj"] {
+        let t = format!("model.layers.2.mlp.{m}.weight");
+        assert!(tensors.iter().any(|x| x["name"] == t.as_str()), "no dense tensor {t}");
+    }
+    let r = Reference::load(name);
+    let (_, greedy) = prompt_and_greedy(&model, &r);
+    assert_eq!(greedy, prompt_and_greedy(&model.dequantized().unwrap(), &r).1);
 }
 
 #[test]
@@ -294,4 +342,21 @@ fn the_gpu_refuses_qwen3_by_name() {
         // Refused before any adapter is looked for, so the same with and without one.
         Err(e) => assert!(e.to_string().contains("does not run Qwen3-MoE"), "{e}"),
     }
+}
+
+/// A manifest that gives a dense layer expert records is refused, naming the record.
+#[test]
+fn a_record_for_a_dense_layer_is_refused() {
+    let dir = convert("qwen3-tiny-f32", Formats { experts: ExpertFormat::F32, dense: DenseFormat::F32 });
+    let path = dir.path().join("manifest.json");
+    let mut manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let records = manifest["experts"]["records"].as_array_mut().unwrap();
+    let n = records.iter().position(|r| r["layer"] == 3).unwrap();
+    records[n]["layer"] = 2.into();
+    std::fs::write(&path, serde_json::to_vec(&manifest).unwrap()).unwrap();
+    let err = engine::load_container(dir.path(), &OpenOptions { ctx: 64, ..Default::default() })
+        .err()
+        .expect("a record for dense layer 2 must not load")
+        .to_string();
+    assert!(err.contains(&format!("expert record {n} (layer 2, expert 0)")), "{err}");
 }

@@ -114,8 +114,11 @@ impl CachedExperts {
         let total = store.len();
         let capacity = ((opts.capacity_bytes / expert_bytes) as usize).min(total);
         let (num_layers, num_experts) = (store.num_layers(), store.num_experts());
+        // Usage counts are indexed `layer * num_experts + expert` over every layer (a dense
+        // layer's stay zero), so the file does not depend on which layers are MoE.
+        let slots = num_layers.saturating_mul(num_experts);
         let usage =
-            opts.usage_file.as_deref().and_then(|p| read_usage(p, total)).unwrap_or_else(|| vec![0; total]);
+            opts.usage_file.as_deref().and_then(|p| read_usage(p, slots)).unwrap_or_else(|| vec![0; slots]);
         // A few spare buffers are enough: an eviction normally makes room for a read that
         // takes its buffer at once.
         let buffers = BufferPool::new(store.read_bytes() as usize, opts.io_threads.max(1) + 2);

@@ -219,10 +219,7 @@ impl ExpertStore {
     where
         B: ByteRegion + AsMut<[u8]> + 'static,
     {
-        let e_count = self.cfg.num_experts;
-        let index = (layer < self.cfg.num_layers && expert < e_count)
-            .then(|| layer.checked_mul(e_count)?.checked_add(expert))
-            .flatten();
+        let index = self.cfg.expert_record(layer, expert);
         let Some((rec, want_hash)) = index.and_then(|n| self.info.records.get(n).zip(self.hashes.get(n)))
         else {
             return Err(Error::invalid(format!("no expert {expert} in layer {layer}")));
@@ -313,15 +310,15 @@ impl ExpertStore {
 
 /// The few facts about the layout that reads rely on (the full validation is
 /// `Manifest::validate`; a store may also be opened from a hand-made description): one
-/// record per expert, each payload inside its record, each component inside the payload, a
+/// record per expert of each MoE layer, each payload inside its record, each component inside the payload, a
 /// scheme that names a weight format. Returns that format.
 fn check_info(path: &Path, info: &ExpertStoreInfo, cfg: &ModelConfig) -> Result<WeightFormat> {
     let bad = |what: String| Err(Error::format(path, format!("expert store layout: {what}")));
-    if cfg.num_layers.checked_mul(cfg.num_experts) != Some(info.records.len()) {
+    if cfg.num_expert_records() != info.records.len() {
         return bad(format!(
-            "{} records for {} layers x {} experts",
+            "{} records for {} MoE layers x {} experts",
             info.records.len(),
-            cfg.num_layers,
+            cfg.moe_layers().count(),
             cfg.num_experts
         ));
     }

@@ -24,7 +24,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use rayon::prelude::*;
 use safetensors::Dtype as SrcDtype;
 
-use crate::config::{MlpKind, ModelConfig};
+use crate::config::ModelConfig;
 use crate::error::{Error, Result};
 use crate::format::container::layout::{Formats, plan_dense, plan_experts};
 use crate::format::container::manifest::{
@@ -159,16 +159,6 @@ pub fn convert_with_hooks(
 ) -> Result<ConvertReport> {
     let started = Instant::now();
     let cfg = ModelConfig::from_dir(src)?;
-    if let Some(l) = cfg.mlp_kinds.iter().position(|&k| k == MlpKind::Dense) {
-        return Err(Error::format(
-            src,
-            format!(
-                "layer {l} is a dense MLP layer (mlp_only_layers / decoder_sparse_step); converting models \
-                 with dense layers is not supported yet (released Qwen3-MoE models have none); `-m DIR` runs \
-                 the Hugging Face directory itself, every weight decoded to F32 in memory"
-            ),
-        ));
-    }
     let ck = Checkpoint::open(src)?;
     let layout = expert_layout(&ck, &cfg)?;
     check_checkpoint(&ck, &cfg, layout)?;
@@ -209,8 +199,7 @@ pub fn convert_with_hooks(
     let outputs = Outputs {
         dense: &dense,
         experts: &experts,
-        num_layers: cfg.num_layers,
-        num_experts: cfg.num_experts,
+        cfg: &cfg,
         dense_file: &dense_file,
         dense_path: &dense_path,
         experts_file: &experts_file,
@@ -371,8 +360,7 @@ fn recheck(state: &mut State, outputs: &Outputs<'_>, out: &Path) -> Result<state
 struct Outputs<'a> {
     dense: &'a [TensorRecord],
     experts: &'a ExpertStoreInfo,
-    num_layers: usize,
-    num_experts: usize,
+    cfg: &'a ModelConfig,
     dense_file: &'a File,
     dense_path: &'a Path,
     experts_file: &'a File,
@@ -385,8 +373,9 @@ impl Outputs<'_> {
         self.dense.iter().find(|t| t.name == name)
     }
 
+    /// The MoE layer an `experts:L` key names (dense layers have no expert item).
     fn expert_layer(&self, key: &str) -> Option<usize> {
-        key.strip_prefix("experts:")?.parse().ok().filter(|l| *l < self.num_layers)
+        key.strip_prefix("experts:")?.parse().ok().filter(|&l| self.cfg.expert_record(l, 0).is_some())
     }
 }
 
@@ -395,7 +384,7 @@ impl Regions for Outputs<'_> {
         if let Some(t) = self.dense_tensor(key) {
             return rows_cols(t).ok().map(|(rows, _)| rows);
         }
-        self.expert_layer(key).map(|_| self.num_experts)
+        self.expert_layer(key).map(|_| self.cfg.num_experts)
     }
 
     fn regions(&self, key: &str, start: usize, end: usize) -> Vec<Region<'_>> {
@@ -415,7 +404,7 @@ impl Regions for Outputs<'_> {
         }
         let Some(layer) = self.expert_layer(key) else { return Vec::new() };
         // An impossible range yields no regions, which matches no hashes: the work is redone.
-        let first = layer * self.num_experts;
+        let Some(first) = self.cfg.expert_record(layer, 0) else { return Vec::new() };
         self.experts
             .records
             .get(first + start..first + end)
@@ -529,7 +518,7 @@ fn ordered_items(
         let e = ck.get(&t.name).expect("checked");
         items.push((e.shard, e.offset as u64, Item::Dense(i)));
     }
-    for l in 0..cfg.num_layers {
+    for l in cfg.moe_layers() {
         let first = match layout {
             ExpertLayout::Mxfp4 => format!("{}.gate_up_proj_blocks", names::fused_experts(l)),
             ExpertLayout::Dequantized => format!("{}.gate_up_proj", names::fused_experts(l)),
@@ -866,7 +855,8 @@ fn convert_expert_layer(
     let (mut step, mut unsaved) = (Vec::new(), 0usize);
     for expert in first..e_count {
         let (record, read) = convert_expert(job, expert)?;
-        let rec = &job.info.records[job.layer * e_count + expert];
+        let n = job.cfg.expert_record(job.layer, expert).expect("expert items are MoE layers");
+        let rec = &job.info.records[n];
         write_all_at(out.file, &record, rec.offset).map_err(|e| {
             Error::format(out.path, format!("writing layer {} expert {expert}: {e}", job.layer))
         })?;
@@ -1069,12 +1059,14 @@ fn fill_hashes(
             p.hash = h.clone();
         }
     }
-    for l in 0..cfg.num_layers {
+    for l in cfg.moe_layers() {
         let key = format!("experts:{l}");
         let hashes =
             state.done.get(&key).ok_or_else(|| Error::invalid(format!("conversion lost track of {key}")))?;
         for (e, h) in hashes.iter().enumerate() {
-            experts.records[l * cfg.num_experts + e].hash = h.clone();
+            let n =
+                cfg.expert_record(l, e).ok_or_else(|| Error::invalid(format!("{key} has extra hashes")))?;
+            experts.records[n].hash = h.clone();
         }
     }
     Ok(())

@@ -216,7 +216,8 @@ pub fn plan_dense(
     (out, offset)
 }
 
-/// Lays out expert records in `experts.bin` for expert storage `format`: per matrix
+/// Lays out expert records in `experts.bin` for expert storage `format`, one per expert of
+/// each MoE layer (dense layers have none; see [`ModelConfig::expert_record`]): per matrix
 /// (`gate_up`, then `down`) the format's parts (`gate_up.codes`, `gate_up.scales`, or
 /// `gate_up.data`), then its `bias`, each 64-byte aligned; the record padded to 4 KiB.
 /// Hashes are left empty.
@@ -239,7 +240,8 @@ pub fn plan_experts(cfg: &ModelConfig, format: WeightFormat) -> (ExpertStoreInfo
     }
     let payload = components.last().map_or(0, |c| c.offset + c.bytes);
     let stride = align_up(payload, RECORD_ALIGN);
-    let records: Vec<ExpertRecord> = (0..cfg.num_layers)
+    let records: Vec<ExpertRecord> = cfg
+        .moe_layers()
         .flat_map(|layer| (0..cfg.num_experts).map(move |expert| (layer, expert)))
         .enumerate()
         .map(|(n, (layer, expert))| ExpertRecord {

@@ -287,16 +287,14 @@ fn check_experts(m: &Manifest, mpath: &Path, cfg: &ModelConfig) -> Result<(usize
             format!("experts.group_size {:?}, scheme {:?} needs {want_group:?}", e.group_size, e.scheme),
         ));
     }
-    let count = cfg.num_layers.checked_mul(cfg.num_experts).ok_or_else(|| {
-        Error::format(mpath, format!("{} layers x {} experts overflows", cfg.num_layers, cfg.num_experts))
-    })?;
+    let count = cfg.num_expert_records();
     if e.records.len() != count {
         return Err(Error::format(
             mpath,
             format!(
-                "{} expert records, config needs {} x {}",
+                "{} expert records, config needs {} MoE layers x {} experts",
                 e.records.len(),
-                cfg.num_layers,
+                cfg.moe_layers().count(),
                 cfg.num_experts
             ),
         ));
@@ -340,8 +338,9 @@ fn check_experts(m: &Manifest, mpath: &Path, cfg: &ModelConfig) -> Result<(usize
 fn check_records(m: &Manifest, mpath: &Path, cfg: &ModelConfig) -> Result<()> {
     let e = &m.experts;
     let mut seen = HashSet::new();
+    let moe_layers: Vec<usize> = cfg.moe_layers().collect();
     for (n, r) in e.records.iter().enumerate() {
-        let (layer, expert) = (n / cfg.num_experts, n % cfg.num_experts);
+        let (layer, expert) = (moe_layers[n / cfg.num_experts], n % cfg.num_experts);
         let what = format!("expert record {n} (layer {}, expert {})", r.layer, r.expert);
         if !seen.insert((r.layer, r.expert)) {
             return Err(Error::format(mpath, format!("{what} appears more than once")));
