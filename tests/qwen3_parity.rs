@@ -3,7 +3,8 @@
 //! weights of every MoE layer at every position, the prompt logits, the 32-token greedy
 //! continuation, the RoPE frequencies; decode through the cache against one batch; the
 //! exact container token-exact and the default one against its L1 reference; and what does
-//! not run yet (dense layers in a container, the GPU) refused by name.
+//! not run yet (dense layers in a container) refused by name. The GPU against this CPU
+//! path: tests/gpu_qwen3.rs.
 
 mod common;
 
@@ -283,15 +284,4 @@ fn dense_layers_are_refused_by_the_converter_and_run_from_memory() {
     let (logits, _) = prompt_and_greedy(&model, &r);
     assert!(max_abs_diff(&logits, &r.logits) < 1e-4);
     assert_eq!(std::fs::read_dir(cache.path()).unwrap().count(), 0, "nothing was converted");
-}
-
-#[test]
-fn the_gpu_refuses_qwen3_by_name() {
-    let model = engine::load_hf(&fixture("qwen3-alt-f32")).unwrap();
-    let gpu = picchio::backend::gpu::GpuOptions { allow_software: true, ..Default::default() };
-    match engine::gpu_runner(&model, &RunOptions { ctx: 64, ..Default::default() }, &gpu) {
-        Ok(_) => panic!("the GPU backend accepted a Qwen3-MoE model it has no shaders for"),
-        // Refused before any adapter is looked for, so the same with and without one.
-        Err(e) => assert!(e.to_string().contains("does not run Qwen3-MoE"), "{e}"),
-    }
 }
