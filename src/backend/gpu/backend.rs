@@ -68,6 +68,7 @@ struct GpuLayer {
 }
 
 impl GpuLayer {
+    /// The router, on a MoE layer.
     fn router(&self) -> Option<&GpuLinear> {
         match &self.ffn {
             GpuFfn::Moe { router } => Some(router),
@@ -540,10 +541,9 @@ impl GpuBackend {
         Ok(())
     }
 
-    /// A dense MLP on the rows of `x` into `out` (`[rows, hidden]`; the gate/up projection of
-    /// all rows within one binding): gate_up x + b, the
-    /// recipe's gated activation (glu.wgsl), then down act + b: the CPU's expert_forward
-    /// with weight one.
+    /// A dense MLP on the rows of `x` into `out` (`[rows, hidden]`; the gate/up projection
+    /// of all rows must fit one binding): gate_up x + b, the recipe's gated activation
+    /// (glu.wgsl), then down act + b: the CPU's `expert_forward` with weight one.
     fn dense_block(&mut self, gate_up: &GpuLinear, down: &GpuLinear, x: &GpuAct, out: &GpuAct) -> Result<()> {
         let cfg = Arc::clone(&self.cfg);
         let rows = x.rows();
