@@ -1,11 +1,15 @@
-// attention.wgsl: attention with sinks, GQA and the sliding window over the KV cache in
-// VRAM, for a batch of query rows (decode: one row; prefill: many, each causal at its own
-// position start_pos + r). One workgroup per (row, query head). Keys are visited in tiles
-// of 64 with an online softmax whose running max starts at the head's sink logit and whose
-// running denominator starts at exp(sink - max) = 1: the same weights as
-// model::math::softmax_with_sink (sink column included in the max and the sum, then
-// dropped). Query head h reads KV head h / (heads / kv_heads). A sliding layer (window > 0)
-// sees positions pos - window + 1 ..= pos.
+// attention.wgsl: attention with or without sinks, GQA and the sliding window over the KV
+// cache in VRAM, for a batch of query rows (decode: one row; prefill: many, each causal at
+// its own position start_pos + r). One workgroup per (row, query head). Keys are visited in
+// tiles of 64 with an online softmax. With sinks (has_sinks = 1) its running max starts at
+// the head's sink logit and its running denominator at exp(sink - max) = 1: the same
+// weights as model::math::softmax_with_sink (sink column included in the max and the sum,
+// then dropped). Without sinks (families such as Qwen3-MoE) the max starts below every
+// finite score and the denominator at 0, so the first tile's rescale factor is exactly 0:
+// the plain softmax of model::math::softmax (the sinks binding is not read). Query head h
+// reads KV head h / (heads / kv_heads); rows are q_stride = heads * head_dim wide, which
+// need not be the hidden size. A sliding layer (window > 0) sees positions
+// pos - window + 1 ..= pos.
 
 struct Params {
     rows: u32,
@@ -18,7 +22,7 @@ struct Params {
     group: u32,
     scale: f32,
     nx: u32,
-    _pad0: u32,
+    has_sinks: u32,
     _pad1: u32,
 }
 
@@ -56,8 +60,14 @@ fn main(ids: Ids) {
     }
     workgroupBarrier();
 
-    var m = sinks[h];
-    var l = 1.0;
+    // Without sinks: a max below every real score, so exp(m - tmax) underflows to exactly 0
+    // at the first tile (no infinities: shader compilers may assume there are none).
+    var m = -1.0e38;
+    var l = 0.0;
+    if p.has_sinks != 0u {
+        m = sinks[h];
+        l = 1.0;
+    }
     var acc: array<f32, 4>;
     for (var t0 = first; t0 <= pos; t0 += WG) {
         let n = min(WG, pos + 1u - t0);

@@ -98,3 +98,23 @@ fn fp4_x2(c: u32) -> f32 {
 fn mx_scaled(sum2: f32, e: u32) -> f32 {
     return (sum2 * select(0.5, 0.25, e == 0u)) * bitcast<f32>(max(e, 1u) << 23u);
 }
+
+// The gated activation of the expert and dense MLP kernels, from one gate and one up value
+// (rows 2i and 2i + 1 of the fused gate/up projection, biases added), chosen by the
+// recipe's activation code (`activation_code` in src/backend/gpu/backend.rs):
+// ACT_CLAMPED_SWIGLU is GPT-OSS's (gate <= limit, |up| <= limit,
+// (up + 1) * gate * sigmoid(alpha * gate), as model::math::swiglu_interleaved);
+// ACT_SILU_GLU is the plain one (silu(gate) * up, no clamp, as
+// model::math::silu_glu_interleaved).
+const ACT_CLAMPED_SWIGLU: u32 = 0u;
+const ACT_SILU_GLU: u32 = 1u;
+
+fn gated_activation(gate_in: f32, up_in: f32, activation: u32, limit: f32, alpha: f32) -> f32 {
+    if activation == ACT_SILU_GLU {
+        return gate_in * (1.0 / (1.0 + exp(-gate_in))) * up_in;
+    }
+    let gate = min(gate_in, limit);
+    let up = clamp(up_in, -limit, limit);
+    let glu = gate * (1.0 / (1.0 + exp(-(gate * alpha))));
+    return (up + 1.0) * glu;
+}

@@ -1,7 +1,8 @@
 // expert_gate_up.wgsl: the first half of every selected expert of a layer, in one dispatch
 // for all (row, slot) pairs: gate/up rows of the fused projection, plus bias, through the
-// clipped interleaved SwiGLU (gate = row 2i, up = row 2i + 1; gate <= limit, |up| <=
-// limit, act = (up + 1) * gate * sigmoid(alpha * gate)), written to act[pair][i].
+// recipe's gated activation (gate = row 2i, up = row 2i + 1; `gated_activation` in
+// common.wgsl: GPT-OSS's clipped SwiGLU or the plain silu(gate) * up), written to
+// act[pair][i].
 //
 // The pair's expert comes from the routes on the GPU and its VRAM slot from the slot
 // table (layer * experts + expert), so no CPU round trip is needed when every expert is
@@ -32,7 +33,7 @@ struct Params {
     pair_first: u32,
     limit: f32,
     alpha: f32,
-    _pad0: u32,
+    activation: u32,
     _pad1: u32,
     _pad2: u32,
 }
@@ -128,9 +129,8 @@ fn main(ids: Ids) {
 //#endif
     let total = wg_sum(acc, ids);
     if ids.lid == 0u {
-        let gate = min(total.x + bitcast<f32>(pool_load(lp, base + p.b_off + 2u * i)), p.limit);
-        let up = clamp(total.y + bitcast<f32>(pool_load(lp, base + p.b_off + 2u * i + 1u)), -p.limit, p.limit);
-        let glu = gate * (1.0 / (1.0 + exp(-(gate * p.alpha))));
-        act[pair * p.inter + i] = (up + 1.0) * glu;
+        let gate = total.x + bitcast<f32>(pool_load(lp, base + p.b_off + 2u * i));
+        let up = total.y + bitcast<f32>(pool_load(lp, base + p.b_off + 2u * i + 1u));
+        act[pair * p.inter + i] = gated_activation(gate, up, p.activation, p.limit, p.alpha);
     }
 }

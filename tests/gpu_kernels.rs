@@ -1,5 +1,7 @@
 //! Each WGSL kernel against the CPU oracle's op on random inputs, through the `Backend`
-//! ops of `GpuBackend` and `CpuBackend` on the same random model. Sizes are deliberately
+//! ops of `GpuBackend` and `CpuBackend` on the same random model (GPT-OSS-shaped, and
+//! Qwen3-MoE-shaped for QK-norm, attention without sinks, softmax-then-top-k routing with
+//! ties, plain SwiGLU experts and a dense MLP layer). Sizes are deliberately
 //! not multiples of the workgroup size (hidden 100, intermediate 72, vocab 3001, 70-row
 //! batches), matrices are split into many row blocks and experts into many pools by a
 //! lowered binding limit, and every test runs in the adapter's best shader build and in
@@ -9,7 +11,9 @@ mod common;
 
 use std::sync::Arc;
 
-use common::gpu::{Fmt, Rng, gpu_options, random_model, random_model_shaped, rel_diff, variants};
+use common::gpu::{
+    Fmt, Rng, gpu_options, random_model, random_model_shaped, random_qwen3_model, rel_diff, variants,
+};
 use picchio::backend::cpu::{CpuAct, CpuBackend};
 use picchio::backend::gpu::{GpuBackend, GpuOptions};
 use picchio::backend::{Backend, LinearId, NormId, RouteTable};
@@ -494,4 +498,215 @@ fn mxfp4_scale_extremes_are_not_flushed() {
             assert!(d < 2e-5, "{variant} scale {e}: relative difference {d}");
         }
     }
+}
+
+// Qwen3-MoE's recipe (random_qwen3_model: heads x head_dim = 144 on a hidden size of 100,
+// QK-norm, no sinks, no biases, plain SwiGLU, softmax-then-top-k routing, layer 1 dense).
+
+#[test]
+fn qk_norm_matches_cpu_on_heads_wider_than_the_hidden_size() {
+    each_variant("rmsnorm_heads", None, |variant, opts| {
+        let model = random_qwen3_model(21, Fmt::F32, Fmt::F32, true);
+        let cfg = model.config.clone();
+        let (mut c, mut g) = (cpu(&model), gpu(&model, opts));
+        let mut rng = Rng::new(22);
+        let cases = [
+            (1, NormId::Query(0), cfg.q_dim()),
+            (7, NormId::Key(2), cfg.kv_dim()),
+            (70, NormId::Query(1), cfg.q_dim()),
+        ];
+        for (rows, norm, width) in cases {
+            let x = rng.vec(rows * width, 3.0);
+            let mut cx = host(rows, width, x.clone());
+            c.rms_norm_heads(norm, &mut cx).unwrap();
+            let mut gx = g.upload(rows, width, &x).unwrap();
+            g.rms_norm_heads(norm, &mut gx).unwrap();
+            let got = g.read(&gx).unwrap();
+            let d = rel_diff(&got, &cx.data);
+            assert!(d < 1e-5, "{variant} {norm:?} rows {rows}: relative difference {d}");
+            // The weight is the layer's query or key one, not the other.
+            let other = match norm {
+                NormId::Query(l) => NormId::Key(l),
+                _ => NormId::Query(0),
+            };
+            let mut ox = host(rows, width, x.clone());
+            c.rms_norm_heads(other, &mut ox).unwrap();
+            assert!(rel_diff(&got, &ox.data) > 1e-3, "{variant} {norm:?}: the weight of {other:?} was used");
+        }
+        let mut gx = g.upload(1, cfg.hidden_size, &rng.vec(cfg.hidden_size, 1.0)).unwrap();
+        assert!(g.rms_norm_heads(NormId::Query(0), &mut gx).is_err(), "a width of partial heads is refused");
+    });
+}
+
+#[test]
+fn softmax_then_top_k_routing_matches_cpu_with_ties() {
+    each_variant("router softmax-topk", None, |variant, opts| {
+        let mut straddles = 0;
+        for renormalize in [true, false] {
+            for fmt in [Fmt::F32, Fmt::Bf16] {
+                let model = random_qwen3_model(23, fmt, Fmt::F32, renormalize);
+                let cfg = model.config.clone();
+                let (h, k) = (cfg.hidden_size, cfg.experts_per_token);
+                let (mut c, mut g) = (cpu(&model), gpu(&model, opts));
+                let mut rng = Rng::new(24);
+                for (rows, layer) in [(1, 0), (9, 2), (70, 0)] {
+                    let x = rng.vec(rows * h, 2.0);
+                    let mut cr = c.alloc_routes(rows).unwrap();
+                    c.route(layer, &host(rows, h, x.clone()), &mut cr).unwrap();
+                    let gx = g.upload(rows, h, &x).unwrap();
+                    let mut gr = g.alloc_routes(rows).unwrap();
+                    g.route(layer, &gx, &mut gr).unwrap();
+                    let got = g.read_routes(&gr).unwrap();
+                    let what =
+                        format!("{variant} {fmt:?} renormalize {renormalize} layer {layer} rows {rows}");
+                    assert_eq!(got.experts, cr.experts, "{what}: experts");
+                    let d = rel_diff(&got.weights, &cr.weights);
+                    assert!(d < 1e-5, "{what}: weights differ by {d}");
+                    for r in 0..rows {
+                        let (e, w) = (got.row_experts(r), got.row_weights(r));
+                        let sum: f32 = w.iter().sum();
+                        if renormalize {
+                            assert!((sum - 1.0).abs() < 1e-5, "{what}: row {r} weights sum to {sum}");
+                        } else {
+                            assert!(sum < 1.0 - 1e-4, "{what}: row {r} weights sum to {sum}, not below 1");
+                        }
+                        // Experts 2 and 4 (same router row), 1 and 5 (zero rows) tie: the
+                        // lower one comes first and is the one kept at the k boundary.
+                        for (lo, hi) in [(2u32, 4u32), (1, 5)] {
+                            let (pl, ph) = (e.iter().position(|&x| x == lo), e.iter().position(|&x| x == hi));
+                            match (pl, ph) {
+                                (Some(a), Some(b)) => assert_eq!(a + 1, b, "{what}: row {r} tie {lo}/{hi}"),
+                                (None, Some(_)) => panic!("{what}: row {r} kept {hi} over its tie {lo}"),
+                                (Some(_), None) => straddles += 1,
+                                (None, None) => {}
+                            }
+                        }
+                        assert_eq!(e.len(), k);
+                    }
+                }
+                let gx = g.upload(1, h, &rng.vec(h, 1.0)).unwrap();
+                let mut gr = g.alloc_routes(1).unwrap();
+                assert!(g.route(1, &gx, &mut gr).is_err(), "the dense layer 1 has no router");
+            }
+        }
+        assert!(straddles > 0, "{variant}: no tie fell on the top-k boundary");
+    });
+}
+
+#[test]
+fn attention_without_sinks_matches_cpu() {
+    each_variant("attention without sinks", None, |variant, opts| {
+        let model = random_qwen3_model(25, Fmt::F32, Fmt::F32, true);
+        let cfg = model.config.clone();
+        assert!(!cfg.recipe.attention_sinks);
+        let (mut c, mut g) = (cpu(&model), gpu(&model, opts));
+        let mut rng = Rng::new(26);
+        let mut pos = 0;
+        for rows in [70, 1, 1, 3] {
+            for layer in [0, 1, 2] {
+                let q = rng.vec(rows * cfg.q_dim(), 1.0);
+                let k = rng.vec(rows * cfg.kv_dim(), 1.0);
+                let v = rng.vec(rows * cfg.kv_dim(), 1.0);
+                let mut co = c.alloc(rows, cfg.q_dim()).unwrap();
+                let (cq, ck, cv) = (
+                    host(rows, cfg.q_dim(), q.clone()),
+                    host(rows, cfg.kv_dim(), k.clone()),
+                    host(rows, cfg.kv_dim(), v.clone()),
+                );
+                c.attention(layer, pos, &cq, &ck, &cv, &mut co).unwrap();
+                let (gq, gk, gv) = (
+                    g.upload(rows, cfg.q_dim(), &q).unwrap(),
+                    g.upload(rows, cfg.kv_dim(), &k).unwrap(),
+                    g.upload(rows, cfg.kv_dim(), &v).unwrap(),
+                );
+                let mut go = g.alloc(rows, cfg.q_dim()).unwrap();
+                g.attention(layer, pos, &gq, &gk, &gv, &mut go).unwrap();
+                let d = rel_diff(&g.read(&go).unwrap(), &co.data);
+                assert!(d < 1e-5, "{variant} layer {layer}, {rows} rows at {pos}: relative difference {d}");
+            }
+            pos += rows;
+        }
+    });
+}
+
+#[test]
+fn silu_glu_experts_match_cpu_beside_a_dense_layer() {
+    let Some(base) = gpu_options("silu experts") else { return };
+    for (variant, base) in variants(&base) {
+        for efmt in [Fmt::Int4, Fmt::F32] {
+            let model = random_qwen3_model(27, Fmt::F32, efmt, true);
+            let cfg = model.config.clone();
+            let (h, k) = (cfg.hidden_size, cfg.experts_per_token);
+            let slot = model.experts.expert_bytes();
+            let mut c = cpu(&model);
+            let mut rng = Rng::new(28);
+            // Layers 0 and 2 are MoE; layer 1 (dense) has no experts to hold.
+            let cases: Vec<(usize, usize, RouteTable, Vec<f32>)> = [(1, 0), (5, 2), (70, 2)]
+                .into_iter()
+                .map(|(rows, layer)| {
+                    (rows, layer, routes(&mut rng, rows, k, cfg.num_experts), rng.vec(rows * h, 1.0))
+                })
+                .collect();
+            let want: Vec<Vec<f32>> = cases
+                .iter()
+                .map(|(rows, layer, r, x)| {
+                    let mut o = c.alloc(*rows, h).unwrap();
+                    c.experts(*layer, &host(*rows, h, x.clone()), r, &mut o).unwrap();
+                    o.data
+                })
+                .collect();
+            let moe_experts = 2 * cfg.num_experts;
+            for vram in [moe_experts as u64 * slot * 4, 1] {
+                let opts = GpuOptions { vram_bytes: Some(vram), ..base.clone() };
+                let mut g = gpu(&model, &opts);
+                let shape = g.residency();
+                // Full residency holds the MoE layers' experts and no slot for the dense layer.
+                let want_slots = if vram > 1 { moe_experts } else { k };
+                assert_eq!((shape.0, shape.3), (want_slots, vram > 1), "{variant} {efmt:?}: slots");
+                let shape = g.residency();
+                assert_eq!(
+                    shape.3,
+                    vram > 1,
+                    "{variant} {efmt:?}: the MoE layers' experts alone fill the cache"
+                );
+                for ((rows, layer, r, x), w) in cases.iter().zip(&want) {
+                    let gx = g.upload(*rows, h, x).unwrap();
+                    let gr = g.upload_routes(r).unwrap();
+                    let mut go = g.alloc(*rows, h).unwrap();
+                    g.experts(*layer, &gx, &gr, &mut go).unwrap();
+                    let d = rel_diff(&g.read(&go).unwrap(), w);
+                    assert!(
+                        d < 2e-5,
+                        "{variant} {efmt:?} {shape:?}: layer {layer} rows {rows}: relative difference {d}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn dense_mlp_matches_cpu_in_every_dense_format() {
+    // A 32 KiB binding limit splits the F32 and BF16 gate/up projections into row blocks.
+    each_variant("dense mlp", Some(32 << 10), |variant, opts| {
+        for fmt in [Fmt::F32, Fmt::Bf16, Fmt::Int8, Fmt::Int4] {
+            let model = random_qwen3_model(29, fmt, Fmt::Int4, true);
+            let h = model.config.hidden_size;
+            let (mut c, mut g) = (cpu(&model), gpu(&model, opts));
+            let mut rng = Rng::new(30);
+            for rows in [1, 5, 70] {
+                let x = rng.vec(rows * h, 1.0);
+                let mut co = c.alloc(rows, h).unwrap();
+                c.dense_mlp(1, &host(rows, h, x.clone()), &mut co).unwrap();
+                let gx = g.upload(rows, h, &x).unwrap();
+                let mut go = g.alloc(rows, h).unwrap();
+                g.dense_mlp(1, &gx, &mut go).unwrap();
+                let d = rel_diff(&g.read(&go).unwrap(), &co.data);
+                assert!(d < 2e-5, "{variant} {fmt:?} rows {rows}: relative difference {d}");
+            }
+            let gx = g.upload(1, h, &rng.vec(h, 1.0)).unwrap();
+            let mut go = g.alloc(1, h).unwrap();
+            assert!(g.dense_mlp(0, &gx, &mut go).is_err(), "layer 0 is a MoE layer");
+        }
+    });
 }

@@ -3,7 +3,7 @@
 //! weights of every MoE layer at every position, the prompt logits, the 32-token greedy
 //! continuation, the RoPE frequencies; decode through the cache against one batch; the
 //! exact container token-exact and the default one against its L1 reference on every
-//! fixture (dense layers included); and what does not run yet (the GPU) refused by name.
+//! fixture (dense layers included). The GPU against this CPU path: tests/gpu_qwen3.rs.
 
 mod common;
 
@@ -331,17 +331,6 @@ fn dense_layers_are_dense_tensors_without_expert_records() {
     let r = Reference::load(name);
     let (_, greedy) = prompt_and_greedy(&model, &r);
     assert_eq!(greedy, prompt_and_greedy(&model.dequantized().unwrap(), &r).1);
-}
-
-#[test]
-fn the_gpu_refuses_qwen3_by_name() {
-    let model = engine::load_hf(&fixture("qwen3-alt-f32")).unwrap();
-    let gpu = picchio::backend::gpu::GpuOptions { allow_software: true, ..Default::default() };
-    match engine::gpu_runner(&model, &RunOptions { ctx: 64, ..Default::default() }, &gpu) {
-        Ok(_) => panic!("the GPU backend accepted a Qwen3-MoE model it has no shaders for"),
-        // Refused before any adapter is looked for, so the same with and without one.
-        Err(e) => assert!(e.to_string().contains("does not run Qwen3-MoE"), "{e}"),
-    }
 }
 
 /// A manifest that gives a dense layer expert records is refused, naming the record.

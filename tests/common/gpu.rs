@@ -94,6 +94,11 @@ pub enum Fmt {
 /// A random `rows x cols` matrix in `fmt`, scaled so products stay near unit size.
 pub fn matrix(rng: &mut Rng, rows: usize, cols: usize, fmt: Fmt) -> Matrix {
     let v = rng.vec(rows * cols, 1.5 / (cols as f32).sqrt());
+    encode(rows, cols, v, fmt)
+}
+
+/// The `rows x cols` values `v` (row-major) stored in `fmt`.
+pub fn encode(rows: usize, cols: usize, v: Vec<f32>, fmt: Fmt) -> Matrix {
     let data = match fmt {
         Fmt::F32 => MatrixData::F32(WeightBuf::owned(v)),
         Fmt::Bf16 => {
@@ -208,4 +213,88 @@ pub fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
     let scale = b.iter().fold(1.0f32, |m, v| m.max(v.abs()));
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max) / scale
+}
+
+/// A random Qwen3-MoE-shaped model for kernel tests: hidden 100, 6 query / 2 KV heads of
+/// 24 (heads x head_dim = 144, not the hidden size), QK-norm, no sinks and no biases
+/// anywhere, 6 experts top-4 of intermediate 72 (`renormalize`: `norm_topk_prob`), layer 1 a
+/// dense MLP of intermediate 88, tied embeddings, vocab 3001. Dense matrices in `dense`
+/// (the dense MLP too), experts in `experts` (F32 or Int4). In every MoE router, experts 2
+/// and 4 have the same row and experts 1 and 5 zero rows, so their logits tie exactly.
+#[allow(dead_code)]
+pub fn random_qwen3_model(seed: u64, dense: Fmt, experts: Fmt, renormalize: bool) -> LoadedModel {
+    let json = r#"{
+        "model_type": "qwen3_moe", "hidden_size": 100, "intermediate_size": 88,
+        "moe_intermediate_size": 72, "num_hidden_layers": 3, "num_attention_heads": 6,
+        "num_key_value_heads": 2, "head_dim": 24, "num_experts": 6, "num_experts_per_tok": 4,
+        "norm_topk_prob": RENORM, "mlp_only_layers": [1], "decoder_sparse_step": 1,
+        "vocab_size": 3001, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0, "tie_word_embeddings": true, "attention_bias": false,
+        "use_sliding_window": false, "torch_dtype": "float32"
+    }"#;
+    let json = json.replace("RENORM", if renormalize { "true" } else { "false" });
+    let cfg = ModelConfig::from_json_str(&json, std::path::Path::new("random-qwen3.json")).unwrap();
+    let mut rng = Rng::new(seed);
+    let (h, i, di) = (cfg.hidden_size, cfg.intermediate_size, cfg.dense_intermediate_size);
+    let lin = |rng: &mut Rng, rows: usize, cols: usize| Linear {
+        weight: matrix(rng, rows, cols, dense),
+        bias: None,
+    };
+    let norm = |rng: &mut Rng, n: usize| -> Vec<f32> { rng.vec(n, 0.5).iter().map(|v| 1.0 + v).collect() };
+    let layers = (0..cfg.num_layers)
+        .map(|l| LayerWeights {
+            attn_norm: norm(&mut rng, h),
+            attn: AttentionWeights {
+                q: lin(&mut rng, cfg.q_dim(), h),
+                k: lin(&mut rng, cfg.kv_dim(), h),
+                v: lin(&mut rng, cfg.kv_dim(), h),
+                o: lin(&mut rng, h, cfg.q_dim()),
+                sinks: None,
+                q_norm: Some(norm(&mut rng, cfg.head_dim)),
+                k_norm: Some(norm(&mut rng, cfg.head_dim)),
+            },
+            mlp_norm: norm(&mut rng, h),
+            ffn: match cfg.mlp_kinds[l] {
+                picchio::config::MlpKind::Moe => {
+                    let mut w = rng.vec(cfg.num_experts * h, 1.5 / (h as f32).sqrt());
+                    w.copy_within(2 * h..3 * h, 4 * h);
+                    w[h..2 * h].fill(0.0);
+                    w[5 * h..6 * h].fill(0.0);
+                    let weight = encode(cfg.num_experts, h, w, dense);
+                    FeedForward::Moe { router: Linear { weight, bias: None } }
+                }
+                picchio::config::MlpKind::Dense => FeedForward::Dense(ExpertWeights {
+                    gate_up: matrix(&mut rng, 2 * di, h, dense),
+                    gate_up_bias: vec![0.0; 2 * di],
+                    down: matrix(&mut rng, h, di, dense),
+                    down_bias: vec![0.0; h],
+                }),
+            },
+        })
+        .collect();
+    let embed = matrix(&mut rng, cfg.vocab_size, h, dense);
+    let dense_w = DenseWeights { lm_head: embed.clone(), embed, layers, final_norm: norm(&mut rng, h) };
+    let experts_w = (0..cfg.num_layers)
+        .map(|l| {
+            let n = match cfg.mlp_kinds[l] {
+                picchio::config::MlpKind::Moe => cfg.num_experts,
+                picchio::config::MlpKind::Dense => 0,
+            };
+            (0..n)
+                .map(|_| ExpertWeights {
+                    gate_up: matrix(&mut rng, 2 * i, h, experts),
+                    gate_up_bias: vec![0.0; 2 * i],
+                    down: matrix(&mut rng, h, i, experts),
+                    down_bias: vec![0.0; h],
+                })
+                .collect()
+        })
+        .collect();
+    dense_w.check(&cfg).unwrap();
+    LoadedModel {
+        config: Arc::new(cfg),
+        dense: Arc::new(dense_w),
+        experts: Arc::new(ResidentExperts::new(experts_w)),
+        dir: std::path::PathBuf::from("random-qwen3"),
+    }
 }

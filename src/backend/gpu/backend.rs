@@ -8,11 +8,11 @@
 use std::sync::Arc;
 
 use crate::backend::{Backend, LinearId, NormId, RouteTable};
-use crate::config::{ModelConfig, ModelFamily};
+use crate::config::{Activation, ModelConfig, Routing};
 use crate::error::{Error, Result};
 use crate::experts::{ExpertSource, ExpertStats};
 use crate::model::rope::RopeFrequencies;
-use crate::model::weights::DenseWeights;
+use crate::model::weights::{DenseWeights, FeedForward};
 
 use super::GpuOptions;
 use super::buffers::{BufferPool, GpuAct, GpuRoutes, Pooled, decode_routes, floats, words};
@@ -34,6 +34,25 @@ struct GpuLinear {
     bias: Option<GBuf>,
 }
 
+/// The feed-forward block of a layer on the device.
+enum GpuFfn {
+    /// A MoE layer: its router (the experts live in the VRAM expert cache).
+    Moe { router: GpuLinear },
+    /// A dense gated MLP in the experts' layout (gate and up rows interleaved), in its
+    /// dense weight format: run by the matrix-vector kernels and glu.wgsl.
+    Dense { gate_up: GpuLinear, down: GpuLinear },
+}
+
+impl GpuFfn {
+    /// The matrices of the block.
+    fn matrices(&self) -> Vec<&GpuMatrix> {
+        match self {
+            GpuFfn::Moe { router } => vec![&router.m],
+            GpuFfn::Dense { gate_up, down } => vec![&gate_up.m, &down.m],
+        }
+    }
+}
+
 struct GpuLayer {
     attn_norm: GBuf,
     mlp_norm: GBuf,
@@ -41,8 +60,21 @@ struct GpuLayer {
     k: GpuLinear,
     v: GpuLinear,
     o: GpuLinear,
-    sinks: GBuf,
-    router: GpuLinear,
+    /// One sink logit per query head, in families with sinks.
+    sinks: Option<GBuf>,
+    /// QK-norm weights (query, key), in families with QK-norm.
+    qk_norm: Option<(GBuf, GBuf)>,
+    ffn: GpuFfn,
+}
+
+impl GpuLayer {
+    /// The router, on a MoE layer.
+    fn router(&self) -> Option<&GpuLinear> {
+        match &self.ffn {
+            GpuFfn::Moe { router } => Some(router),
+            GpuFfn::Dense { .. } => None,
+        }
+    }
 }
 
 /// The routing prediction for the next layer, kept across `route` calls.
@@ -123,6 +155,24 @@ fn bits(v: f32) -> u32 {
     v.to_bits()
 }
 
+/// The `activation` code of expert_gate_up.wgsl and glu.wgsl (`gated_activation` in
+/// common.wgsl) for the recipe's activation.
+fn activation_code(a: Activation) -> u32 {
+    match a {
+        Activation::ClampedSwiGlu => 0,
+        Activation::SiluGlu => 1,
+    }
+}
+
+/// The `rule` code of router_topk.wgsl for the recipe's routing rule.
+fn routing_code(r: Routing) -> u32 {
+    match r {
+        Routing::TopKThenSoftmax => 0,
+        Routing::SoftmaxThenTopK { renormalize: false } => 1,
+        Routing::SoftmaxThenTopK { renormalize: true } => 2,
+    }
+}
+
 impl GpuBackend {
     /// Opens a device and uploads the model: dense weights, routers, RoPE tables, a KV
     /// cache of `capacity` positions and the VRAM expert cache.
@@ -133,18 +183,8 @@ impl GpuBackend {
         capacity: usize,
         opts: &GpuOptions,
     ) -> Result<Self> {
-        // The shaders implement GPT-OSS's recipe only (sinks, biases, clamped SwiGLU, top-k
-        // then softmax); another family is refused here rather than computed wrongly.
-        match cfg.family {
-            ModelFamily::GptOss => {}
-            ModelFamily::Qwen3Moe => {
-                return Err(Error::Backend(
-                    "the GPU backend does not run Qwen3-MoE yet (QK-norm, plain SwiGLU and its routing \
-                     have no shaders); use --device cpu"
-                        .into(),
-                ));
-            }
-        }
+        // The kernels follow the layer recipe (QK-norm, sinks, activation, routing rule,
+        // dense or MoE layers), never the family.
         let open = device::open(opts.api, opts.allow_software, opts.features)?;
         let report = open.report.clone();
         let k = cfg.experts_per_token;
@@ -170,9 +210,49 @@ impl GpuBackend {
                 },
             })
         };
+        let recipe = cfg.recipe;
         let mut layers = Vec::with_capacity(cfg.num_layers);
         for (l, w) in dense.layers.iter().enumerate() {
             let p = format!("layers.{l}");
+            let sinks = match (recipe.attention_sinks, &w.attn.sinks) {
+                (true, Some(s)) => Some(upload_vector(&mut gpu, &format!("{p}.sinks"), s)?),
+                (false, _) => None,
+                (true, None) => return Err(missing(&p, "attention sinks")),
+            };
+            let qk_norm = match (recipe.qk_norm, &w.attn.q_norm, &w.attn.k_norm) {
+                (true, Some(q), Some(k)) => Some((
+                    upload_vector(&mut gpu, &format!("{p}.q_norm"), q)?,
+                    upload_vector(&mut gpu, &format!("{p}.k_norm"), k)?,
+                )),
+                (false, _, _) => None,
+                (true, _, _) => return Err(missing(&p, "QK-norm weights")),
+            };
+            let ffn = match &w.ffn {
+                FeedForward::Moe { router } => {
+                    GpuFfn::Moe { router: lin(&mut gpu, &format!("{p}.router"), router)? }
+                }
+                FeedForward::Dense(mlp) => {
+                    mlp.check_dims(cfg.hidden_size, cfg.dense_intermediate_size, &format!("{p}.mlp"))?;
+                    GpuFfn::Dense {
+                        gate_up: GpuLinear {
+                            m: upload_matrix(&mut gpu, &format!("{p}.mlp.gate_up"), &mlp.gate_up)?,
+                            bias: Some(upload_vector(
+                                &mut gpu,
+                                &format!("{p}.mlp.gate_up.bias"),
+                                &mlp.gate_up_bias,
+                            )?),
+                        },
+                        down: GpuLinear {
+                            m: upload_matrix(&mut gpu, &format!("{p}.mlp.down_proj"), &mlp.down)?,
+                            bias: Some(upload_vector(
+                                &mut gpu,
+                                &format!("{p}.mlp.down_proj.bias"),
+                                &mlp.down_bias,
+                            )?),
+                        },
+                    }
+                }
+            };
             layers.push(Arc::new(GpuLayer {
                 attn_norm: upload_vector(&mut gpu, &format!("{p}.input_layernorm"), &w.attn_norm)?,
                 mlp_norm: upload_vector(&mut gpu, &format!("{p}.post_attention_layernorm"), &w.mlp_norm)?,
@@ -180,8 +260,9 @@ impl GpuBackend {
                 k: lin(&mut gpu, &format!("{p}.k_proj"), &w.attn.k)?,
                 v: lin(&mut gpu, &format!("{p}.v_proj"), &w.attn.v)?,
                 o: lin(&mut gpu, &format!("{p}.o_proj"), &w.attn.o)?,
-                sinks: upload_vector(&mut gpu, &format!("{p}.sinks"), required(&w.attn.sinks, &p, "sinks")?)?,
-                router: lin(&mut gpu, &format!("{p}.router"), required(&w.router(), &p, "router")?)?,
+                sinks,
+                qk_norm,
+                ffn,
             }));
         }
         let final_norm = upload_vector(&mut gpu, "norm", &dense.final_norm)?;
@@ -213,8 +294,8 @@ impl GpuBackend {
 
         let dense_bytes: u64 = layers
             .iter()
-            .flat_map(|l| [&l.q, &l.k, &l.v, &l.o, &l.router])
-            .map(|l| l.m.byte_len())
+            .flat_map(|l| [&l.q.m, &l.k.m, &l.v.m, &l.o.m].into_iter().chain(l.ffn.matrices()))
+            .map(|m| m.byte_len())
             .sum::<u64>()
             + head.byte_len();
         let budget = match opts.vram_bytes {
@@ -272,6 +353,7 @@ impl GpuBackend {
     fn prepare_kernels(&mut self) -> Result<()> {
         let mut ops = vec![
             Op::RmsNorm,
+            Op::RmsNormHeads,
             Op::Rope,
             Op::Attention,
             Op::RouterTopk,
@@ -282,9 +364,10 @@ impl GpuBackend {
             Op::ExpertDown,
             Op::KvStore,
             Op::Copy,
+            Op::Glu,
         ];
         for l in &self.layers {
-            for m in [&l.q.m, &l.k.m, &l.v.m, &l.o.m, &l.router.m] {
+            for m in [&l.q.m, &l.k.m, &l.v.m, &l.o.m].into_iter().chain(l.ffn.matrices()) {
                 ops.push(m.op);
             }
         }
@@ -458,10 +541,46 @@ impl GpuBackend {
         Ok(())
     }
 
+    /// A dense MLP on the rows of `x` into `out` (`[rows, hidden]`; the gate/up projection
+    /// of all rows must fit one binding): gate_up x + b, the recipe's gated activation
+    /// (glu.wgsl), then down act + b: the CPU's `expert_forward` with weight one.
+    fn dense_block(&mut self, gate_up: &GpuLinear, down: &GpuLinear, x: &GpuAct, out: &GpuAct) -> Result<()> {
+        let cfg = Arc::clone(&self.cfg);
+        let rows = x.rows();
+        let inter = down.m.cols;
+        let gu = self.alloc(rows, gate_up.m.rows)?;
+        self.matvec(&gate_up.m, gate_up.bias.as_ref(), x, &gu)?;
+        let act = self.alloc(rows, inter)?;
+        let n = rows * inter;
+        let (nx, ny) = self.gpu.grid(n.div_ceil(64) as u64)?;
+        let params = [
+            n as u32,
+            activation_code(cfg.recipe.activation),
+            bits(cfg.swiglu_limit),
+            bits(cfg.swiglu_alpha),
+            nx,
+            0,
+            0,
+            0,
+        ];
+        let v = self.variant(Op::Glu);
+        self.gpu.dispatch(Op::Glu, v, &params, &[gu.bind(), act.bind()], (nx, ny, 1))?;
+        self.matvec(&down.m, down.bias.as_ref(), &act, out)
+    }
+
     fn topk(&mut self, logits: &GpuAct, routes: &GpuRoutes) -> Result<()> {
         let rows = logits.rows();
         let (nx, ny) = self.gpu.grid(rows.div_ceil(64) as u64)?;
-        let params = [rows as u32, self.cfg.num_experts as u32, self.cfg.experts_per_token as u32, nx];
+        let params = [
+            rows as u32,
+            self.cfg.num_experts as u32,
+            self.cfg.experts_per_token as u32,
+            nx,
+            routing_code(self.cfg.recipe.routing),
+            0,
+            0,
+            0,
+        ];
         let v = self.variant(Op::RouterTopk);
         self.gpu.dispatch(Op::RouterTopk, v, &params, &[logits.bind(), routes.bind()], (nx, ny, 1))
     }
@@ -529,7 +648,7 @@ impl GpuBackend {
                     p0 as u32,
                     bits(cfg.swiglu_limit),
                     bits(cfg.swiglu_alpha),
-                    0,
+                    activation_code(cfg.recipe.activation),
                     0,
                     0,
                 ];
@@ -734,12 +853,67 @@ impl Backend for GpuBackend {
         self.gpu.dispatch(Op::RmsNorm, v, &params, &[x.bind(), out.bind(), Bind::whole(&w)], (nx, ny, 1))
     }
 
-    fn rms_norm_heads(&mut self, _norm: NormId, _x: &mut GpuAct) -> Result<()> {
-        Err(Error::Backend("the GPU backend has no QK-norm kernel yet".into()))
+    fn rms_norm_heads(&mut self, norm: NormId, x: &mut GpuAct) -> Result<()> {
+        let d = self.cfg.head_dim;
+        let (l, key) = match norm {
+            NormId::Query(l) => (l, false),
+            NormId::Key(l) => (l, true),
+            NormId::Attention(_) | NormId::Mlp(_) | NormId::Final => {
+                return Err(Error::Backend(format!(
+                    "rms_norm_heads: {norm:?} is not a QK-norm weight (use rms_norm)"
+                )));
+            }
+        };
+        if !x.width().is_multiple_of(d) {
+            return Err(Error::Backend(format!(
+                "rms_norm_heads: width {} is not whole heads of {d}",
+                x.width()
+            )));
+        }
+        let layer = self.layers.get(l).cloned().ok_or_else(|| Error::Backend(format!("no layer {l}")))?;
+        let (q, k) = layer.qk_norm.as_ref().ok_or_else(|| {
+            Error::Backend(format!("layer {l} has no QK-norm weights (the recipe has no QK-norm)"))
+        })?;
+        let w = if key { k } else { q };
+        let slices = x.rows() * (x.width() / d);
+        let (nx, ny) = self.gpu.grid(slices as u64)?;
+        let params = [slices as u32, d as u32, bits(self.cfg.rms_norm_eps), nx];
+        let v = self.variant(Op::RmsNormHeads);
+        self.gpu.dispatch(Op::RmsNormHeads, v, &params, &[x.bind(), Bind::whole(w)], (nx, ny, 1))
     }
 
-    fn dense_mlp(&mut self, layer: usize, _x: &GpuAct, _out: &mut GpuAct) -> Result<()> {
-        Err(Error::Backend(format!("layer {layer}: the GPU backend has no dense MLP kernel yet")))
+    fn dense_mlp(&mut self, layer: usize, x: &GpuAct, out: &mut GpuAct) -> Result<()> {
+        let cfg = Arc::clone(&self.cfg);
+        let rows = x.rows();
+        check_shape("dense mlp out", out, rows, cfg.hidden_size)?;
+        let owner =
+            self.layers.get(layer).cloned().ok_or_else(|| Error::Backend(format!("no layer {layer}")))?;
+        let GpuFfn::Dense { gate_up, down } = &owner.ffn else {
+            return Err(Error::Backend(format!("layer {layer} is a MoE layer, not a dense one")));
+        };
+        // The gate/up projection of a block of rows is bound whole by glu.wgsl: blocks of
+        // rows within the binding limit, through scratch buffers when there are several.
+        let per = (self.gpu.max_binding / (gate_up.m.rows as u64 * 4)) as usize;
+        if per == 0 {
+            return Err(Error::Backend(format!(
+                "layer {layer}: one row of the dense MLP's gate/up projection exceeds the storage binding limit"
+            )));
+        }
+        if rows <= per {
+            return self.dense_block(gate_up, down, x, out);
+        }
+        let h = cfg.hidden_size;
+        let mut t0 = 0;
+        while t0 < rows {
+            let n = per.min(rows - t0);
+            let xs = self.alloc(n, h)?;
+            self.copy_words(x.buf(), t0 * h, xs.buf(), 0, n * h)?;
+            let ys = self.alloc(n, h)?;
+            self.dense_block(gate_up, down, &xs, &ys)?;
+            self.copy_words(ys.buf(), 0, out.buf(), t0 * h, n * h)?;
+            t0 += n;
+        }
+        Ok(())
     }
 
     fn linear(&mut self, id: LinearId, x: &GpuAct, out: &mut GpuAct) -> Result<()> {
@@ -750,7 +924,13 @@ impl Backend for GpuBackend {
             LinearId::K(l) => (layer(l)?, |w| &w.k),
             LinearId::V(l) => (layer(l)?, |w| &w.v),
             LinearId::O(l) => (layer(l)?, |w| &w.o),
-            LinearId::Router(l) => (layer(l)?, |w| &w.router),
+            LinearId::Router(l) => {
+                let owner = layer(l)?;
+                let Some(router) = owner.router() else {
+                    return Err(Error::Backend(format!("layer {l} is a dense layer and has no router")));
+                };
+                return self.matvec(&router.m, router.bias.as_ref(), x, out);
+            }
             LinearId::LmHead => {
                 let head = Arc::clone(&self.head);
                 return self.matvec(&head, None, x, out);
@@ -825,10 +1005,10 @@ impl Backend for GpuBackend {
             (cfg.num_heads / cfg.num_kv_heads) as u32,
             bits(1.0 / (cfg.head_dim as f32).sqrt()),
             nx,
-            0,
+            self.layers[layer].sinks.is_some() as u32,
             0,
         ];
-        let sinks = self.layers[layer].sinks.clone();
+        let sinks = self.layers[layer].sinks.clone().unwrap_or_else(|| self.gpu.dummy.clone());
         let var = self.variant(Op::Attention);
         let binds = [q.bind(), Bind::whole(&kc), Bind::whole(&vc), Bind::whole(&sinks), out.bind()];
         self.gpu.dispatch(Op::Attention, var, &params, &binds, (nx, ny, 1))
@@ -850,6 +1030,7 @@ impl Backend for GpuBackend {
         // Score the prediction made for this layer at the previous one, on the GPU.
         self.prediction_buffers(rows)?;
         let pred = self.pred.take().ok_or_else(|| Error::Backend("prediction buffers".into()))?;
+        let next_moe = self.layers.get(layer + 1).is_some_and(|l| l.router().is_some());
         let result = (|| {
             if pred.valid_for == Some(layer) {
                 let (nx, ny) = self.gpu.grid(rows.div_ceil(64) as u64)?;
@@ -859,15 +1040,16 @@ impl Backend for GpuBackend {
                 let binds = [pred.bufs[layer % 2].bind(), routes.bind(), Bind::whole(&agree)];
                 self.gpu.dispatch(Op::RouteAgree, v, &params, &binds, (nx, ny, 1))?;
             }
-            // Router L+1 on layer L's normalized activation: the prefetcher's hint.
-            if layer + 1 < cfg.num_layers {
+            // Router L+1 on layer L's normalized activation: the prefetcher's hint (when
+            // layer L+1 is a MoE layer).
+            if next_moe {
                 self.linear(LinearId::Router(layer + 1), x, &mut out)?;
                 self.topk(&out, &pred.bufs[(layer + 1) % 2])?;
             }
             Ok(())
         })();
         let mut pred = pred;
-        pred.valid_for = (layer + 1 < cfg.num_layers).then_some(layer + 1);
+        pred.valid_for = next_moe.then_some(layer + 1);
         self.pred = Some(pred);
         result
     }
@@ -978,8 +1160,7 @@ impl Backend for GpuBackend {
     }
 }
 
-/// A part of a layer the GPU's GPT-OSS recipe needs, or an error naming it.
-fn required<'a, T: std::ops::Deref>(part: &'a Option<T>, layer: &str, what: &str) -> Result<&'a T::Target> {
-    part.as_deref()
-        .ok_or_else(|| Error::Backend(format!("{layer}: no {what} (the GPU runs GPT-OSS's recipe only)")))
+/// The error for a part of a layer that the recipe asks for and the weights lack.
+fn missing(layer: &str, what: &str) -> Error {
+    Error::Backend(format!("{layer}: the layer recipe has {what} but the weights have none"))
 }

@@ -37,11 +37,13 @@ pub enum Op {
     MatvecInt4,
     /// RMSNorm.
     RmsNorm,
+    /// RMSNorm over each head of a row, in place (QK-norm).
+    RmsNormHeads,
     /// Rotary embedding.
     Rope,
-    /// Attention with sinks over the KV cache.
+    /// Attention over the KV cache, with or without sinks.
     Attention,
-    /// Top-k and softmax of router logits.
+    /// Top-k of router logits and their weights by the routing rule.
     RouterTopk,
     /// Scores a routing prediction against the actual routing.
     RouteAgree,
@@ -49,7 +51,7 @@ pub enum Op {
     Add,
     /// Weighted sum of expert outputs.
     MoeCombine,
-    /// Fused gate/up projection, bias and SwiGLU of the selected experts.
+    /// Fused gate/up projection, bias and gated activation of the selected experts.
     ExpertGateUp,
     /// Down projection and bias of the selected experts.
     ExpertDown,
@@ -57,16 +59,19 @@ pub enum Op {
     KvStore,
     /// Copies words between buffers.
     Copy,
+    /// The gated activation of a dense MLP layer over its fused gate/up projection.
+    Glu,
 }
 
 impl Op {
     /// Every op.
-    pub const ALL: [Op; 15] = [
+    pub const ALL: [Op; 17] = [
         Op::MatvecF32,
         Op::MatvecBf16,
         Op::MatvecInt8,
         Op::MatvecInt4,
         Op::RmsNorm,
+        Op::RmsNormHeads,
         Op::Rope,
         Op::Attention,
         Op::RouterTopk,
@@ -77,6 +82,7 @@ impl Op {
         Op::ExpertDown,
         Op::KvStore,
         Op::Copy,
+        Op::Glu,
     ];
 
     /// File name under `shaders/`.
@@ -87,6 +93,7 @@ impl Op {
             Op::MatvecInt8 => "matvec_int8.wgsl",
             Op::MatvecInt4 => "matvec_int4.wgsl",
             Op::RmsNorm => "rmsnorm.wgsl",
+            Op::RmsNormHeads => "rmsnorm_heads.wgsl",
             Op::Rope => "rope.wgsl",
             Op::Attention => "attention.wgsl",
             Op::RouterTopk => "router_topk.wgsl",
@@ -97,6 +104,7 @@ impl Op {
             Op::ExpertDown => "expert_down.wgsl",
             Op::KvStore => "kv_store.wgsl",
             Op::Copy => "copy.wgsl",
+            Op::Glu => "glu.wgsl",
         }
     }
 
@@ -107,6 +115,7 @@ impl Op {
             Op::MatvecInt8 => include_str!("../../../shaders/matvec_int8.wgsl"),
             Op::MatvecInt4 => include_str!("../../../shaders/matvec_int4.wgsl"),
             Op::RmsNorm => include_str!("../../../shaders/rmsnorm.wgsl"),
+            Op::RmsNormHeads => include_str!("../../../shaders/rmsnorm_heads.wgsl"),
             Op::Rope => include_str!("../../../shaders/rope.wgsl"),
             Op::Attention => include_str!("../../../shaders/attention.wgsl"),
             Op::RouterTopk => include_str!("../../../shaders/router_topk.wgsl"),
@@ -117,6 +126,7 @@ impl Op {
             Op::ExpertDown => include_str!("../../../shaders/expert_down.wgsl"),
             Op::KvStore => include_str!("../../../shaders/kv_store.wgsl"),
             Op::Copy => include_str!("../../../shaders/copy.wgsl"),
+            Op::Glu => include_str!("../../../shaders/glu.wgsl"),
         }
     }
 
@@ -139,6 +149,7 @@ impl Op {
             Op::MatvecF32 | Op::MatvecBf16 => vec![R, W, R, R],
             Op::MatvecInt8 | Op::MatvecInt4 => vec![R, W, R, R, R],
             Op::RmsNorm => vec![R, W, R],
+            Op::RmsNormHeads => vec![W, R],
             Op::Rope => vec![W, R, R],
             Op::Attention => vec![R, R, R, R, W],
             Op::RouterTopk => vec![R, W],
@@ -147,7 +158,7 @@ impl Op {
             Op::MoeCombine => vec![R, R, W],
             Op::ExpertGateUp | Op::ExpertDown => vec![R, R, R, W],
             Op::KvStore => vec![R, R, W, W],
-            Op::Copy => vec![R, W],
+            Op::Copy | Op::Glu => vec![R, W],
         };
         if self.is_expert() {
             v.extend(std::iter::repeat_n(R, pools as usize));

@@ -13,7 +13,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use crate::config::ModelConfig;
+use crate::config::{MlpKind, ModelConfig};
 use crate::error::{Error, Result};
 use crate::experts::ExpertSource;
 use crate::model::weights::ExpertWeights;
@@ -300,17 +300,25 @@ pub struct VramExperts {
 
 impl VramExperts {
     /// A cache of at most `budget` bytes (at least one token's experts of a layer; at most
-    /// every expert of the model, in which case all are uploaded now).
+    /// every expert of the model's MoE layers, in which case all are uploaded now). Dense
+    /// MLP layers (`MlpKind::Dense`) have no experts: their table entries stay empty.
     pub fn new(
         gpu: &mut Gpu,
         cfg: &ModelConfig,
         source: &Arc<dyn ExpertSource>,
         budget: u64,
     ) -> Result<Self> {
-        let probe = source.expert(0, 0)?;
-        let format = SlotFormat::of(&probe.gate_up.data, "layer 0 expert 0")?;
+        let moe_layers: Vec<usize> =
+            (0..cfg.num_layers).filter(|&l| cfg.mlp_kinds[l] == MlpKind::Moe).collect();
+        let Some(&first_moe) = moe_layers.first() else {
+            return Err(Error::Backend(
+                "the model has no MoE layer: the GPU backend needs at least one layer of experts".into(),
+            ));
+        };
+        let probe = source.expert(first_moe, 0)?;
+        let format = SlotFormat::of(&probe.gate_up.data, &format!("layer {first_moe} expert 0"))?;
         let layout = SlotLayout::new(cfg, format)?;
-        let total = cfg.num_layers * cfg.num_experts;
+        let total = moe_layers.len() * cfg.num_experts;
         let min = cfg.experts_per_token.max(1);
         let mut slots = ((budget / layout.bytes()) as usize).min(total);
         if slots < min {
@@ -350,11 +358,19 @@ impl VramExperts {
             )?);
         }
         let full = slots == total;
-        let table_words: Vec<u32> = if full { (0..total as u32).collect() } else { vec![NO_SLOT; total] };
+        // Full residency: the experts of the n-th MoE layer fill slots n * experts.. in order.
+        let mut table_words = vec![NO_SLOT; cfg.num_layers * cfg.num_experts];
+        if full {
+            for (n, &l) in moe_layers.iter().enumerate() {
+                for e in 0..cfg.num_experts {
+                    table_words[l * cfg.num_experts + e] = (n * cfg.num_experts + e) as u32;
+                }
+            }
+        }
         let table = gpu.buffer_init("expert slot table", bytemuck::cast_slice(&table_words))?;
         let mut v = VramExperts {
             layout,
-            layers: cfg.num_layers,
+            layers: moe_layers.len(),
             experts: cfg.num_experts,
             slots,
             slots_per_pool,
@@ -372,11 +388,11 @@ impl VramExperts {
         };
         if full {
             let mut since_sync = 0;
-            for l in 0..cfg.num_layers {
+            for &l in &moe_layers {
                 let ids: Vec<usize> = (0..cfg.num_experts).collect();
                 let weights = source.experts(l, &ids)?;
                 for (e, w) in weights.iter().enumerate() {
-                    let slot = l * cfg.num_experts + e;
+                    let slot = table_words[l * cfg.num_experts + e] as usize;
                     v.upload(gpu, slot, w, &format!("layer {l} expert {e}"))?;
                     v.owner[slot] = Some((l, e));
                     v.map.insert((l, e), slot);
@@ -498,7 +514,7 @@ impl VramExperts {
         Ok(())
     }
 
-    /// Layers and experts per layer.
+    /// MoE layers and experts per layer (their product: the model's experts).
     pub fn shape(&self) -> (usize, usize) {
         (self.layers, self.experts)
     }
