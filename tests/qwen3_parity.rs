@@ -7,133 +7,18 @@
 
 mod common;
 
-use common::argmax;
-use common::{fixture, floats, ints, max_abs_diff};
-use picchio::backend::RouteTable;
+use common::parity::{check_greedy, check_prompt, session};
+use common::{Reference, argmax, fixture, max_abs_diff};
 use picchio::engine::{self, RunOptions};
 use picchio::engine::{LoadedModel, OpenOptions};
 use picchio::format::container::{ConvertOptions, DenseFormat, ExpertFormat, Formats};
-use picchio::model::{LogitRows, NoObserver, Observer};
+use picchio::model::{LogitRows, NoObserver};
 use picchio::sample::Sampler;
 use picchio::session::Session;
-use safetensors::SafeTensors;
 
 /// Every Qwen3-MoE fixture: renormalized top-3 with a dense layer and a 300-token prompt
 /// (F32 and BF16), and a second shape with un-renormalized top-2 and tied embeddings.
 const QWEN3_FIXTURES: [&str; 3] = ["qwen3-tiny-f32", "qwen3-tiny-bf16", "qwen3-alt-f32"];
-
-/// Transformers' outputs for a Qwen3 fixture (fixtures/gen_qwen3_fixtures.py).
-struct Reference {
-    prompt: Vec<u32>,
-    /// `[T, vocab]`.
-    logits: Vec<f32>,
-    /// Which layers are MoE; the router tensors are indexed by position in this list.
-    moe_layers: Vec<u32>,
-    /// `[moe layers, T, k]`.
-    router_idx: Vec<u32>,
-    /// `[moe layers, T, k]`.
-    router_weights: Vec<f32>,
-    greedy: Vec<u32>,
-    greedy_margins: Vec<f32>,
-    /// `[layers + 1, T, hidden]`.
-    hidden: Vec<f32>,
-    inv_freq: Vec<f32>,
-}
-
-impl Reference {
-    fn load(name: &str) -> Reference {
-        let bytes = std::fs::read(fixture(name).join("reference.safetensors")).unwrap();
-        let st = SafeTensors::deserialize(&bytes).unwrap();
-        Reference {
-            prompt: ints(&st, "prompt_ids"),
-            logits: floats(&st, "logits"),
-            moe_layers: ints(&st, "moe_layers"),
-            router_idx: ints(&st, "router_idx"),
-            router_weights: floats(&st, "router_weights"),
-            greedy: ints(&st, "greedy_ids"),
-            greedy_margins: floats(&st, "greedy_margins"),
-            hidden: floats(&st, "hidden_states"),
-            inv_freq: floats(&st, "inv_freq"),
-        }
-    }
-}
-
-/// Records residuals and routes of a forward pass, by layer.
-#[derive(Default)]
-struct Recorder {
-    residuals: Vec<Vec<f32>>,
-    routes: std::collections::BTreeMap<usize, RouteTable>,
-}
-
-impl Observer for Recorder {
-    fn residual(&mut self, layer: usize, _start: usize, rows: &[f32]) {
-        if self.residuals.len() <= layer {
-            self.residuals.resize(layer + 1, Vec::new());
-        }
-        self.residuals[layer].extend_from_slice(rows);
-    }
-    fn routes(&mut self, layer: usize, _start: usize, routes: &RouteTable) {
-        let t = self.routes.entry(layer).or_insert_with(|| RouteTable { k: routes.k, ..Default::default() });
-        t.experts.extend_from_slice(&routes.experts);
-        t.weights.extend_from_slice(&routes.weights);
-    }
-}
-
-fn session(name: &str, max_batch: usize) -> Session {
-    let model = engine::load_hf(&fixture(name)).unwrap();
-    let ctx = 512.min(model.config.max_position_embeddings);
-    Session::new(engine::cpu_runner(&model, &RunOptions { ctx, max_batch, ..Default::default() }).unwrap())
-}
-
-fn check_prompt(name: &str) {
-    let r = Reference::load(name);
-    let mut s = session(name, 256);
-    let cfg = s.runner().config().clone();
-    let mut rec = Recorder::default();
-    let logits = s.feed(&r.prompt, LogitRows::All, &mut rec).unwrap();
-    let t = r.prompt.len();
-    let (h, k) = (cfg.hidden_size, cfg.experts_per_token);
-
-    // The first layer that drifts is where a bug lives (seed section 0.3).
-    for layer in 0..=cfg.num_layers {
-        let want = &r.hidden[layer * t * h..(layer + 1) * t * h];
-        let scale = want.iter().fold(1.0f32, |m, v| m.max(v.abs()));
-        let d = max_abs_diff(&rec.residuals[layer], want);
-        assert!(d <= 1e-5 * scale, "{name}: residual entering layer {layer} differs by {d} (scale {scale})");
-    }
-    let observed: Vec<u32> = rec.routes.keys().map(|&l| l as u32).collect();
-    assert_eq!(observed, r.moe_layers, "{name}: the MoE layers (the others are dense MLPs)");
-    for (m, &layer) in r.moe_layers.iter().enumerate() {
-        let got = &rec.routes[&(layer as usize)];
-        let want_idx = &r.router_idx[m * t * k..(m + 1) * t * k];
-        let want_w = &r.router_weights[m * t * k..(m + 1) * t * k];
-        for pos in 0..t {
-            assert_eq!(
-                got.row_experts(pos),
-                &want_idx[pos * k..(pos + 1) * k],
-                "{name}: layer {layer} position {pos}: router top-{k} differs"
-            );
-        }
-        let d = max_abs_diff(&got.weights, want_w);
-        assert!(d < 1e-5, "{name}: layer {layer}: routing weights differ by {d}");
-    }
-    let d = max_abs_diff(&logits, &r.logits);
-    assert!(d < 1e-4, "{name}: prompt logits differ by {d} (max-abs), limit 1e-4");
-    eprintln!("{name}: prompt logits max-abs diff {d:.2e}");
-}
-
-fn check_greedy(name: &str) {
-    let r = Reference::load(name);
-    let mut s = session(name, 256);
-    let out = s.generate(&r.prompt, r.greedy.len(), &mut Sampler::greedy(), &[], &mut |_| true).unwrap();
-    if let Some(step) = out.tokens.iter().zip(&r.greedy).position(|(a, b)| a != b) {
-        panic!(
-            "{name}: greedy token {step} is {} but Transformers gives {} (reference margin {})",
-            out.tokens[step], r.greedy[step], r.greedy_margins[step]
-        );
-    }
-    assert_eq!(out.tokens, r.greedy);
-}
 
 #[test]
 fn f32_prompt_matches_transformers() {
@@ -178,7 +63,7 @@ fn config_reads_the_family_recipe() {
 #[test]
 fn rope_frequencies_match_transformers() {
     for name in QWEN3_FIXTURES {
-        let r = Reference::load(name);
+        let r = Reference::load(&fixture(name));
         let cfg = picchio::ModelConfig::from_dir(&fixture(name)).unwrap();
         let f = picchio::model::rope::RopeFrequencies::from_config(&cfg);
         assert_eq!(f.inv_freq.len(), r.inv_freq.len(), "{name}");
@@ -186,6 +71,7 @@ fn rope_frequencies_match_transformers() {
             assert!((a - b).abs() <= 2.0 * f32::EPSILON * b.abs(), "{name}: inv_freq[{i}] {a} vs {b}");
         }
         assert_eq!(f.attention_factor, 1.0, "{name}: plain RoPE has no attention factor");
+        assert_eq!(r.attention_factor, None, "{name}: the reference has none either");
     }
 }
 
@@ -193,7 +79,7 @@ fn rope_frequencies_match_transformers() {
 /// bit-identical logits to one batch over the same positions.
 #[test]
 fn kv_cache_decode_equals_one_batch() {
-    let r = Reference::load("qwen3-alt-f32");
+    let r = Reference::load(&fixture("qwen3-alt-f32"));
     let mut ids = r.prompt.clone();
     ids.extend_from_slice(&r.greedy);
     let vocab = r.logits.len() / r.prompt.len();
@@ -231,15 +117,11 @@ fn prompt_and_greedy(model: &LoadedModel, r: &Reference) -> (Vec<f32>, Vec<u32>)
     (logits, out.tokens)
 }
 
-/// Every Qwen3 fixture: the dense-layer one (`qwen3-tiny-f32`, layer 2), the tied and
-/// not renormalized one, and the BF16 checkpoint (against its F32-from-BF16 reference).
-const FIXTURES: [&str; 3] = ["qwen3-tiny-f32", "qwen3-alt-f32", "qwen3-tiny-bf16"];
-
 /// The exact container (F32 experts and dense tensors) is token-exact against Transformers.
 #[test]
 fn exact_container_is_token_exact_against_transformers() {
-    for name in FIXTURES {
-        let r = Reference::load(name);
+    for name in QWEN3_FIXTURES {
+        let r = Reference::load(&fixture(name));
         let dir = convert(name, Formats { experts: ExpertFormat::F32, dense: DenseFormat::F32 });
         let model = open(dir.path());
         let (logits, greedy) = prompt_and_greedy(&model, &r);
@@ -254,7 +136,7 @@ fn exact_container_is_token_exact_against_transformers() {
 #[test]
 fn source_precision_container_keeps_bf16_and_stays_exact() {
     let name = "qwen3-tiny-bf16";
-    let r = Reference::load(name);
+    let r = Reference::load(&fixture(name));
     let dir = convert(name, Formats { experts: ExpertFormat::F32, dense: DenseFormat::Source });
     let manifest: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.path().join("manifest.json")).unwrap()).unwrap();
@@ -276,8 +158,8 @@ fn source_precision_container_keeps_bf16_and_stays_exact() {
 /// reference: F32 arithmetic on the same quantized weights.
 #[test]
 fn default_container_matches_its_l1_reference() {
-    for name in FIXTURES {
-        let r = Reference::load(name);
+    for name in QWEN3_FIXTURES {
+        let r = Reference::load(&fixture(name));
         let dir = convert(name, Formats::default());
         let model = open(dir.path());
         let reference = model.dequantized().unwrap();
@@ -328,7 +210,7 @@ fn dense_layers_are_dense_tensors_without_expert_records() {
         let t = format!("model.layers.2.mlp.{m}.weight");
         assert!(tensors.iter().any(|x| x["name"] == t.as_str()), "no dense tensor {t}");
     }
-    let r = Reference::load(name);
+    let r = Reference::load(&fixture(name));
     let (_, greedy) = prompt_and_greedy(&model, &r);
     assert_eq!(greedy, prompt_and_greedy(&model.dequantized().unwrap(), &r).1);
 }

@@ -9,6 +9,7 @@ use safetensors::{Dtype, SafeTensors};
 pub mod browser;
 pub mod gpu;
 pub mod noisy;
+pub mod parity;
 pub mod scripted;
 
 /// `fixtures/<name>` in the source tree.
@@ -19,21 +20,26 @@ pub fn fixture(name: &str) -> PathBuf {
 /// Every fixture model: (directory name, has Transformers references).
 pub const FIXTURES: [&str; 4] = ["tiny-f32", "tiny-mxfp4", "alt-f32", "alt-mxfp4"];
 
-/// The references Transformers computed for a fixture (see fixtures/gen_fixtures.py).
+/// The references Transformers computed for a fixture (fixtures/gen_fixtures.py for
+/// GPT-OSS, fixtures/gen_qwen3_fixtures.py for Qwen3-MoE).
 pub struct Reference {
     pub prompt: Vec<u32>,
     /// `[T, vocab]`.
     pub logits: Vec<f32>,
-    /// `[layers, T, k]`.
+    /// The MoE layers, in order: the router tensors are indexed by position in this list
+    /// (`None`: every layer is MoE, as in GPT-OSS).
+    pub moe_layers: Option<Vec<u32>>,
+    /// `[moe layers, T, k]`.
     pub router_idx: Vec<u32>,
-    /// `[layers, T, k]`.
+    /// `[moe layers, T, k]`.
     pub router_weights: Vec<f32>,
     pub greedy: Vec<u32>,
     pub greedy_margins: Vec<f32>,
     /// `[layers + 1, T, hidden]`.
     pub hidden: Vec<f32>,
     pub inv_freq: Vec<f32>,
-    pub attention_factor: f32,
+    /// YaRN's attention factor (`None` for plain RoPE).
+    pub attention_factor: Option<f32>,
 }
 
 pub fn floats(st: &SafeTensors, name: &str) -> Vec<f32> {
@@ -55,16 +61,18 @@ impl Reference {
     pub fn load(fixture_dir: &Path) -> Self {
         let bytes = std::fs::read(fixture_dir.join("reference.safetensors")).unwrap();
         let st = SafeTensors::deserialize(&bytes).unwrap();
+        let has = |name: &str| st.names().iter().any(|n| *n == name);
         Reference {
             prompt: ints(&st, "prompt_ids"),
             logits: floats(&st, "logits"),
+            moe_layers: has("moe_layers").then(|| ints(&st, "moe_layers")),
             router_idx: ints(&st, "router_idx"),
             router_weights: floats(&st, "router_weights"),
             greedy: ints(&st, "greedy_ids"),
             greedy_margins: floats(&st, "greedy_margins"),
             hidden: floats(&st, "hidden_states"),
             inv_freq: floats(&st, "inv_freq"),
-            attention_factor: floats(&st, "attention_factor")[0],
+            attention_factor: has("attention_factor").then(|| floats(&st, "attention_factor")[0]),
         }
     }
 }
