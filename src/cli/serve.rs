@@ -18,6 +18,13 @@ use super::ModelArgs;
 pub struct ServeArgs {
     #[command(flatten)]
     model: ModelArgs,
+    /// HTTP: directory of the tokenizer files (tokenizer.json, generation_config.json) of a
+    /// ChatML (Qwen3) model, when they are not next to its config.json.
+    #[arg(long, value_name = "DIR")]
+    tokenizer: Option<std::path::PathBuf>,
+    /// HTTP: ask a ChatML (Qwen3) model to answer without thinking first.
+    #[arg(long)]
+    no_thinking: bool,
     /// Serve the line protocol on stdin/stdout.
     #[arg(long, conflicts_with = "http")]
     stdio: bool,
@@ -100,6 +107,7 @@ fn http_options(args: &ServeArgs) -> anyhow::Result<HttpOptions> {
     options.stop_on_ctrl_c = true;
     options.cors_origin = args.cors.clone();
     options.tool_grammar = !args.no_tool_grammar;
+    options.chat_format = chat_format(args)?;
     options.header_timeout = Duration::from_secs(args.header_timeout);
     options.body_timeout = Duration::from_secs(args.body_timeout);
     options.max_connections = usize::try_from(args.max_connections).context("--max-connections")?;
@@ -109,6 +117,19 @@ fn http_options(args: &ServeArgs) -> anyhow::Result<HttpOptions> {
         .and_then(|b| usize::try_from(b).ok())
         .with_context(|| format!("--max-body-mb {} does not fit in memory sizes", args.max_body_mb))?;
     Ok(options)
+}
+
+/// The chat format of the model `-m` names, known from its config.json before it loads
+/// (the server answers while it loads): Harmony for GPT-OSS; ChatML for Qwen3-MoE, with the
+/// tokenizer of `--tokenizer` or of the model directory. A config that cannot be read is
+/// left to the load, which reports it.
+fn chat_format(args: &ServeArgs) -> anyhow::Result<picchio::chat::ChatFormat> {
+    let dir = args.model.model_dir();
+    let Ok(config) = picchio::ModelConfig::from_dir(&dir) else {
+        return Ok(picchio::chat::ChatFormat::Harmony(picchio::chat::HarmonyEncoding::new()));
+    };
+    let dirs = vec![args.tokenizer.clone().unwrap_or(dir)];
+    Ok(picchio::chat::ChatFormat::for_family(config.family, &dirs, !args.no_thinking)?)
 }
 
 /// Serves HTTP: binds and answers (`/health` 503 "loading") while the model loads or
