@@ -291,7 +291,7 @@ fn post(url: &str, body: &Value) -> (u16, String) {
 #[test]
 fn the_http_server_speaks_chatml() {
     let dir = model_dir();
-    let format = ChatFormat::for_family(ModelFamily::Qwen3Moe, &[dir.clone()], true).unwrap();
+    let format = ChatFormat::for_family(ModelFamily::Qwen3Moe, std::slice::from_ref(&dir), true).unwrap();
     let model = engine::open(&dir, &OpenOptions { ctx: 512, ..Default::default() }).unwrap();
     let session = Session::new(
         engine::cpu_runner(&model, &RunOptions { ctx: 512, max_batch: 64, ..Default::default() }).unwrap(),
@@ -390,4 +390,27 @@ fn the_http_server_speaks_chatml() {
     assert_eq!(status, 400, "{text}");
     assert!(text.contains("ChatML"), "{text}");
     server.shutdown();
+}
+
+#[test]
+fn the_stdio_protocol_stops_at_the_chatml_stop_tokens() {
+    use std::io::{BufRead, BufReader, Write};
+    let cache = tempfile::tempdir().unwrap();
+    let m = model_dir();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_picchio"))
+        .args(["-q", "serve", "--stdio", "--ctx", "256", "-m", m.to_str().unwrap()])
+        .args(["--cache-dir", cache.path().to_str().unwrap()])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut ready = String::new();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    out.read_line(&mut ready).unwrap();
+    child.stdin.take().unwrap().write_all(b"SHUTDOWN\n").unwrap();
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    assert!(child.wait().unwrap().success(), "{rest}");
+    let stops = chatml(true).stop_tokens().iter().map(u32::to_string).collect::<Vec<_>>().join(" ");
+    assert_eq!(ready.trim(), format!("READY 256 1100 {stops}"));
 }

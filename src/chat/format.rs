@@ -32,12 +32,7 @@ pub enum ChatFormat {
     ChatMl(Arc<ChatMl>),
 }
 
-impl From<HarmonyEncoding> for ChatFormat {
-    fn from(h: HarmonyEncoding) -> Self {
-        ChatFormat::Harmony(h)
-    }
-}
-
+// Only by reference, as the turn functions take it (`complete(&mut s, &harmony, ...)`).
 impl From<&HarmonyEncoding> for ChatFormat {
     fn from(h: &HarmonyEncoding) -> Self {
         ChatFormat::Harmony(*h)

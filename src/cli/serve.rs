@@ -18,11 +18,11 @@ use super::ModelArgs;
 pub struct ServeArgs {
     #[command(flatten)]
     model: ModelArgs,
-    /// HTTP: directory of the tokenizer files (tokenizer.json, generation_config.json) of a
+    /// Directory of the tokenizer files (tokenizer.json, generation_config.json) of a
     /// ChatML (Qwen3) model, when they are not next to its config.json.
     #[arg(long, value_name = "DIR")]
     tokenizer: Option<std::path::PathBuf>,
-    /// HTTP: ask a ChatML (Qwen3) model to answer without thinking first.
+    /// Ask a ChatML (Qwen3) model to answer without thinking first (HTTP).
     #[arg(long)]
     no_thinking: bool,
     /// Serve the line protocol on stdin/stdout.
@@ -87,11 +87,23 @@ fn load_session(model_args: &ModelArgs) -> anyhow::Result<Session> {
 
 /// Serves the line protocol on stdin/stdout.
 fn run_stdio(args: &ServeArgs) -> anyhow::Result<()> {
+    // Raw token IDs need only the stop tokens: a model without its tokenizer files still
+    // serves, with Harmony's (as before the chat formats).
+    let format = chat_format(args).unwrap_or_else(|e| {
+        tracing::warn!("{e:#}; ending turns at Harmony's stop tokens");
+        picchio::chat::ChatFormat::Harmony(picchio::chat::HarmonyEncoding::new())
+    });
     let mut session = load_session(&args.model)?;
+    let stops = format.stop_tokens(session.runner().config().vocab_size);
     tracing::info!("serving on stdio");
     // Read ahead, so that CANCEL (or closing stdin) stops a turn in progress.
     let stdin = std::io::BufReader::new(std::io::stdin());
-    picchio::serve::stdio::serve_cancellable(&mut session, stdin, std::io::stdout().lock())?;
+    picchio::serve::stdio::serve_cancellable_with_stops(
+        &mut session,
+        &stops,
+        stdin,
+        std::io::stdout().lock(),
+    )?;
     Ok(())
 }
 
