@@ -414,3 +414,20 @@ fn the_stdio_protocol_stops_at_the_chatml_stop_tokens() {
     let stops = chatml(true).stop_tokens().iter().map(u32::to_string).collect::<Vec<_>>().join(" ");
     assert_eq!(ready.trim(), format!("READY 256 1100 {stops}"));
 }
+
+#[test]
+fn convert_copies_the_tokenizer_files_into_the_container() {
+    use picchio::format::container::{ConvertOptions, Formats};
+    let out = tempfile::tempdir().unwrap();
+    let target = out.path().join("alt");
+    let opts = ConvertOptions { formats: Formats::default(), progress: false, interrupt_after: None };
+    picchio::format::container::convert(&fixtures().join("qwen3-alt-f32"), &target, &opts).unwrap();
+    for name in picchio::chat::TOKENIZER_FILES {
+        let copied = std::fs::read(target.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(copied, std::fs::read(fixtures().join("qwen3-alt-f32").join(name)).unwrap(), "{name}");
+    }
+    // The container alone gives the model its format.
+    let model = engine::open(&target, &OpenOptions { ctx: 128, ..Default::default() }).unwrap();
+    let format = ChatFormat::for_family(model.config.family, std::slice::from_ref(&model.dir), true).unwrap();
+    assert_eq!(format.name(), "chatml");
+}
