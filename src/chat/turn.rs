@@ -1,20 +1,21 @@
-//! One assistant turn of a Harmony conversation on a session: render the conversation,
-//! reuse the longest common prefix of the cache, generate until `<|return|>` or `<|call|>`,
+//! One assistant turn of a conversation on a session, in the model's chat format (Harmony
+//! or ChatML, see [`ChatFormat`]): render the conversation, reuse the longest common prefix
+//! of the cache, generate until a stop token (`<|return|>` or `<|call|>`; `<|im_end|>`),
 //! stream what each channel produces, and return the parsed assistant messages.
 //!
-//! Re-rendering is not prefix-preserving (past analysis is dropped and a final
+//! Re-rendering is not prefix-preserving (past reasoning is dropped, and in Harmony a final
 //! `<|return|>` becomes `<|end|>`), so the cache is matched token by token against the new
 //! rendering rather than extended blindly.
 
 use std::sync::Arc;
 
-use crate::chat::RenderConfig;
-use crate::chat::harmony::HarmonyEncoding;
-use crate::chat::message::{Content, Conversation, Message, Role};
-use crate::chat::recovery::{Delta, DeltaKind, TurnParser};
+use crate::chat::format::ChatFormat;
+use crate::chat::message::{Content, Conversation, Message};
+use crate::chat::recovery::{Delta, DeltaKind};
 use crate::chat::stop::StopMatcher;
 use crate::chat::tokenizer::special;
 use crate::constrain::Grammar;
+use crate::constrain::VocabLimit;
 use crate::error::Result;
 use crate::model::LogitRows;
 use crate::sample::{Sampled, Sampler, SamplingParams};
@@ -126,9 +127,10 @@ pub fn turn_stop_tokens(vocab: usize) -> Vec<u32> {
     stops
 }
 
-/// Renders `conversation` for the assistant's next message, as [`complete`] does.
-pub fn render_prompt(harmony: &HarmonyEncoding, conversation: &Conversation) -> Result<Vec<u32>> {
-    harmony.render_conversation_for_completion(conversation, Role::Assistant, &RenderConfig::default())
+/// Renders `conversation` for the assistant's next message in `format` (a
+/// [`ChatFormat`], or a `&HarmonyEncoding`), as [`complete`] does.
+pub fn render_prompt(format: impl Into<ChatFormat>, conversation: &Conversation) -> Result<Vec<u32>> {
+    format.into().render_prompt(conversation)
 }
 
 /// Runs one assistant turn for `conversation` on `session`: renders it with
@@ -137,13 +139,14 @@ pub fn render_prompt(harmony: &HarmonyEncoding, conversation: &Conversation) -> 
 /// so the session stays consistent).
 pub fn complete(
     session: &mut Session,
-    harmony: &HarmonyEncoding,
+    format: impl Into<ChatFormat>,
     conversation: &Conversation,
     opts: &TurnOptions,
     on_event: &mut dyn FnMut(ChatEvent<'_>) -> bool,
 ) -> Result<TurnOutcome> {
-    let prompt = render_prompt(harmony, conversation)?;
-    complete_prompt(session, harmony, &prompt, opts, on_event)
+    let format = format.into();
+    let prompt = format.render_prompt(conversation)?;
+    complete_prompt(session, &format, &prompt, opts, on_event)
 }
 
 /// Runs one assistant turn for an already rendered `prompt` (the token IDs of
@@ -154,21 +157,28 @@ pub fn complete(
 /// [`complete`] does.
 pub fn complete_prompt(
     session: &mut Session,
-    harmony: &HarmonyEncoding,
+    format: impl Into<ChatFormat>,
     prompt: &[u32],
     opts: &TurnOptions,
     on_event: &mut dyn FnMut(ChatEvent<'_>) -> bool,
 ) -> Result<TurnOutcome> {
     // With no limit, or one past the room, the session stops when the context is full.
+    let format = format.into();
     let max_new = opts.max_tokens.unwrap_or(usize::MAX);
-    opts.sampling.validate_for_vocab(session.runner().config().vocab_size)?;
+    let model_vocab = session.runner().config().vocab_size;
+    opts.sampling.validate_for_vocab(model_vocab)?;
     let mut sampler = Sampler::new(opts.sampling.clone())?;
     if let Some(grammar) = &opts.grammar {
         // Started before the prefill, so the first mask is ready when its logits are.
         sampler = sampler.with_constraint(Box::new(grammar.start()));
+    } else if let ChatFormat::ChatMl(c) = &format
+        && c.tokenizer().vocab_size() < model_vocab
+    {
+        // IDs the model has and the tokenizer lacks mean nothing: never sample them.
+        sampler = sampler.with_constraint(Box::new(VocabLimit::new(c.tokenizer().vocab_size(), model_vocab)));
     }
-    let stops = turn_stop_tokens(session.runner().config().vocab_size);
-    let mut parser = TurnParser::new(*harmony, &opts.declared_functions);
+    let stops = format.stop_tokens(model_vocab);
+    let mut parser = format.turn_parser(&opts.declared_functions);
     let mut answer = AnswerFilter { stops: StopMatcher::new(&opts.stop)?, released: 0 };
     let prefill = prefill_prompt(session, prompt, max_new, on_event)?;
     if !prefill.finished {

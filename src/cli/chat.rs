@@ -11,7 +11,7 @@ use std::time::Instant;
 use anyhow::Context;
 use clap::{Args, ValueEnum};
 use picchio::chat::{
-    ChatEvent, Conversation, DeveloperContent, HarmonyEncoding, Message, ReasoningEffort, SystemContent,
+    ChatEvent, ChatFormat, Conversation, DeveloperContent, Message, ReasoningEffort, SystemContent,
     TurnOptions, TurnOutcome, VOCAB_SIZE, complete, today_utc,
 };
 use picchio::engine;
@@ -92,6 +92,16 @@ pub struct ChatSettings {
     #[arg(long = "logit-bias", value_name = "ID=BIAS", value_parser = parse_logit_bias, allow_hyphen_values = true)]
     #[serde(default)]
     pub logit_bias: Vec<(u32, f32)>,
+    /// Ask a ChatML (Qwen3) model to answer without thinking first (the template's
+    /// `enable_thinking=false`); Harmony models set this with --reasoning.
+    #[arg(long)]
+    #[serde(default)]
+    pub no_thinking: bool,
+    /// Directory of the tokenizer files (tokenizer.json, generation_config.json) of a
+    /// ChatML model, when they are not next to its config.json.
+    #[arg(long, value_name = "DIR")]
+    #[serde(skip)]
+    pub tokenizer: Option<std::path::PathBuf>,
 }
 
 /// Parses `ID=BIAS` of `--logit-bias`.
@@ -175,6 +185,20 @@ struct SavedChat {
 const DIM: &str = "\x1b[2m";
 const RESET: &str = "\x1b[0m";
 
+/// The model's chat format; for Harmony, fails unless the model speaks o200k_harmony.
+pub fn open_format(
+    model_args: &ModelArgs,
+    model: &engine::LoadedModel,
+    settings: &ChatSettings,
+) -> anyhow::Result<ChatFormat> {
+    let format = model_args.chat_format(model, settings.tokenizer.as_deref(), !settings.no_thinking)?;
+    match &format {
+        ChatFormat::Harmony(_) => require_harmony_vocab(model.config.vocab_size)?,
+        ChatFormat::ChatMl(_) => {}
+    }
+    Ok(format)
+}
+
 /// Fails unless the model speaks o200k_harmony.
 pub fn require_harmony_vocab(vocab: usize) -> anyhow::Result<()> {
     anyhow::ensure!(
@@ -237,11 +261,10 @@ impl Printer {
 pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     args.model.apply_threads()?;
     let model = args.model.open(args.model.ctx)?;
-    require_harmony_vocab(model.config.vocab_size)?;
+    let format = open_format(&args.model, &model, &args.settings)?;
     let ctx = args.model.ctx.unwrap_or_else(|| engine::default_ctx(&model.config));
     let runner = args.model.runner(&model, ctx)?;
     let mut session = Session::new(runner);
-    let harmony = HarmonyEncoding::new();
     let mut settings = args.settings.clone();
     let mut conversation = Conversation::from_messages(settings.opening());
 
@@ -256,10 +279,11 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
     let mut last: Option<(TurnOutcome, f64)> = None;
     let mut turns = 0u64;
     eprintln!(
-        "picchio chat: {} ({} layers, {} experts). /help for commands, Ctrl-C stops an answer, Ctrl-D exits.",
+        "picchio chat: {} ({} layers, {} experts, {}). /help for commands, Ctrl-C stops an answer, Ctrl-D exits.",
         model.dir.display(),
         model.config.num_layers,
-        model.config.num_experts
+        model.config.num_experts,
+        format.name()
     );
     loop {
         let line = match editor.readline(">>> ") {
@@ -312,7 +336,7 @@ pub fn run(args: ChatArgs) -> anyhow::Result<()> {
         let opts = settings.turn(turns);
         turns += 1;
         let t0 = Instant::now();
-        let result = complete(&mut session, &harmony, &conversation, &opts, &mut |e| {
+        let result = complete(&mut session, &format, &conversation, &opts, &mut |e| {
             printer.event(e);
             !interrupted.load(Ordering::SeqCst)
         });

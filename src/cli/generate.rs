@@ -29,7 +29,7 @@ pub struct GenerateArgs {
     /// File of prompt token IDs (decimal, whitespace-separated).
     #[arg(long, group = "input")]
     ids_file: Option<PathBuf>,
-    /// A user message: one Harmony chat turn, printing the final answer.
+    /// A user message: one chat turn (Harmony or ChatML, by the model), printing the final answer.
     #[arg(short = 'p', long, group = "input")]
     prompt: Option<String>,
     /// Sampling and turn settings; `-n/--max-tokens` defaults to 16 for raw IDs and to the
@@ -181,10 +181,10 @@ fn emit_continuation(
     Ok(())
 }
 
-/// `generate -p`: one Harmony turn; the final answer goes to stdout as it is generated.
+/// `generate -p`: one chat turn in the model's format; the final answer goes to stdout as it is generated.
 fn chat_turn(args: &GenerateArgs, text: &str) -> anyhow::Result<()> {
     let model = args.model.open(args.model.ctx)?;
-    super::chat::require_harmony_vocab(model.config.vocab_size)?;
+    let format = super::chat::open_format(&args.model, &model, &args.chat)?;
     let ctx = args.model.ctx.unwrap_or_else(|| engine::default_ctx(&model.config));
     let mut session = Session::new(args.model.runner(&model, ctx)?);
     let mut messages = args.chat.opening();
@@ -192,7 +192,6 @@ fn chat_turn(args: &GenerateArgs, text: &str) -> anyhow::Result<()> {
     let conversation = picchio::chat::Conversation::from_messages(messages);
     let opts = args.chat.turn(0);
     let t0 = Instant::now();
-    let harmony = picchio::chat::HarmonyEncoding::new();
     // Ctrl-C stops the turn between prefill blocks or after the token being generated.
     let interrupted = Arc::new(AtomicBool::new(false));
     {
@@ -201,7 +200,7 @@ fn chat_turn(args: &GenerateArgs, text: &str) -> anyhow::Result<()> {
             .context("installing the Ctrl-C handler")?;
     }
     let mut out = std::io::stdout().lock();
-    let outcome = picchio::chat::complete(&mut session, &harmony, &conversation, &opts, &mut |e| {
+    let outcome = picchio::chat::complete(&mut session, &format, &conversation, &opts, &mut |e| {
         if let picchio::chat::ChatEvent::Answer(t) = e {
             let _ = write!(out, "{t}");
             let _ = out.flush();

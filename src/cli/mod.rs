@@ -161,6 +161,28 @@ impl ModelArgs {
         self.model.clone().unwrap_or_else(picchio::default_model_dir)
     }
 
+    /// The chat format of `model` (loaded from these options): Harmony for GPT-OSS; ChatML
+    /// for Qwen3-MoE, its tokenizer read from `tokenizer` (`--tokenizer DIR`) when given,
+    /// else from the loaded directory (the container) or the `-m` directory.
+    pub fn chat_format(
+        &self,
+        model: &picchio::engine::LoadedModel,
+        tokenizer: Option<&std::path::Path>,
+        thinking: bool,
+    ) -> anyhow::Result<picchio::chat::ChatFormat> {
+        let dirs = match tokenizer {
+            Some(dir) => vec![dir.to_path_buf()],
+            None => {
+                let mut dirs = vec![model.dir.clone()];
+                if self.model_dir() != model.dir {
+                    dirs.push(self.model_dir());
+                }
+                dirs
+            }
+        };
+        Ok(picchio::chat::ChatFormat::for_family(model.config.family, &dirs, thinking)?)
+    }
+
     /// Opens the model with these options for a context of `ctx` positions.
     pub fn open(&self, ctx: Option<usize>) -> anyhow::Result<picchio::engine::LoadedModel> {
         use anyhow::Context;

@@ -18,6 +18,13 @@ use super::ModelArgs;
 pub struct ServeArgs {
     #[command(flatten)]
     model: ModelArgs,
+    /// Directory of the tokenizer files (tokenizer.json, generation_config.json) of a
+    /// ChatML (Qwen3) model, when they are not next to its config.json.
+    #[arg(long, value_name = "DIR")]
+    tokenizer: Option<std::path::PathBuf>,
+    /// Ask a ChatML (Qwen3) model to answer without thinking first (HTTP).
+    #[arg(long)]
+    no_thinking: bool,
     /// Serve the line protocol on stdin/stdout.
     #[arg(long, conflicts_with = "http")]
     stdio: bool,
@@ -80,11 +87,23 @@ fn load_session(model_args: &ModelArgs) -> anyhow::Result<Session> {
 
 /// Serves the line protocol on stdin/stdout.
 fn run_stdio(args: &ServeArgs) -> anyhow::Result<()> {
+    // Raw token IDs need only the stop tokens: a model without its tokenizer files still
+    // serves, with Harmony's (as before the chat formats).
+    let format = chat_format(args).unwrap_or_else(|e| {
+        tracing::warn!("{e:#}; ending turns at Harmony's stop tokens");
+        picchio::chat::ChatFormat::Harmony(picchio::chat::HarmonyEncoding::new())
+    });
     let mut session = load_session(&args.model)?;
+    let stops = format.stop_tokens(session.runner().config().vocab_size);
     tracing::info!("serving on stdio");
     // Read ahead, so that CANCEL (or closing stdin) stops a turn in progress.
     let stdin = std::io::BufReader::new(std::io::stdin());
-    picchio::serve::stdio::serve_cancellable(&mut session, stdin, std::io::stdout().lock())?;
+    picchio::serve::stdio::serve_cancellable_with_stops(
+        &mut session,
+        &stops,
+        stdin,
+        std::io::stdout().lock(),
+    )?;
     Ok(())
 }
 
@@ -100,6 +119,7 @@ fn http_options(args: &ServeArgs) -> anyhow::Result<HttpOptions> {
     options.stop_on_ctrl_c = true;
     options.cors_origin = args.cors.clone();
     options.tool_grammar = !args.no_tool_grammar;
+    options.chat_format = chat_format(args)?;
     options.header_timeout = Duration::from_secs(args.header_timeout);
     options.body_timeout = Duration::from_secs(args.body_timeout);
     options.max_connections = usize::try_from(args.max_connections).context("--max-connections")?;
@@ -109,6 +129,19 @@ fn http_options(args: &ServeArgs) -> anyhow::Result<HttpOptions> {
         .and_then(|b| usize::try_from(b).ok())
         .with_context(|| format!("--max-body-mb {} does not fit in memory sizes", args.max_body_mb))?;
     Ok(options)
+}
+
+/// The chat format of the model `-m` names, known from its config.json before it loads
+/// (the server answers while it loads): Harmony for GPT-OSS; ChatML for Qwen3-MoE, with the
+/// tokenizer of `--tokenizer` or of the model directory. A config that cannot be read is
+/// left to the load, which reports it.
+fn chat_format(args: &ServeArgs) -> anyhow::Result<picchio::chat::ChatFormat> {
+    let dir = args.model.model_dir();
+    let Ok(config) = picchio::ModelConfig::from_dir(&dir) else {
+        return Ok(picchio::chat::ChatFormat::Harmony(picchio::chat::HarmonyEncoding::new()));
+    };
+    let dirs = vec![args.tokenizer.clone().unwrap_or(dir)];
+    Ok(picchio::chat::ChatFormat::for_family(config.family, &dirs, !args.no_thinking)?)
 }
 
 /// Serves HTTP: binds and answers (`/health` 503 "loading") while the model loads or

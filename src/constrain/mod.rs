@@ -42,6 +42,37 @@ impl TokenMask {
     }
 }
 
+/// Allows only the IDs a tokenizer has (`0..allowed`) in a model of `model_vocab` IDs: a
+/// model whose vocabulary is larger than its tokenizer's never samples an ID that has no
+/// text.
+#[derive(Debug)]
+pub struct VocabLimit {
+    mask: TokenMask,
+}
+
+impl VocabLimit {
+    /// IDs `0..allowed` of `model_vocab`.
+    pub fn new(allowed: usize, model_vocab: usize) -> Self {
+        let mut bits = SimpleVob::alloc(model_vocab);
+        for id in 0..allowed.min(model_vocab) {
+            bits.allow_token(id as u32);
+        }
+        VocabLimit { mask: TokenMask { bits } }
+    }
+}
+
+impl TokenConstraint for VocabLimit {
+    fn mask(&mut self) -> Result<&TokenMask> {
+        Ok(&self.mask)
+    }
+
+    fn advance(&mut self, _token: u32) {}
+
+    fn stats(&self) -> ConstraintStats {
+        ConstraintStats::default()
+    }
+}
+
 /// Something that restricts which token may come next. The sampler calls
 /// [`mask`](Self::mask) before each pick and [`advance`](Self::advance) with each token it
 /// emits.

@@ -323,7 +323,8 @@ fn read_ahead(mut input: impl BufRead, cap: usize, tx: SyncSender<Incoming>) {
 /// ignored. Lines are read only between requests, so a `CANCEL` cannot stop a turn here
 /// (it is read after the turn, as a no-op); [`serve_cancellable`] reads ahead.
 pub fn serve(session: &mut Session, input: impl BufRead, output: impl Write) -> Result<()> {
-    serve_lines(session, Lines::Direct(Box::new(input)), output)
+    let stops = turn_stop_tokens(session.runner().config().vocab_size);
+    serve_lines(session, &stops, Lines::Direct(Box::new(input)), output)
 }
 
 /// [`serve`] with the input read ahead by a thread, so that a `CANCEL` line (or the end of
@@ -336,19 +337,36 @@ pub fn serve_cancellable(
     input: impl BufRead + Send + 'static,
     output: impl Write,
 ) -> Result<()> {
+    let stops = turn_stop_tokens(session.runner().config().vocab_size);
+    serve_cancellable_with_stops(session, &stops, input, output)
+}
+
+/// [`serve_cancellable`] with the stop tokens of the model's chat format
+/// ([`ChatFormat::stop_tokens`](crate::chat::ChatFormat::stop_tokens): Harmony's, or a
+/// ChatML model's `eos_token_id`) instead of Harmony's.
+pub fn serve_cancellable_with_stops(
+    session: &mut Session,
+    stops: &[u32],
+    input: impl BufRead + Send + 'static,
+    output: impl Write,
+) -> Result<()> {
     let cap = max_line_bytes(session.capacity());
     let (tx, rx) = sync_channel(1);
     std::thread::Builder::new()
         .name("picchio-stdin".into())
         .spawn(move || read_ahead(input, cap, tx))
         .map_err(|e| Error::io("<stdin reader thread>", e))?;
-    serve_lines(session, Lines::ReadAhead { rx, next: None }, output)
+    serve_lines(session, stops, Lines::ReadAhead { rx, next: None }, output)
 }
 
-/// The protocol loop over `lines`.
-fn serve_lines(session: &mut Session, mut lines: Lines<'_>, mut output: impl Write) -> Result<()> {
+/// The protocol loop over `lines`, ending turns at `stops`.
+fn serve_lines(
+    session: &mut Session,
+    stops: &[u32],
+    mut lines: Lines<'_>,
+    mut output: impl Write,
+) -> Result<()> {
     let vocab = session.runner().config().vocab_size;
-    let stops = turn_stop_tokens(vocab);
     let cap = max_line_bytes(session.capacity());
     let io = |e: std::io::Error| Error::io("<stdout>", e);
     let ready = |session: &Session| {
@@ -380,7 +398,7 @@ fn serve_lines(session: &mut Session, mut lines: Lines<'_>, mut output: impl Wri
                         "TURN" => match parse_turn(args) {
                             Ok(turn) => {
                                 let mut cancel = || lines.cancel_waiting(&mut number);
-                                run_turn(session, &turn, &stops, &mut output, &mut cancel)
+                                run_turn(session, &turn, stops, &mut output, &mut cancel)
                             }
                             Err(r) => Err(r),
                         },

@@ -116,6 +116,19 @@ impl Item {
     }
 }
 
+/// Copies the tokenizer side files of a Hugging Face release (`tokenizer.json`,
+/// `tokenizer_config.json`, `generation_config.json`) that `src` has into the container, so
+/// a ChatML model finds its tokenizer next to the container's `config.json`.
+fn copy_tokenizer_files(src: &Path, out: &Path) -> Result<()> {
+    for name in crate::chat::TOKENIZER_FILES {
+        let from = src.join(name);
+        if from.is_file() {
+            std::fs::copy(&from, out.join(name)).map_err(|e| Error::io(&from, e))?;
+        }
+    }
+    Ok(())
+}
+
 /// A stable identity of a source checkpoint: its config, index and every shard's name,
 /// size and modification time. A changed source gets a new identity.
 pub fn source_identity(src: &Path) -> Result<String> {
@@ -193,6 +206,7 @@ pub fn convert_with_hooks(
     let experts_file = open_output(&experts_path, experts_bytes, resuming)?;
     let cfg_src = src.join("config.json");
     std::fs::copy(&cfg_src, out.join("config.json")).map_err(|e| Error::io(&cfg_src, e))?;
+    copy_tokenizer_files(src, out)?;
 
     let reader = SourceReader::open(&ck)?;
     let items = ordered_items(&ck, &cfg, &dense, layout);

@@ -26,7 +26,7 @@ use super::raw::RawText;
 use super::routes::failure_error;
 use super::sse::{ENGINE_GONE, WorkerEvents, poll_events};
 use super::worker::{Finished, Piece, WorkerMsg};
-use crate::chat::{Tokenizer, VOCAB_SIZE};
+use crate::chat::{TextTokenizer, VOCAB_SIZE};
 use crate::sample::SamplingParams;
 
 /// OpenAI's default `max_tokens` for completions.
@@ -252,16 +252,20 @@ fn token_ids(values: &[Value]) -> Result<Vec<u32>, ApiError> {
 }
 
 /// The token IDs of a plan's prompt.
-pub(crate) fn tokenize(tokenizer: &Tokenizer, prompt: &PromptInput, special_tokens: bool) -> Vec<u32> {
+pub(crate) fn tokenize(
+    tokenizer: &TextTokenizer,
+    prompt: &PromptInput,
+    special_tokens: bool,
+) -> crate::error::Result<Vec<u32>> {
     match prompt {
-        PromptInput::Ids(ids) => ids.clone(),
+        PromptInput::Ids(ids) => Ok(ids.clone()),
         PromptInput::Text(text) if special_tokens => tokenizer.encode_with_special(text),
         PromptInput::Text(text) => tokenizer.encode(text),
     }
 }
 
 /// The prompt's text for `echo`: as sent, or the IDs decoded (special tokens by name).
-pub(crate) fn echo_text(tokenizer: &Tokenizer, prompt: &PromptInput) -> String {
+pub(crate) fn echo_text(tokenizer: &TextTokenizer, prompt: &PromptInput) -> String {
     match prompt {
         PromptInput::Text(text) => text.clone(),
         // The IDs were checked against the vocabulary, so they decode.
@@ -499,13 +503,13 @@ mod tests {
 
     #[test]
     fn special_token_strings_are_tokens_unless_asked_not() {
-        let t = Tokenizer::new();
+        let t = TextTokenizer::O200k(crate::chat::Tokenizer::new());
         let text = PromptInput::Text("<|start|>user".into());
         let start = t.special_id("<|start|>").unwrap();
-        assert_eq!(tokenize(&t, &text, true)[0], start);
-        assert!(!tokenize(&t, &text, false).contains(&start));
+        assert_eq!(tokenize(&t, &text, true).unwrap()[0], start);
+        assert!(!tokenize(&t, &text, false).unwrap().contains(&start));
         let ids = PromptInput::Ids(vec![start, 1428]);
-        assert_eq!(tokenize(&t, &ids, false), [start, 1428]);
+        assert_eq!(tokenize(&t, &ids, false).unwrap(), [start, 1428]);
         assert_eq!(echo_text(&t, &ids), t.decode(&[start, 1428]).unwrap());
     }
 }

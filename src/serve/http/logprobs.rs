@@ -11,7 +11,7 @@
 
 use serde::Serialize;
 
-use crate::chat::Tokenizer;
+use crate::chat::TextTokenizer;
 use crate::sample::Sampled;
 
 /// One token's log probability, with the most likely alternatives at its position.
@@ -48,13 +48,13 @@ pub(crate) struct ChoiceLogprobs {
 }
 
 /// Text and bytes of token `id`.
-fn token_text(tokenizer: &Tokenizer, id: u32) -> (String, Vec<u8>) {
+fn token_text(tokenizer: &TextTokenizer, id: u32) -> (String, Vec<u8>) {
     let bytes = tokenizer.token_bytes(id).unwrap_or_default();
     (String::from_utf8_lossy(&bytes).into_owned(), bytes)
 }
 
 /// The entry of a sampled token, if its log probabilities were computed.
-pub(crate) fn entry(tokenizer: &Tokenizer, sampled: &Sampled) -> Option<TokenLogprob> {
+pub(crate) fn entry(tokenizer: &TextTokenizer, sampled: &Sampled) -> Option<TokenLogprob> {
     let lp = sampled.logprobs.as_ref()?;
     let (token, bytes) = token_text(tokenizer, sampled.token);
     let top_logprobs = lp
@@ -78,7 +78,7 @@ pub(crate) struct ContentLogprobs {
 
 impl ContentLogprobs {
     /// A token was generated.
-    pub fn on_token(&mut self, tokenizer: &Tokenizer, sampled: &Sampled) {
+    pub fn on_token(&mut self, tokenizer: &TextTokenizer, sampled: &Sampled) {
         if self.after_control {
             self.pending.clear();
         }
@@ -115,9 +115,9 @@ mod tests {
 
     #[test]
     fn content_gets_its_own_tokens_and_not_headers_or_control_tokens() {
-        let tok = Tokenizer::new();
+        let tok = TextTokenizer::O200k(crate::chat::Tokenizer::new());
         let mut c = ContentLogprobs::default();
-        let ids = tok.encode_with_special("<|channel|>final<|message|>Hello");
+        let ids = tok.encode_with_special("<|channel|>final<|message|>Hello").unwrap();
         let (&hello, header) = ids.split_last().unwrap();
         for &id in header {
             c.on_token(&tok, &sampled(id));
@@ -130,7 +130,7 @@ mod tests {
         assert_eq!(got[0].top_logprobs[0].token, "Hello");
         assert_eq!(got[0].top_logprobs[1].bytes, tok.token_bytes(0).unwrap());
         // Text released at a control token (no header) keeps the tokens before it.
-        for &id in &tok.encode("Hi there") {
+        for &id in &tok.encode("Hi there").unwrap() {
             c.on_token(&tok, &sampled(id));
         }
         c.on_token(&tok, &sampled(crate::chat::tokenizer::special::RETURN));

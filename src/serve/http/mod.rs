@@ -63,7 +63,7 @@ use tokio::sync::oneshot;
 
 pub use worker::Stats;
 
-use crate::chat::{HarmonyEncoding, VOCAB_SIZE};
+use crate::chat::{ChatFormat, HarmonyEncoding, VOCAB_SIZE};
 use crate::error::{Error, Result};
 use crate::session::Session;
 
@@ -110,6 +110,9 @@ pub struct HttpOptions {
     /// such turns run free and a call of an undeclared function is returned as text.
     /// Required and named calls and response formats always use their grammar.
     pub tool_grammar: bool,
+    /// The model's chat format (Harmony by default; [`ChatFormat::for_family`] gives a
+    /// model's own), used to render, parse and tokenize every request.
+    pub chat_format: ChatFormat,
 }
 
 impl HttpOptions {
@@ -127,6 +130,7 @@ impl HttpOptions {
             cors_origin: None,
             stop_on_ctrl_c: false,
             tool_grammar: true,
+            chat_format: ChatFormat::Harmony(HarmonyEncoding::new()),
         }
     }
 
@@ -169,6 +173,7 @@ impl std::fmt::Debug for HttpOptions {
             .field("max_connections", &self.max_connections)
             .field("cors_origin", &self.cors_origin)
             .field("stop_on_ctrl_c", &self.stop_on_ctrl_c)
+            .field("chat_format", &self.chat_format.name())
             .finish()
     }
 }
@@ -211,10 +216,10 @@ impl ServerHandle {
     /// API answer from then on. Fails if the model's vocabulary is not o200k_harmony's, if a
     /// session is already attached, or if the thread cannot start.
     pub fn attach(&mut self, session: Session) -> Result<()> {
-        check_vocab(&session)?;
         let Some(app) = &self.app else {
             return Err(Error::invalid("the server has stopped: no session can be attached"));
         };
+        check_vocab(&app.format, &session)?;
         if app.engine().is_ok() {
             return Err(Error::invalid("the server already has a session"));
         }
@@ -225,11 +230,11 @@ impl ServerHandle {
         if app.set_engine(engine).is_err() {
             return Err(Error::invalid("the server already has a session"));
         }
-        let (counters, stopping, harmony) =
-            (Arc::clone(&self.counters), Arc::clone(&self.stopping), app.harmony);
+        let (counters, stopping, format) =
+            (Arc::clone(&self.counters), Arc::clone(&self.stopping), app.format.clone());
         let thread = std::thread::Builder::new()
             .name("picchio-engine".into())
-            .spawn(move || worker::run(session, harmony, queue, counters, stopping))
+            .spawn(move || worker::run(session, format, queue, counters, stopping))
             .map_err(|e| Error::io("<engine thread>", e))?;
         self.engine = Some(thread);
         tracing::info!("the model is ready: {capacity}-token context");
@@ -277,10 +282,15 @@ impl Drop for ServerHandle {
     }
 }
 
-/// Refuses a session whose vocabulary is not o200k_harmony's.
-fn check_vocab(session: &Session) -> Result<()> {
+/// Refuses a Harmony session whose vocabulary is not o200k_harmony's (a ChatML tokenizer
+/// of another size works: IDs the tokenizer lacks are never sampled).
+fn check_vocab(format: &ChatFormat, session: &Session) -> Result<()> {
     let vocab = session.runner().config().vocab_size;
-    if vocab < VOCAB_SIZE {
+    let harmony = match format {
+        ChatFormat::Harmony(_) => true,
+        ChatFormat::ChatMl(_) => false,
+    };
+    if harmony && vocab < VOCAB_SIZE {
         return Err(Error::invalid(format!(
             "the model's vocabulary has {vocab} tokens; the chat server needs the o200k_harmony \
              vocabulary ({VOCAB_SIZE} tokens) of GPT-OSS"
@@ -294,7 +304,7 @@ fn check_vocab(session: &Session) -> Result<()> {
 /// owns the session. Fails if the model's vocabulary is not o200k_harmony's, the options
 /// are out of range, or the runtime cannot start.
 pub fn serve(listener: TcpListener, session: Session, options: HttpOptions) -> Result<ServerHandle> {
-    check_vocab(&session)?;
+    check_vocab(&options.chat_format, &session)?;
     let mut server = start(listener, options)?;
     if let Err(e) = server.attach(session) {
         server.shutdown();
@@ -325,7 +335,7 @@ pub fn start(listener: TcpListener, options: HttpOptions) -> Result<ServerHandle
     let counters = Arc::new(worker::Counters::default());
     let stopping = Arc::new(AtomicBool::new(false));
     let app = Arc::new(routes::App::new(
-        HarmonyEncoding::new(),
+        options.chat_format.clone(),
         &options,
         Arc::clone(&counters),
         Arc::clone(&stopping),
@@ -391,12 +401,18 @@ pub fn check_request(body: &[u8]) -> Result<usize> {
 /// (as `POST /tokenize` answers), with `date` (`YYYY-MM-DD`) in the system message; checked
 /// as [`check_request`] checks it. For `picchio render`.
 pub fn render_request(body: &[u8], date: &str) -> Result<Vec<u32>> {
+    render_request_with(&ChatFormat::Harmony(HarmonyEncoding::new()), body, date)
+}
+
+/// [`render_request`] in `format` (a ChatML model's prompt for the same request).
+pub fn render_request_with(format: &ChatFormat, body: &[u8], date: &str) -> Result<Vec<u32>> {
     let refused = |e: error::ApiError| match e.param {
         Some(param) => Error::invalid(format!("{param}: {}", e.message)),
         None => Error::invalid(e.message),
     };
     let request = convert::parse_request(body).map_err(refused)?;
     let plan = convert::plan(request, date, 0).map_err(refused)?;
-    crate::chat::render_prompt(&HarmonyEncoding::new(), &plan.conversation)
+    format
+        .render_prompt(&plan.conversation)
         .map_err(|e| Error::invalid(format!("messages: the conversation cannot be rendered: {e}")))
 }

@@ -6,7 +6,7 @@
 //!
 //! [`complete_prompt`]: crate::chat::complete_prompt
 
-use crate::chat::{ChatEvent, Tokenizer, TurnOptions, TurnOutcome, prefill_prompt, turn_stop_tokens};
+use crate::chat::{ChatEvent, ChatFormat, TurnOptions, TurnOutcome, prefill_prompt};
 use crate::error::Result;
 use crate::sample::{Sampled, Sampler};
 use crate::session::Session;
@@ -26,7 +26,7 @@ pub(crate) struct RawText {
 /// the turn. The outcome has no messages: the text is what the pieces said.
 pub(crate) fn complete_raw(
     session: &mut Session,
-    tokenizer: Tokenizer,
+    format: &ChatFormat,
     prompt: &[u32],
     opts: &TurnOptions,
     text: RawText,
@@ -34,7 +34,8 @@ pub(crate) fn complete_raw(
 ) -> Result<TurnOutcome> {
     let max_new = opts.max_tokens.unwrap_or(usize::MAX);
     let mut sampler = Sampler::new(opts.sampling.clone())?;
-    let stops = turn_stop_tokens(session.runner().config().vocab_size);
+    let stops = format.stop_tokens(session.runner().config().vocab_size);
+    let tokenizer = format.tokenizer();
     let prefill = prefill_prompt(session, prompt, max_new, on_event)?;
     if !prefill.finished {
         return Ok(prefill.cancelled_outcome(prompt.len()));
@@ -52,8 +53,7 @@ pub(crate) fn complete_raw(
         match decoder.push(id) {
             Ok(Some(piece)) => on_event(ChatEvent::Answer(&piece)),
             Ok(None) => true,
-            // An ID past o200k_harmony's 201088 (a model with a padded vocabulary) has no
-            // text: shown as U+FFFD, as undecodable bytes are.
+            // An ID past the tokenizer's (a model with a padded vocabulary) has no text: shown as U+FFFD, as undecodable bytes are.
             Err(_) => on_event(ChatEvent::Answer("\u{FFFD}")),
         }
     };

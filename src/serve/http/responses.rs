@@ -21,8 +21,7 @@ use super::store::{History, Stored};
 use super::structured::{self, DeclaredTool, FormatSpelling, Structured, ToolChoice};
 use super::worker::{Finished, Piece};
 use crate::chat::{
-    Conversation, HarmonyEncoding, Message, ParserState, ReasoningEffort, Role, SystemContent,
-    ToolDescription,
+    ChatFormat, Conversation, Message, ParserState, ReasoningEffort, Role, SystemContent, ToolDescription,
 };
 use crate::sample::SamplingParams;
 use crate::session::StopReason;
@@ -736,21 +735,37 @@ pub(crate) fn last_item_status(stop: StopReason) -> &'static str {
 }
 
 /// The usage of a finished turn; the reasoning tokens are counted by parsing its tokens.
-pub(crate) fn usage(harmony: &HarmonyEncoding, fin: &Finished) -> ResponseUsage {
+pub(crate) fn usage(format: &ChatFormat, fin: &Finished) -> ResponseUsage {
     ResponseUsage {
         input_tokens: fin.prompt_tokens,
         input_tokens_details: InputTokensDetails { cached_tokens: fin.cached_tokens },
         output_tokens: fin.completion_tokens,
         output_tokens_details: OutputTokensDetails {
-            reasoning_tokens: reasoning_tokens(harmony, &fin.tokens),
+            reasoning_tokens: reasoning_tokens(format, &fin.tokens),
         },
         total_tokens: fin.prompt_tokens.saturating_add(fin.completion_tokens),
     }
 }
 
-/// How many of `tokens` are content of the analysis channel (up to the first token that
-/// is not valid Harmony).
-fn reasoning_tokens(harmony: &HarmonyEncoding, tokens: &[u32]) -> usize {
+/// How many of `tokens` are reasoning: content of the analysis channel (up to the first
+/// token that is not valid Harmony); in ChatML, the tokens between `<think>` and `</think>`.
+fn reasoning_tokens(format: &ChatFormat, tokens: &[u32]) -> usize {
+    let harmony = match format {
+        ChatFormat::Harmony(h) => h,
+        ChatFormat::ChatMl(c) => {
+            let (open, close) = (c.tokens().think, c.tokens().think_end);
+            let mut inside = false;
+            let mut n = 0;
+            for &t in tokens {
+                if t == open || t == close {
+                    inside = t == open;
+                } else if inside {
+                    n += 1;
+                }
+            }
+            return n;
+        }
+    };
     let mut parser = harmony.stream_parser(Some(Role::Assistant));
     let mut n = 0;
     for &t in tokens {

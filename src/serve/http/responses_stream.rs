@@ -33,14 +33,14 @@ use super::routes::failure_error;
 use super::sse::{ENGINE_GONE, WorkerEvents, poll_events};
 use super::store::Store;
 use super::worker::{Finished, WorkerMsg};
-use crate::chat::HarmonyEncoding;
+use crate::chat::ChatFormat;
 
 /// The stream of events of one response.
 pub(crate) struct ResponseStream {
     rx: UnboundedReceiver<WorkerMsg>,
     meta: ResponseMeta,
     output: OutputBuilder,
-    harmony: HarmonyEncoding,
+    format: ChatFormat,
     /// Where to keep the finished response (with what the request added), if it is stored.
     store: Option<(Arc<Mutex<Store>>, Added)>,
     pending: VecDeque<Event>,
@@ -55,14 +55,14 @@ impl ResponseStream {
         rx: UnboundedReceiver<WorkerMsg>,
         meta: ResponseMeta,
         output: OutputBuilder,
-        harmony: HarmonyEncoding,
+        format: ChatFormat,
         store: Option<(Arc<Mutex<Store>>, Added)>,
     ) -> Self {
         let mut s = ResponseStream {
             rx,
             meta,
             output,
-            harmony,
+            format,
             store,
             pending: VecDeque::new(),
             sequence: 0,
@@ -176,7 +176,7 @@ impl ResponseStream {
         let mut steps = Vec::new();
         self.output.close(last, &mut steps);
         self.on_steps(steps);
-        let usage = usage(&self.harmony, fin);
+        let usage = usage(&self.format, fin);
         let object = self.meta.object(self.output.output(last), Ending::Finished(fin, usage));
         if let Some((store, added)) = self.store.take() {
             let entry = stored(&object, added, &self.output);

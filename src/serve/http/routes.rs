@@ -36,7 +36,7 @@ use super::store::Store;
 use super::stream::{ChunkMeta, ChunkStream};
 use super::structured::Structured;
 use super::worker::{Counters, Failure, Job, Output, Piece, Stats, WorkerMsg};
-use crate::chat::{HarmonyEncoding, TurnOptions, render_prompt, today_utc};
+use crate::chat::{ChatFormat, TurnOptions, render_prompt, today_utc};
 use crate::constrain::Grammar;
 
 /// The most bytes reserved for a body before its bytes arrive.
@@ -60,7 +60,7 @@ pub(crate) struct Engine {
 /// What the handlers share.
 pub(crate) struct App {
     /// The chat format.
-    pub harmony: HarmonyEncoding,
+    pub format: ChatFormat,
     /// The served model's ID.
     pub model_id: String,
     /// The key every request but `/health` must bear, if any.
@@ -86,13 +86,13 @@ pub(crate) struct App {
 impl App {
     /// The shared state of a server with `options` and no engine yet.
     pub fn new(
-        harmony: HarmonyEncoding,
+        format: ChatFormat,
         options: &HttpOptions,
         counters: Arc<Counters>,
         stopping: Arc<AtomicBool>,
     ) -> Self {
         App {
-            harmony,
+            format,
             model_id: options.model_id.clone(),
             api_key: options.api_key.clone(),
             max_body_bytes: options.max_body_bytes,
@@ -398,12 +398,12 @@ async fn chat(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<Response,
     let bytes = read_body_in_time(&headers, body, app.max_body_bytes, app.body_timeout).await?;
     let request = convert::parse_request(&bytes)?;
     let plan = convert::plan(request, &today_utc(), rand::random())?;
-    let grammar = compile_grammar(plan.structured.clone(), vocab_size, app.tool_grammar).await?;
+    let grammar = compile_grammar(&app.format, plan.structured.clone(), vocab_size, app.tool_grammar).await?;
     // Rendering tokenizes the whole conversation: keep it off the async workers.
     // The job carries the prompt's token IDs, so the engine thread does not render it again.
-    let harmony = app.harmony;
+    let format = app.format.clone();
     let conversation = plan.conversation;
-    let prompt = tokio::task::spawn_blocking(move || render_prompt(&harmony, &conversation))
+    let prompt = tokio::task::spawn_blocking(move || render_prompt(&format, &conversation))
         .await
         .map_err(|e| ApiError::server(format!("rendering the prompt failed: {e}")))?
         .map_err(|e| {
@@ -492,11 +492,13 @@ async fn complete_text(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<
     let capacity = app.engine()?.capacity;
     let bytes = read_body_in_time(&headers, body, app.max_body_bytes, app.body_timeout).await?;
     let plan = completions::plan(convert::parse_json(&bytes)?, rand::random())?;
-    let tokenizer = *app.harmony.tokenizer();
+    let tokenizer = app.format.tokenizer();
     let (input, special) = (plan.prompt.clone(), plan.special_tokens);
-    let prompt = tokio::task::spawn_blocking(move || completions::tokenize(&tokenizer, &input, special))
+    let tokens = tokenizer.clone();
+    let prompt = tokio::task::spawn_blocking(move || completions::tokenize(&tokens, &input, special))
         .await
-        .map_err(|e| ApiError::server(format!("tokenizing the prompt failed: {e}")))?;
+        .map_err(|e| ApiError::server(format!("tokenizing the prompt failed: {e}")))?
+        .map_err(|e| ApiError::invalid(Some("prompt"), e.to_string()))?;
     if prompt.len() >= capacity {
         let mut e = ApiError::context_length(format!(
             "the prompt is {} tokens, but the context holds {} tokens and at least one must be left \
@@ -570,7 +572,11 @@ async fn complete_text(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<
 /// Compiles the output grammar of a request, if it has one (one that only polices tool
 /// calls only with `tool_grammar`), off the async workers (the first one also builds the
 /// vocabulary's token trie).
+///
+/// Grammars are built over o200k_harmony and Harmony's channels: a ChatML model gets no
+/// grammar for `auto`/`none` tool choices, and a 400 for what needs one.
 async fn compile_grammar(
+    format: &ChatFormat,
     structured: Option<Structured>,
     vocab_size: usize,
     tool_grammar: bool,
@@ -578,6 +584,18 @@ async fn compile_grammar(
     let Some(structured) = structured.filter(|s| tool_grammar || !s.only_polices_tools()) else {
         return Ok(None);
     };
+    match format {
+        ChatFormat::Harmony(_) => {}
+        ChatFormat::ChatMl(_) if structured.only_polices_tools() => return Ok(None),
+        ChatFormat::ChatMl(_) => {
+            return Err(ApiError::invalid(
+                None,
+                "`response_format` (json_object or json_schema) and `tool_choice` \"required\" or a named \
+                 function need constrained decoding, which this server has only for Harmony (GPT-OSS) \
+                 models; this model speaks ChatML",
+            ));
+        }
+    }
     tokio::task::spawn_blocking(move || structured.compile(vocab_size))
         .await
         .map_err(|e| ApiError::server(format!("compiling the output grammar failed: {e}")))?
@@ -590,8 +608,8 @@ async fn render_checked(
     capacity: usize,
     param: &'static str,
 ) -> Result<Vec<u32>, ApiError> {
-    let harmony = app.harmony;
-    let prompt = tokio::task::spawn_blocking(move || render_prompt(&harmony, &conversation))
+    let format = app.format.clone();
+    let prompt = tokio::task::spawn_blocking(move || render_prompt(&format, &conversation))
         .await
         .map_err(|e| ApiError::server(format!("rendering the prompt failed: {e}")))?
         .map_err(|e| ApiError::invalid(Some(param), format!("the conversation cannot be rendered: {e}")))?;
@@ -624,7 +642,7 @@ async fn respond(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<Respon
         let history = |id: &str| store.history(id);
         responses_api::plan(request, &history, &today_utc(), rand::random())?
     };
-    let grammar = compile_grammar(plan.structured.clone(), vocab_size, app.tool_grammar).await?;
+    let grammar = compile_grammar(&app.format, plan.structured.clone(), vocab_size, app.tool_grammar).await?;
     let prompt = render_checked(&app, plan.conversation, capacity, "input").await?;
     let (tx, mut rx) = unbounded_channel();
     app.submit(Job {
@@ -651,7 +669,7 @@ async fn respond(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<Respon
     let mut output = OutputBuilder::new(new_id);
     if plan.stream {
         let keep = store.then(|| (Arc::clone(&app.responses), plan.added));
-        let stream = ResponseStream::new(rx, meta, output, app.harmony, keep);
+        let stream = ResponseStream::new(rx, meta, output, app.format.clone(), keep);
         let mut response = Sse::new(stream).keep_alive(KeepAlive::new().interval(KEEP_ALIVE)).into_response();
         response.extensions_mut().insert(StreamNote);
         return Ok(response);
@@ -671,7 +689,7 @@ async fn respond(app: Arc<App>, headers: HeaderMap, body: Body) -> Result<Respon
     };
     let last = responses_api::last_item_status(finished.stop);
     output.close(last, &mut steps);
-    let usage = responses_api::usage(&app.harmony, &finished);
+    let usage = responses_api::usage(&app.format, &finished);
     let object = meta.object(output.output(last), Ending::Finished(&finished, usage));
     if store {
         let entry = responses_api::stored(&object, plan.added, &output);
@@ -693,8 +711,8 @@ async fn tokenize(State(app): State<Arc<App>>, headers: HeaderMap, body: Body) -
     let answer = async {
         let capacity = app.engine()?.capacity;
         let bytes = read_body_in_time(&headers, body, app.max_body_bytes, app.body_timeout).await?;
-        let harmony = app.harmony;
-        let tokens = tokio::task::spawn_blocking(move || super::tokens::tokenize(&harmony, &bytes))
+        let format = app.format.clone();
+        let tokens = tokio::task::spawn_blocking(move || super::tokens::tokenize(&format, &bytes))
             .await
             .map_err(|e| ApiError::server(format!("tokenizing failed: {e}")))??;
         Ok::<_, ApiError>(axum::Json(super::tokens::TokenizeResponse {
@@ -711,8 +729,8 @@ async fn detokenize(State(app): State<Arc<App>>, headers: HeaderMap, body: Body)
     let answer = async {
         app.engine()?;
         let bytes = read_body_in_time(&headers, body, app.max_body_bytes, app.body_timeout).await?;
-        let harmony = app.harmony;
-        let prompt = tokio::task::spawn_blocking(move || super::tokens::detokenize(&harmony, &bytes))
+        let format = app.format.clone();
+        let prompt = tokio::task::spawn_blocking(move || super::tokens::detokenize(&format, &bytes))
             .await
             .map_err(|e| ApiError::server(format!("detokenizing failed: {e}")))??;
         Ok::<_, ApiError>(axum::Json(super::tokens::DetokenizeResponse { prompt }))

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use super::api::ChatRequest;
 use super::convert;
 use super::error::ApiError;
-use crate::chat::{HarmonyEncoding, render_prompt};
+use crate::chat::ChatFormat;
 
 /// `POST /tokenize`: `prompt` (text, in which special-token strings such as `<|start|>`
 /// stand for those tokens, so a raw Harmony prompt can be checked) or `messages` (a chat
@@ -47,14 +47,17 @@ pub(crate) struct DetokenizeResponse {
 }
 
 /// The token IDs of a `/tokenize` body.
-pub(crate) fn tokenize(harmony: &HarmonyEncoding, body: &[u8]) -> Result<Vec<u32>, ApiError> {
+pub(crate) fn tokenize(format: &ChatFormat, body: &[u8]) -> Result<Vec<u32>, ApiError> {
     let request: TokenizeRequest = convert::parse_json(body)?;
     match (request.prompt, request.chat.messages.is_some()) {
         (Some(_), true) => Err(ApiError::invalid(Some("prompt"), "give `prompt` or `messages`, not both")),
-        (Some(text), false) => Ok(harmony.tokenizer().encode_with_special(&text)),
+        (Some(text), false) => format
+            .tokenizer()
+            .encode_with_special(&text)
+            .map_err(|e| ApiError::invalid(Some("prompt"), e.to_string())),
         (None, true) => {
             let plan = convert::plan(request.chat, &crate::chat::today_utc(), 0)?;
-            render_prompt(harmony, &plan.conversation).map_err(|e| {
+            format.render_prompt(&plan.conversation).map_err(|e| {
                 ApiError::invalid(Some("messages"), format!("the conversation cannot be rendered: {e}"))
             })
         }
@@ -63,10 +66,11 @@ pub(crate) fn tokenize(harmony: &HarmonyEncoding, body: &[u8]) -> Result<Vec<u32
 }
 
 /// The text of a `/detokenize` body.
-pub(crate) fn detokenize(harmony: &HarmonyEncoding, body: &[u8]) -> Result<String, ApiError> {
+pub(crate) fn detokenize(format: &ChatFormat, body: &[u8]) -> Result<String, ApiError> {
     let request: DetokenizeRequest = convert::parse_json(body)?;
     let ids = request.tokens.ok_or_else(|| ApiError::invalid(Some("tokens"), "`tokens` is required"))?;
-    let vocab = harmony.tokenizer().vocab_size();
+    let tokenizer = format.tokenizer();
+    let vocab = tokenizer.vocab_size();
     let mut checked = Vec::with_capacity(ids.len());
     for (i, &id) in ids.iter().enumerate() {
         match u32::try_from(id) {
@@ -79,7 +83,7 @@ pub(crate) fn detokenize(harmony: &HarmonyEncoding, body: &[u8]) -> Result<Strin
             }
         }
     }
-    harmony.tokenizer().decode(&checked).map_err(|e| ApiError::invalid(Some("tokens"), e.to_string()))
+    tokenizer.decode(&checked).map_err(|e| ApiError::invalid(Some("tokens"), e.to_string()))
 }
 
 #[cfg(test)]
@@ -88,7 +92,7 @@ mod tests {
 
     #[test]
     fn text_and_conversations_round_trip() {
-        let h = HarmonyEncoding::new();
+        let h = ChatFormat::Harmony(crate::chat::HarmonyEncoding::new());
         let ids = tokenize(&h, br#"{"prompt": "<|start|>user<|message|>Hi"}"#).unwrap();
         assert_eq!(ids[0], h.tokenizer().special_id("<|start|>").unwrap(), "special strings are tokens");
         let body = serde_json::json!({ "tokens": ids }).to_string();

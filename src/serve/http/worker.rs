@@ -14,7 +14,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::logprobs::{ContentLogprobs, TokenLogprob};
 use super::raw::{RawText, complete_raw};
-use crate::chat::{ChatEvent, HarmonyEncoding, Message, TurnOptions, complete_prompt};
+use crate::chat::{ChatEvent, ChatFormat, Message, TurnOptions, complete_prompt};
 use crate::error::Error;
 use crate::session::{Session, StopReason};
 
@@ -187,7 +187,7 @@ impl Counters {
 /// turn in progress and refuse the queued ones.
 pub(crate) fn run(
     mut session: Session,
-    harmony: HarmonyEncoding,
+    format: ChatFormat,
     jobs: mpsc::Receiver<Job>,
     counters: Arc<Counters>,
     stopping: Arc<AtomicBool>,
@@ -204,7 +204,7 @@ pub(crate) fn run(
             continue;
         }
         counters.busy.store(true, Ordering::SeqCst);
-        run_job(&mut session, harmony, &job, &counters, &stopping);
+        run_job(&mut session, &format, &job, &counters, &stopping);
         counters.busy.store(false, Ordering::SeqCst);
     }
     tracing::debug!("the engine thread stops: no more requests");
@@ -213,7 +213,7 @@ pub(crate) fn run(
 /// Runs one job and reports its outcome.
 fn run_job(
     session: &mut Session,
-    harmony: HarmonyEncoding,
+    format: &ChatFormat,
     job: &Job,
     counters: &Counters,
     stopping: &AtomicBool,
@@ -223,7 +223,7 @@ fn run_job(
     let mut gone = false;
     let mut first_token: Option<Instant> = None;
     let mut logprobs = ContentLogprobs::default();
-    let tokenizer = harmony.tokenizer();
+    let tokenizer = format.tokenizer();
     let mut on_event = |event: ChatEvent<'_>| {
         let piece = match event {
             ChatEvent::Prefill { .. } => {
@@ -234,7 +234,7 @@ fn run_job(
             ChatEvent::Token(sampled) => {
                 first_token.get_or_insert_with(Instant::now);
                 if sampled.logprobs.is_some() {
-                    logprobs.on_token(tokenizer, sampled);
+                    logprobs.on_token(&tokenizer, sampled);
                 }
                 // Checked on every token, so a client that went away stops generation at once.
                 gone |= job.events.is_closed() || stopping.load(Ordering::SeqCst);
@@ -264,10 +264,8 @@ fn run_job(
         true
     };
     let result = catch_unwind(AssertUnwindSafe(|| match job.output {
-        Output::Harmony => complete_prompt(session, &harmony, &job.prompt, &job.turn, &mut on_event),
-        Output::Raw(text) => {
-            complete_raw(session, *harmony.tokenizer(), &job.prompt, &job.turn, text, &mut on_event)
-        }
+        Output::Harmony => complete_prompt(session, format, &job.prompt, &job.turn, &mut on_event),
+        Output::Raw(text) => complete_raw(session, format, &job.prompt, &job.turn, text, &mut on_event),
     }));
     record_times(session, counters, started, first_token);
     let outcome = match result {
