@@ -4,9 +4,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::backend::Backend;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::gpu::{GpuBackend, GpuOptions};
+use crate::backend::{Backend, SeqPos};
 use crate::config::{MlpKind, ModelConfig};
 use crate::error::{Error, Result};
 use crate::experts::{CacheOptions, CachedExperts, ExpertSource, ExpertStats, ExpertStore, ResidentExperts};
@@ -54,6 +54,38 @@ pub trait Runner: Send {
     fn report(&self) -> Vec<String> {
         Vec::new()
     }
+    /// Adds a key/value cache for another sequence and returns its index (0 is the one
+    /// every runner starts with), so several conversations share the loaded weights. A
+    /// runner with one cache refuses (the default); then it serves one sequence.
+    fn add_sequence(&mut self) -> Result<usize> {
+        Err(Error::Backend(format!("{} keeps one key/value cache", self.describe())))
+    }
+    /// [`forward`](Self::forward) on sequence `seq`. The default knows sequence 0 only.
+    fn forward_on(
+        &mut self,
+        seq: usize,
+        ids: &[u32],
+        start_pos: usize,
+        rows: LogitRows,
+        observer: &mut dyn Observer,
+    ) -> Result<Vec<f32>> {
+        if seq != 0 {
+            return Err(Error::Backend(format!("sequence {seq} does not exist (one key/value cache)")));
+        }
+        self.forward(ids, start_pos, rows, observer)
+    }
+    /// One batched decode step: sequence `rows[i].seq` consumes `ids[i]` at position
+    /// `rows[i].pos`; returns every row's logits, `[rows, vocab]`. The sequences are
+    /// distinct; the caller has validated IDs and capacity. A row's logits do not depend on
+    /// the other rows (on the CPU, bit for bit). The default takes one row only.
+    fn step(&mut self, rows: &[SeqPos], ids: &[u32]) -> Result<Vec<f32>> {
+        match (rows, ids) {
+            ([at], [_]) => {
+                self.forward_on(at.seq, ids, at.pos, LogitRows::Last, &mut crate::model::NoObserver)
+            }
+            _ => Err(Error::Backend(format!("{} has no batched decode step", self.describe()))),
+        }
+    }
 }
 
 impl<B: Backend + Send> Runner for Forward<B> {
@@ -93,6 +125,25 @@ impl<B: Backend + Send> Runner for Forward<B> {
 
     fn report(&self) -> Vec<String> {
         self.backend().report()
+    }
+
+    fn add_sequence(&mut self) -> Result<usize> {
+        self.backend_mut().add_sequence()
+    }
+
+    fn forward_on(
+        &mut self,
+        seq: usize,
+        ids: &[u32],
+        start_pos: usize,
+        rows: LogitRows,
+        observer: &mut dyn Observer,
+    ) -> Result<Vec<f32>> {
+        self.run_on(seq, ids, start_pos, rows, observer)
+    }
+
+    fn step(&mut self, rows: &[SeqPos], ids: &[u32]) -> Result<Vec<f32>> {
+        Forward::step(self, rows, ids)
     }
 }
 
