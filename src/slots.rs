@@ -17,7 +17,7 @@
 //! batched row is computed as it would be alone, so a slot's logits do not depend on what
 //! runs beside it (on the CPU, bit for bit).
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -48,8 +48,6 @@ pub struct SlotCounters {
     pub max_step_rows: AtomicU64,
     /// Prompt blocks run.
     pub prefill_blocks: AtomicU64,
-    /// Slots with a call waiting or running now.
-    pub busy_slots: AtomicUsize,
 }
 
 /// What the runner reported after the last round, for the slots' [`Runner`] queries.
@@ -63,7 +61,7 @@ struct Snapshot {
 /// The state the scheduler shares with the slots.
 #[derive(Debug, Default)]
 struct Shared {
-    counters: SlotCounters,
+    counters: Arc<SlotCounters>,
     snapshot: Mutex<Snapshot>,
 }
 
@@ -111,7 +109,8 @@ impl Slots {
         }
         let shared = Arc::new(Shared::default());
         let cfg = runner.config().clone();
-        let (capacity, describe) = (runner.capacity(), runner.describe());
+        let (capacity, describe, prefill_block) =
+            (runner.capacity(), runner.describe(), runner.prefill_block());
         *shared.snapshot.lock().unwrap_or_else(|p| p.into_inner()) =
             Snapshot { times: runner.times(), experts: runner.expert_stats(), report: runner.report() };
         let (tx, rx) = mpsc::channel::<Call>();
@@ -130,6 +129,7 @@ impl Slots {
                     tx: tx.clone(),
                     cfg: cfg.clone(),
                     capacity,
+                    prefill_block,
                     describe: format!("{describe}; slot {seq} of {count}"),
                     shared: Arc::clone(&shared),
                 };
@@ -148,6 +148,11 @@ impl Slots {
     /// The scheduler's counters.
     pub fn counters(&self) -> &SlotCounters {
         &self.shared.counters
+    }
+
+    /// The scheduler's counters, to keep beyond this handle (the server's metrics).
+    pub fn shared_counters(&self) -> Arc<SlotCounters> {
+        Arc::clone(&self.shared.counters)
     }
 
     /// The expert source's counters after the last round.
@@ -175,6 +180,8 @@ pub struct SlotRunner {
     tx: mpsc::Sender<Call>,
     cfg: ModelConfig,
     capacity: usize,
+    /// The shared runner's prefill block, so a session stops between the same blocks.
+    prefill_block: usize,
     describe: String,
     shared: Arc<Shared>,
 }
@@ -208,6 +215,10 @@ impl Runner for SlotRunner {
         let gone = || Error::Backend("the slots' scheduler has stopped".into());
         self.tx.send(call).map_err(|_| gone())?;
         answer.recv().map_err(|_| gone())?
+    }
+
+    fn prefill_block(&self) -> usize {
+        self.prefill_block
     }
 
     fn times(&self) -> PhaseTimes {
@@ -273,7 +284,6 @@ impl Scheduler {
                 Err(_) => break,
             }
         }
-        self.shared.counters.busy_slots.store(self.pending.len(), Ordering::SeqCst);
     }
 
     /// One batched decode step over the one-token calls, then one block of the oldest prompt.
@@ -385,7 +395,6 @@ impl Scheduler {
             report: self.runner.report(),
         };
         *self.shared.snapshot.lock().unwrap_or_else(|p| p.into_inner()) = snapshot;
-        self.shared.counters.busy_slots.store(self.pending.len(), Ordering::SeqCst);
     }
 }
 
