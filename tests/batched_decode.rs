@@ -248,3 +248,33 @@ fn a_long_prompt_is_interleaved_with_running_decodes() {
     drop((a, b));
     slots.join();
 }
+
+/// On a converted container (MXFP4 experts through the RAM cache), batched rows equal solo
+/// runs too, and a step asks the expert source for each expert of its union once: fewer
+/// requests than its rows' routes, never more than every expert of every layer.
+#[test]
+fn a_step_on_a_quantized_container_matches_solo_runs_and_reads_the_union_once() {
+    let dir = common::convert_fixture("tiny-mxfp4", Default::default());
+    let model =
+        engine::load_container(dir.path(), &engine::OpenOptions { ctx: CTX, ..Default::default() }).unwrap();
+    let prompts = vec![vec![3, 1, 4, 1, 5], vec![9, 2, 6], vec![5, 3, 5, 8, 9, 7, 9]];
+    check(&model, &prompts, &[5, 5, 5], &[None, Some(7), Some(8)]);
+
+    let cfg = &model.config;
+    let mut r = runner(&model, 4);
+    let mut at = Vec::new();
+    for (seq, p) in prompts.iter().enumerate() {
+        if seq > 0 {
+            r.add_sequence().unwrap();
+        }
+        r.forward_on(seq, p, 0, LogitRows::Last, &mut NoObserver).unwrap();
+        at.push(SeqPos { seq, pos: p.len() });
+    }
+    let before = r.expert_stats();
+    r.step(&at, &[10, 11, 12]).unwrap();
+    let s = r.expert_stats().since(&before);
+    let requests = s.hits + s.misses;
+    let routes = (prompts.len() * cfg.experts_per_token * cfg.num_layers) as u64;
+    let all = (cfg.num_experts * cfg.num_layers) as u64;
+    assert!(requests <= all && requests < routes, "{requests} expert requests for {routes} routes");
+}
