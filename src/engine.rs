@@ -4,9 +4,9 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::backend::Backend;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::gpu::{GpuBackend, GpuOptions};
+use crate::backend::{Backend, SeqPos};
 use crate::config::{MlpKind, ModelConfig};
 use crate::error::{Error, Result};
 use crate::experts::{CacheOptions, CachedExperts, ExpertSource, ExpertStats, ExpertStore, ResidentExperts};
@@ -54,6 +54,38 @@ pub trait Runner: Send {
     fn report(&self) -> Vec<String> {
         Vec::new()
     }
+    /// Adds a key/value cache for another sequence and returns its index (0 is the one
+    /// every runner starts with), so several conversations share the loaded weights. A
+    /// runner with one cache refuses (the default); then it serves one sequence.
+    fn add_sequence(&mut self) -> Result<usize> {
+        Err(Error::Backend(format!("{} keeps one key/value cache", self.describe())))
+    }
+    /// [`forward`](Self::forward) on sequence `seq`. The default knows sequence 0 only.
+    fn forward_on(
+        &mut self,
+        seq: usize,
+        ids: &[u32],
+        start_pos: usize,
+        rows: LogitRows,
+        observer: &mut dyn Observer,
+    ) -> Result<Vec<f32>> {
+        if seq != 0 {
+            return Err(Error::Backend(format!("sequence {seq} does not exist (one key/value cache)")));
+        }
+        self.forward(ids, start_pos, rows, observer)
+    }
+    /// One batched decode step: sequence `rows[i].seq` consumes `ids[i]` at position
+    /// `rows[i].pos`; returns every row's logits, `[rows, vocab]`. The sequences are
+    /// distinct; the caller has validated IDs and capacity. A row's logits do not depend on
+    /// the other rows (on the CPU, bit for bit). The default takes one row only.
+    fn step(&mut self, rows: &[SeqPos], ids: &[u32]) -> Result<Vec<f32>> {
+        match (rows, ids) {
+            ([at], [_]) => {
+                self.forward_on(at.seq, ids, at.pos, LogitRows::Last, &mut crate::model::NoObserver)
+            }
+            _ => Err(Error::Backend(format!("{} has no batched decode step", self.describe()))),
+        }
+    }
 }
 
 impl<B: Backend + Send> Runner for Forward<B> {
@@ -93,6 +125,25 @@ impl<B: Backend + Send> Runner for Forward<B> {
 
     fn report(&self) -> Vec<String> {
         self.backend().report()
+    }
+
+    fn add_sequence(&mut self) -> Result<usize> {
+        self.backend_mut().add_sequence()
+    }
+
+    fn forward_on(
+        &mut self,
+        seq: usize,
+        ids: &[u32],
+        start_pos: usize,
+        rows: LogitRows,
+        observer: &mut dyn Observer,
+    ) -> Result<Vec<f32>> {
+        self.run_on(seq, ids, start_pos, rows, observer)
+    }
+
+    fn step(&mut self, rows: &[SeqPos], ids: &[u32]) -> Result<Vec<f32>> {
+        Forward::step(self, rows, ids)
     }
 }
 
@@ -231,6 +282,29 @@ pub fn default_ctx_for_memory(cfg: &ModelConfig, total_memory: u64) -> usize {
     ctx.min(cfg.max_position_embeddings)
 }
 
+/// Most slots a server gets by default ([`default_parallel_for_memory`]).
+pub const DEFAULT_PARALLEL_MAX: usize = 4;
+
+/// The number of slots (`serve --parallel`) used when none is given, on this machine: see
+/// [`default_parallel_for_memory`]; 1 without a memory figure from the OS.
+pub fn default_parallel(cfg: &ModelConfig, ctx: usize) -> usize {
+    crate::system::total_memory().map_or(1, |total| default_parallel_for_memory(cfg, ctx, total))
+}
+
+/// How many key/value caches of `ctx` positions fit, each full, in the quarter of the
+/// memory left after the system reserve that [`default_ctx_for_memory`] gives the cache,
+/// between 1 and [`DEFAULT_PARALLEL_MAX`]: the slots a server runs without `--parallel`.
+pub fn default_parallel_for_memory(cfg: &ModelConfig, ctx: usize, total_memory: u64) -> usize {
+    let reserve = (4u64 << 30).min(total_memory / 4);
+    let kv_room = total_memory.saturating_sub(reserve) / 4;
+    match cfg.kv_bytes(ctx) {
+        Some(per_slot) if per_slot > 0 => {
+            usize::try_from(kv_room / per_slot).unwrap_or(usize::MAX).clamp(1, DEFAULT_PARALLEL_MAX)
+        }
+        _ => 1,
+    }
+}
+
 /// Options for opening a model directory.
 #[derive(Clone, Debug)]
 pub struct OpenOptions {
@@ -244,6 +318,9 @@ pub struct OpenOptions {
     pub progress: bool,
     /// Context capacity the model will run with (to reserve KV memory).
     pub ctx: usize,
+    /// Key/value caches of `ctx` positions the model will run with (slots of a server):
+    /// the expert cache's default budget leaves room for all of them.
+    pub kv_caches: usize,
     /// Reader threads for experts (the disk queue depth).
     pub io_threads: usize,
     /// Direct I/O for expert reads (bypassing the page cache); `None`: on when the RAM
@@ -264,6 +341,7 @@ impl Default for OpenOptions {
             cache_dir: None,
             progress: false,
             ctx: 4096,
+            kv_caches: 1,
             io_threads: 4,
             direct_io: None,
             hot_set: true,
@@ -352,7 +430,12 @@ pub fn load_container(dir: &Path, opts: &OpenOptions) -> Result<LoadedModel> {
     let expert_bytes = c.experts().record_bytes();
     let ram = match opts.ram_bytes {
         Some(b) => b,
-        None => default_ram_budget(&config, c.dense_bytes(), expert_bytes, opts.ctx),
+        None => {
+            // The caches of every slot, as if each held one long context (a context too
+            // large to compute leaves the floor, as in `default_ram_budget`).
+            let positions = opts.ctx.saturating_mul(opts.kv_caches.max(1));
+            default_ram_budget(&config, c.dense_bytes(), expert_bytes, positions)
+        }
     };
     let all_fit = ram >= expert_bytes.saturating_mul(c.experts().records.len() as u64);
     let direct = opts.direct_io.unwrap_or(!all_fit);
@@ -574,6 +657,23 @@ mod tests {
         // Tiny machines keep the floor.
         assert_eq!(default_ctx_for_memory(&cfg, GIB), DEFAULT_CTX_FLOOR);
         assert_eq!(default_ctx_for_memory(&cfg, 0), DEFAULT_CTX_FLOOR);
+    }
+
+    #[test]
+    fn the_default_slots_are_the_full_caches_that_fit_in_the_quarter_of_the_room() {
+        let cfg = config(SynthShape::GptOss20b);
+        // 96 KiB per position: 32768 positions are 3 GiB a cache.
+        let per_slot = cfg.kv_bytes(DEFAULT_CTX_TARGET).unwrap();
+        assert_eq!(per_slot, 3 * GIB);
+        // 128 GiB: a quarter of 124 GiB holds ten; capped.
+        assert_eq!(default_parallel_for_memory(&cfg, DEFAULT_CTX_TARGET, 128 * GIB), DEFAULT_PARALLEL_MAX);
+        // 32 GiB: a quarter of 28 GiB is 7 GiB, two caches.
+        assert_eq!(default_parallel_for_memory(&cfg, DEFAULT_CTX_TARGET, 32 * GIB), 2);
+        // 16 GiB: 3 GiB of room, not one whole cache: still one slot.
+        assert_eq!(default_parallel_for_memory(&cfg, DEFAULT_CTX_TARGET, 16 * GIB), 1);
+        // A short context leaves room for more.
+        assert_eq!(default_parallel_for_memory(&cfg, 4096, 16 * GIB), DEFAULT_PARALLEL_MAX);
+        assert_eq!(default_parallel_for_memory(&cfg, usize::MAX, 1 << 50), 1);
     }
 
     #[test]

@@ -22,6 +22,7 @@ pub mod quant;
 pub mod sample;
 pub mod serve;
 pub mod session;
+pub mod slots;
 pub mod synth;
 pub mod system;
 

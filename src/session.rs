@@ -51,6 +51,20 @@ impl Session {
         Session { runner, tokens: Vec::new(), logits: Vec::new() }
     }
 
+    /// A session on `runner` whose cache already holds `tokens` at positions `0..` (the
+    /// history of [`into_parts`](Self::into_parts), or of a slot's first cache). The
+    /// caller vouches that the cache matches; no logits are kept, so the next turn
+    /// recomputes its last token's.
+    pub fn with_history(runner: Box<dyn Runner>, tokens: Vec<u32>) -> Self {
+        Session { runner, tokens, logits: Vec::new() }
+    }
+
+    /// The runner and the tokens its cache holds, for [`with_history`](Self::with_history)
+    /// (e.g. to put a session's runner behind [`crate::slots::Slots`]).
+    pub fn into_parts(self) -> (Box<dyn Runner>, Vec<u32>) {
+        (self.runner, self.tokens)
+    }
+
     /// The runner.
     pub fn runner(&self) -> &dyn Runner {
         self.runner.as_ref()

@@ -72,6 +72,24 @@ impl RouteTable {
     }
 }
 
+/// Where one row of a batched decode step sits: the sequence whose key/value cache it
+/// extends, and its position there. A step advances several sequences by one token each,
+/// so each row attends over its own sequence's cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SeqPos {
+    /// The sequence (its key/value cache), from [`Backend::add_sequence`]; 0 is the first.
+    pub seq: usize,
+    /// The row's position in that sequence.
+    pub pos: usize,
+}
+
+/// The error of a backend asked for a sequence or a batched step it does not have.
+fn one_sequence(what: &str) -> crate::error::Error {
+    crate::error::Error::Backend(format!(
+        "{what}: this backend keeps one key/value cache (one sequence) and has no batched decode step"
+    ))
+}
+
 /// Ops the forward pass needs. Activations are `[rows, width]` row-major f32 owned by the
 /// backend; row `i` of a batch starting at `start_pos` is the token at position
 /// `start_pos + i`. The key/value cache lives inside the backend.
@@ -157,6 +175,40 @@ pub trait Backend {
         Self: Sized,
     {
         f(self)
+    }
+
+    /// Adds a key/value cache for another sequence (of the same capacity) and returns its
+    /// index, so that several conversations share the loaded weights. A backend that keeps
+    /// one cache refuses (the default).
+    fn add_sequence(&mut self) -> Result<usize> {
+        Err(one_sequence("add_sequence"))
+    }
+
+    /// Makes [`rope`](Self::rope) and [`attention`](Self::attention) use the cache of
+    /// sequence `seq` (0 until changed). The default knows sequence 0 only.
+    fn select_sequence(&mut self, seq: usize) -> Result<()> {
+        if seq == 0 { Ok(()) } else { Err(one_sequence("select_sequence")) }
+    }
+
+    /// [`rope`](Self::rope) for a batched decode step: row `i` is rotated by `rows[i].pos`.
+    /// Unsupported by default.
+    fn rope_rows(&mut self, _x: &mut Self::Act, _rows: &[SeqPos]) -> Result<()> {
+        Err(one_sequence("rope_rows"))
+    }
+
+    /// [`attention`](Self::attention) for a batched decode step: row `i` stores its key and
+    /// value at `rows[i].pos` in the cache of `rows[i].seq` and attends over that sequence's
+    /// visible window. The sequences of the rows are distinct. Unsupported by default.
+    fn attention_rows(
+        &mut self,
+        _layer: usize,
+        _rows: &[SeqPos],
+        _q: &Self::Act,
+        _k: &Self::Act,
+        _v: &Self::Act,
+        _out: &mut Self::Act,
+    ) -> Result<()> {
+        Err(one_sequence("attention_rows"))
     }
 
     /// Lines about the device for `--stats` (submissions, readbacks, VRAM cache); empty

@@ -49,6 +49,12 @@ pub struct BenchArgs {
     /// time per token.
     #[arg(long, value_name = "FILE")]
     json_schema: Option<std::path::PathBuf>,
+    /// Instead of one stream, measure aggregate decode speed and expert traffic for each
+    /// number of concurrent streams in the list (e.g. `1,2,4,8`): each stream a slot with
+    /// its own random prompt, their decode steps batched; one row per count.
+    #[arg(long, value_name = "N,N,...", value_delimiter = ',', conflicts_with = "json_schema",
+          value_parser = clap::value_parser!(u64).range(1..=256))]
+    streams: Vec<u64>,
 }
 
 fn delta_times(a: PhaseTimes, b: PhaseTimes) -> PhaseTimes {
@@ -157,6 +163,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             model.experts.experts(l, &all)?;
         }
         tracing::info!("preloaded every expert in {:.1} s", t0.elapsed().as_secs_f64());
+    }
+    if !args.streams.is_empty() {
+        return streams::run(&args, &model, ctx);
     }
     let runner = args.model.runner(&model, ctx)?;
     let description = runner.describe();
@@ -338,4 +347,154 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         println!("{line}");
     }
     Ok(())
+}
+
+/// `picchio bench --streams`: aggregate decode throughput of several concurrent streams.
+mod streams {
+    use std::sync::atomic::Ordering;
+    use std::sync::{Arc, Barrier};
+    use std::time::{Duration, Instant};
+
+    use picchio::bench::prompt_ids;
+    use picchio::engine::LoadedModel;
+    use picchio::experts::ExpertStats;
+    use picchio::model::{LogitRows, NoObserver};
+    use picchio::sample::Sampler;
+    use picchio::session::Session;
+    use picchio::slots::Slots;
+    use serde_json::json;
+
+    use super::BenchArgs;
+
+    /// The decode of one stream count.
+    struct Row {
+        streams: usize,
+        tokens: usize,
+        wall: Duration,
+        experts: ExpertStats,
+        steps: u64,
+        step_rows: u64,
+    }
+
+    impl Row {
+        fn tokens_per_s(&self) -> f64 {
+            self.tokens as f64 / self.wall.as_secs_f64().max(1e-9)
+        }
+
+        fn per_token(&self, total: u64) -> f64 {
+            total as f64 / self.tokens.max(1) as f64
+        }
+
+        fn mean_batch(&self) -> f64 {
+            self.step_rows as f64 / self.steps.max(1) as f64
+        }
+    }
+
+    /// Runs every stream count of `args.streams` in turn on `model` (the expert cache stays
+    /// warm from one count to the next) and prints a row each.
+    pub(super) fn run(args: &BenchArgs, model: &LoadedModel, ctx: usize) -> anyhow::Result<()> {
+        let vocab = model.config.vocab_size;
+        let mut rows = Vec::new();
+        let mut description = String::new();
+        for &n in &args.streams {
+            let n = usize::try_from(n)?;
+            let runner = args.model.runner(model, ctx)?;
+            description = runner.describe();
+            let (slots, sessions) = Slots::start(runner, n, Vec::new())?;
+            anyhow::ensure!(
+                slots.count() == n,
+                "{description} runs {} stream(s) at once, not {n}",
+                slots.count()
+            );
+            let prompts: Vec<Vec<u32>> =
+                (0..n).map(|i| prompt_ids(args.prompt, vocab, args.seed.wrapping_add(i as u64))).collect();
+            // Every stream's prompt goes in first; the decodes then start together.
+            let ready = Arc::new(Barrier::new(n + 1));
+            let finished = Arc::new(Barrier::new(n + 1));
+            let gen_tokens = args.decode_tokens;
+            let (before, t0, tokens) = std::thread::scope(|s| -> anyhow::Result<_> {
+                let handles: Vec<_> = sessions
+                    .into_iter()
+                    .zip(&prompts)
+                    .map(|(mut session, prompt): (Session, &Vec<u32>)| {
+                        let (ready, finished) = (Arc::clone(&ready), Arc::clone(&finished));
+                        s.spawn(move || -> anyhow::Result<usize> {
+                            let fed = session.feed(prompt, LogitRows::Last, &mut NoObserver);
+                            ready.wait();
+                            fed?;
+                            let generated =
+                                session.generate(&[], gen_tokens, &mut Sampler::greedy(), &[], &mut |_| true);
+                            finished.wait();
+                            Ok(generated?.tokens.len())
+                        })
+                    })
+                    .collect();
+                ready.wait();
+                let before = (slots.expert_stats(), steps(&slots));
+                let t0 = Instant::now();
+                finished.wait();
+                let tokens = handles
+                    .into_iter()
+                    .map(|h| h.join().map_err(|_| anyhow::anyhow!("a stream panicked"))?)
+                    .sum::<anyhow::Result<usize>>()?;
+                Ok((before, t0, tokens))
+            })?;
+            let wall = t0.elapsed();
+            let (steps_now, rows_now) = steps(&slots);
+            rows.push(Row {
+                streams: n,
+                tokens,
+                wall,
+                experts: slots.expert_stats().since(&before.0),
+                steps: steps_now - before.1.0,
+                step_rows: rows_now - before.1.1,
+            });
+            slots.join();
+        }
+        if args.json {
+            let out: Vec<_> = rows
+                .iter()
+                .map(|r| {
+                    json!({
+                        "streams": r.streams,
+                        "tokens": r.tokens,
+                        "seconds": r.wall.as_secs_f64(),
+                        "tokens_per_s": r.tokens_per_s(),
+                        "steps": r.steps,
+                        "mean_batch": r.mean_batch(),
+                        "expert_requests_per_token": r.per_token(r.experts.hits + r.experts.misses),
+                        "bytes_read_per_token": r.per_token(r.experts.bytes_read),
+                        "cache_hit_rate": r.experts.hit_rate(),
+                    })
+                })
+                .collect();
+            let doc = json!({"model": model.dir.display().to_string(), "backend": description,
+                             "prompt": args.prompt, "gen": args.decode_tokens, "streams": out});
+            println!("{}", serde_json::to_string_pretty(&doc)?);
+            return Ok(());
+        }
+        println!("model    {}", model.dir.display());
+        println!("backend  {description}");
+        println!("each stream: {} prompt tokens, then {} greedy tokens", args.prompt, args.decode_tokens);
+        println!("streams  tokens/s  speedup  mean batch  expert requests/token  bytes read/token  hit rate");
+        let base = rows.first().map_or(1.0, Row::tokens_per_s);
+        for r in &rows {
+            println!(
+                "{:>7}  {:>8.2}  {:>6.2}x  {:>10.2}  {:>21.1}  {:>15}  {:>7.1} %",
+                r.streams,
+                r.tokens_per_s(),
+                r.tokens_per_s() / base.max(1e-9),
+                r.mean_batch(),
+                r.per_token(r.experts.hits + r.experts.misses),
+                picchio::system::gib(r.per_token(r.experts.bytes_read) as u64),
+                100.0 * r.experts.hit_rate(),
+            );
+        }
+        Ok(())
+    }
+
+    fn steps(slots: &Slots) -> (u64, u64) {
+        let c = slots.counters();
+        (c.steps.load(Ordering::SeqCst), c.step_rows.load(Ordering::SeqCst))
+    }
 }

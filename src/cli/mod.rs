@@ -185,6 +185,16 @@ impl ModelArgs {
 
     /// Opens the model with these options for a context of `ctx` positions.
     pub fn open(&self, ctx: Option<usize>) -> anyhow::Result<picchio::engine::LoadedModel> {
+        self.open_for(ctx, 1)
+    }
+
+    /// [`open`](Self::open) for `kv_caches` key/value caches of `ctx` positions (the slots
+    /// of a server), so the expert cache's default budget leaves room for all of them.
+    pub fn open_for(
+        &self,
+        ctx: Option<usize>,
+        kv_caches: usize,
+    ) -> anyhow::Result<picchio::engine::LoadedModel> {
         use anyhow::Context;
         let dir = self.model_dir();
         let ram_bytes = self.ram_gb.map(|g| gib_flag("--ram-gb", g)).transpose()?;
@@ -200,6 +210,7 @@ impl ModelArgs {
             cache_dir: self.cache_dir.clone(),
             progress: !self.quiet_progress(),
             ctx: ctx.unwrap_or(4096),
+            kv_caches,
             io_threads: self.io_threads,
             direct_io: self.direct_io.map(|t| t == Toggle::On),
             hot_set: !self.no_hot_set,

@@ -64,6 +64,11 @@ pub struct ServeArgs {
     /// named calls and response formats are constrained regardless.
     #[arg(long)]
     no_tool_grammar: bool,
+    /// HTTP: slots, the conversations served at once (each its own key/value cache, their
+    /// decode steps batched; more requests queue). Default: as many full caches as fit in
+    /// memory, at most 4. One on the GPU.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=256))]
+    parallel: Option<u64>,
 }
 
 /// Runs `picchio serve`.
@@ -76,9 +81,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
 }
 
-/// Loads the model and puts it in a session.
-fn load_session(model_args: &ModelArgs) -> anyhow::Result<Session> {
-    let model = model_args.open(model_args.ctx)?;
+/// Loads the model, leaving memory for `slots` key/value caches, and puts it in a session.
+fn load_session(model_args: &ModelArgs, slots: usize) -> anyhow::Result<Session> {
+    let model = model_args.open_for(model_args.ctx, slots)?;
     let ctx = model_args.ctx.unwrap_or_else(|| engine::default_ctx(&model.config));
     let runner = model_args.runner(&model, ctx)?;
     tracing::info!("{}: {}", model.dir.display(), runner.describe());
@@ -93,7 +98,7 @@ fn run_stdio(args: &ServeArgs) -> anyhow::Result<()> {
         tracing::warn!("{e:#}; ending turns at Harmony's stop tokens");
         picchio::chat::ChatFormat::Harmony(picchio::chat::HarmonyEncoding::new())
     });
-    let mut session = load_session(&args.model)?;
+    let mut session = load_session(&args.model, 1)?;
     let stops = format.stop_tokens(session.runner().config().vocab_size);
     tracing::info!("serving on stdio");
     // Read ahead, so that CANCEL (or closing stdin) stops a turn in progress.
@@ -120,6 +125,10 @@ fn http_options(args: &ServeArgs) -> anyhow::Result<HttpOptions> {
     options.cors_origin = args.cors.clone();
     options.tool_grammar = !args.no_tool_grammar;
     options.chat_format = chat_format(args)?;
+    options.parallel = match args.parallel {
+        Some(n) => usize::try_from(n).context("--parallel")?,
+        None => default_parallel(&args.model),
+    };
     options.header_timeout = Duration::from_secs(args.header_timeout);
     options.body_timeout = Duration::from_secs(args.body_timeout);
     options.max_connections = usize::try_from(args.max_connections).context("--max-connections")?;
@@ -144,11 +153,22 @@ fn chat_format(args: &ServeArgs) -> anyhow::Result<picchio::chat::ChatFormat> {
     Ok(picchio::chat::ChatFormat::for_family(config.family, &dirs, !args.no_thinking)?)
 }
 
+/// The slots a server gets without `--parallel`: [`engine::default_parallel`] for the
+/// model's config and context (1 when config.json cannot be read here; loading reports why).
+fn default_parallel(model: &ModelArgs) -> usize {
+    let Ok(cfg) = picchio::ModelConfig::from_dir(&model.model_dir()) else {
+        return 1;
+    };
+    let ctx = model.ctx.unwrap_or_else(|| engine::default_ctx(&cfg));
+    engine::default_parallel(&cfg, ctx)
+}
+
 /// Serves HTTP: binds and answers (`/health` 503 "loading") while the model loads or
 /// converts, then serves it until Ctrl-C.
 fn run_http(args: &ServeArgs, addr: &str) -> anyhow::Result<()> {
     let listener = bind(addr)?;
     let options = http_options(args)?;
+    let slots = options.parallel;
     let local = listener.local_addr()?;
     if !local.ip().is_loopback() && args.api_key.is_none() {
         tracing::warn!("listening on {local}, reachable from other machines, without --api-key");
@@ -160,11 +180,14 @@ fn run_http(args: &ServeArgs, addr: &str) -> anyhow::Result<()> {
     out.flush()?;
     drop(out);
     tracing::info!("chat in a browser at {}/", server.url());
-    if let Err(e) = load_session(&args.model).and_then(|s| attach(&mut server, s)) {
+    if let Err(e) = load_session(&args.model, slots).and_then(|s| attach(&mut server, s)) {
         server.shutdown();
         return Err(e);
     }
-    server.wait();
+    let stats = server.wait();
+    if args.model.stats {
+        eprintln!("stats: {}", stats.summary());
+    }
     Ok(())
 }
 

@@ -9,9 +9,9 @@
 
 use std::time::{Duration, Instant};
 
-use crate::backend::{Backend, LinearId, NormId, RouteTable};
+use crate::backend::{Backend, LinearId, NormId, RouteTable, SeqPos};
 use crate::config::MlpKind;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Which positions of a batch get logits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -60,6 +60,19 @@ pub struct PhaseTimes {
     pub head: Duration,
 }
 
+/// Where the rows of a block sit in the key/value caches.
+#[derive(Clone, Copy, Debug)]
+enum Placement<'a> {
+    /// Consecutive positions from `start_pos` of the backend's selected sequence (a prompt
+    /// block, or one token).
+    Run {
+        /// Position of the first row.
+        start_pos: usize,
+    },
+    /// One row per sequence, each at its own position (a batched decode step).
+    Rows(&'a [SeqPos]),
+}
+
 /// Scratch buffers for a batch of a given size, reused across calls.
 struct Scratch<B: Backend> {
     rows: usize,
@@ -91,6 +104,11 @@ impl<B: Backend> Forward<B> {
     /// The backend.
     pub fn backend(&self) -> &B {
         &self.backend
+    }
+
+    /// The backend, to change (add sequences).
+    pub fn backend_mut(&mut self) -> &mut B {
+        &mut self.backend
     }
 
     /// Largest number of positions processed in one batch (the prefill block).
@@ -128,6 +146,43 @@ impl<B: Backend> Forward<B> {
         Ok(out)
     }
 
+    /// Runs `ids` on sequence `seq` of the backend (see [`Backend::add_sequence`]) at
+    /// positions `start_pos..`, as [`run`](Self::run) does on the first.
+    pub fn run_on(
+        &mut self,
+        seq: usize,
+        ids: &[u32],
+        start_pos: usize,
+        logits: LogitRows,
+        observer: &mut dyn Observer,
+    ) -> Result<Vec<f32>> {
+        self.backend.select_sequence(seq)?;
+        self.run(ids, start_pos, logits, observer)
+    }
+
+    /// One batched decode step: advances each sequence `rows[i].seq` by the token `ids[i]`
+    /// at position `rows[i].pos`, and returns every row's logits (`[rows, vocab]`). The dense
+    /// products run over all rows at once, each expert of the step's union once over the
+    /// rows that chose it, and attention per row over its own sequence's cache. Every kernel
+    /// computes a row exactly as it would alone, so on the CPU each row's logits equal, bit
+    /// for bit, those of running its sequence alone. The caller has validated IDs and
+    /// capacity; the sequences must be distinct.
+    pub fn step(&mut self, rows: &[SeqPos], ids: &[u32]) -> Result<Vec<f32>> {
+        if rows.len() != ids.len() {
+            return Err(Error::Backend(format!("step: {} tokens for {} rows", ids.len(), rows.len())));
+        }
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut s = self.scratch(ids.len())?;
+        let (times, scratch, all) = (&mut self.times, &mut s, Some(0..ids.len()));
+        let placement = Placement::Rows(rows);
+        let result =
+            self.backend.on_workers(move |b| layers(b, times, scratch, ids, placement, all, &mut NoObserver));
+        self.scratch = Some(s);
+        result
+    }
+
     fn scratch(&mut self, rows: usize) -> Result<Scratch<B>> {
         if let Some(s) = self.scratch.take()
             && s.rows == rows
@@ -157,31 +212,38 @@ impl<B: Backend> Forward<B> {
         observer: &mut dyn Observer,
     ) -> Result<Vec<f32>> {
         let mut s = self.scratch(ids.len())?;
+        let placement = Placement::Run { start_pos };
         let result = if observer.enabled() {
-            layers(&mut self.backend, &mut self.times, &mut s, ids, start_pos, logit_rows, observer)
+            layers(&mut self.backend, &mut self.times, &mut s, ids, placement, logit_rows, observer)
         } else {
             // Without an observer (which need not be `Send`) the block runs where the
             // backend's parallel ops start cheapest.
             let (times, scratch) = (&mut self.times, &mut s);
             self.backend
-                .on_workers(move |b| layers(b, times, scratch, ids, start_pos, logit_rows, &mut NoObserver))
+                .on_workers(move |b| layers(b, times, scratch, ids, placement, logit_rows, &mut NoObserver))
         };
         self.scratch = Some(s);
         result
     }
 }
 
-/// The layers and the head over one block of positions: the model's math, in the order
-/// the module documentation gives, timed by phase into `times`.
+/// The layers and the head over one block of rows placed as `placement` says: the model's
+/// math, in the order the module documentation gives, timed by phase into `times`.
+/// Observers see positions from the block's start (0 for a batched step, which runs
+/// without one).
 fn layers<B: Backend>(
     b: &mut B,
     times: &mut PhaseTimes,
     s: &mut Scratch<B>,
     ids: &[u32],
-    start_pos: usize,
+    placement: Placement<'_>,
     logit_rows: Option<std::ops::Range<usize>>,
     observer: &mut dyn Observer,
 ) -> Result<Vec<f32>> {
+    let start_pos = match placement {
+        Placement::Run { start_pos } => start_pos,
+        Placement::Rows(_) => 0,
+    };
     let observe = observer.enabled();
     let layers = b.config().num_layers;
     let qk_norm = b.config().recipe.qk_norm;
@@ -199,9 +261,18 @@ fn layers<B: Backend>(
             b.rms_norm_heads(NormId::Query(layer), &mut s.q)?;
             b.rms_norm_heads(NormId::Key(layer), &mut s.k)?;
         }
-        b.rope(&mut s.q, start_pos)?;
-        b.rope(&mut s.k, start_pos)?;
-        b.attention(layer, start_pos, &s.q, &s.k, &s.v, &mut s.attn)?;
+        match placement {
+            Placement::Run { start_pos } => {
+                b.rope(&mut s.q, start_pos)?;
+                b.rope(&mut s.k, start_pos)?;
+                b.attention(layer, start_pos, &s.q, &s.k, &s.v, &mut s.attn)?;
+            }
+            Placement::Rows(rows) => {
+                b.rope_rows(&mut s.q, rows)?;
+                b.rope_rows(&mut s.k, rows)?;
+                b.attention_rows(layer, rows, &s.q, &s.k, &s.v, &mut s.attn)?;
+            }
+        }
         b.linear(LinearId::O(layer), &s.attn, &mut s.proj)?;
         b.add(&mut s.x, &s.proj)?;
         let t1 = Instant::now();

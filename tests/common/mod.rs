@@ -8,6 +8,7 @@ use safetensors::{Dtype, SafeTensors};
 
 pub mod browser;
 pub mod gpu;
+pub mod http;
 pub mod noisy;
 pub mod parity;
 pub mod scripted;

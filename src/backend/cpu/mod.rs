@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use crate::backend::{Backend, LinearId, NormId, RouteTable};
+use crate::backend::{Backend, LinearId, NormId, RouteTable, SeqPos};
 use crate::config::{ModelConfig, Routing};
 use crate::error::{Error, Result};
 use crate::experts::{ExpertSource, ExpertStats};
@@ -49,7 +49,10 @@ pub struct CpuBackend {
     rope_cos: Vec<f32>,
     /// See `rope_cos`.
     rope_sin: Vec<f32>,
-    kv: KvCache,
+    /// One key/value cache per sequence ([`Backend::add_sequence`]), all of one capacity.
+    kv: Vec<KvCache>,
+    /// The sequence whose cache [`Backend::rope`] and [`Backend::attention`] use.
+    current: usize,
     /// Predict each next layer's experts from the current state and prefetch them.
     predict: bool,
     /// Compute experts in arrival order rather than after all have arrived.
@@ -105,7 +108,7 @@ impl CpuBackend {
         capacity: usize,
     ) -> Result<Self> {
         let (rope_cos, rope_sin) = RopeFrequencies::from_config(&cfg).try_table(capacity)?;
-        let kv = KvCache::new(cfg.num_layers, capacity, cfg.kv_dim())?;
+        let kv = vec![KvCache::new(cfg.num_layers, capacity, cfg.kv_dim())?];
         Ok(CpuBackend {
             cfg,
             dense,
@@ -113,6 +116,7 @@ impl CpuBackend {
             rope_cos,
             rope_sin,
             kv,
+            current: 0,
             predict: false,
             completion_driven: true,
             router_logits: Vec::new(),
@@ -128,6 +132,53 @@ impl CpuBackend {
         self.predict = predict;
         self.completion_driven = completion_driven;
         self
+    }
+
+    /// An error unless `seq` is one of the backend's sequences.
+    fn check_sequence(&self, seq: usize) -> Result<()> {
+        if seq < self.kv.len() {
+            return Ok(());
+        }
+        Err(Error::Backend(format!("sequence {seq} does not exist ({} key/value caches)", self.kv.len())))
+    }
+
+    /// An error unless `rows` places `n` rows of a batched step: distinct existing
+    /// sequences, each position within the capacity.
+    fn check_step_rows(&self, n: usize, rows: &[SeqPos]) -> Result<()> {
+        if rows.len() != n {
+            return Err(Error::Backend(format!("batched step: {n} rows but {} placements", rows.len())));
+        }
+        let capacity = self.capacity();
+        for (i, at) in rows.iter().enumerate() {
+            self.check_sequence(at.seq)?;
+            if at.pos >= capacity {
+                return Err(Error::ContextFull { needed: at.pos + 1, capacity });
+            }
+            if rows[..i].iter().any(|other| other.seq == at.seq) {
+                return Err(Error::Backend(format!("batched step: sequence {} has two rows", at.seq)));
+            }
+        }
+        Ok(())
+    }
+
+    /// The attention geometry of `layer`.
+    fn attention_shape(&self, layer: usize) -> AttentionShape {
+        let cfg = &self.cfg;
+        AttentionShape {
+            heads: cfg.num_heads,
+            kv_heads: cfg.num_kv_heads,
+            head_dim: cfg.head_dim,
+            window: cfg.window(layer),
+        }
+    }
+
+    /// The cache of sequence `seq` in `layer`, with the layer's sinks.
+    fn layer_cache(&self, seq: usize, layer: usize) -> LayerCache<'_> {
+        LayerCache {
+            keys: self.kv[seq].keys(layer),
+            values: self.kv[seq].values(layer),
+            sinks: self.dense.layers[layer].attn.sinks.as_deref(),
+        }
     }
 
     /// The weight of a norm; an error for a QK-norm the family does not have.
@@ -204,7 +255,7 @@ impl Backend for CpuBackend {
     }
 
     fn capacity(&self) -> usize {
-        self.kv.capacity()
+        self.kv[0].capacity()
     }
 
     fn alloc(&mut self, rows: usize, width: usize) -> Result<CpuAct> {
@@ -267,7 +318,7 @@ impl Backend for CpuBackend {
     fn rope(&mut self, x: &mut CpuAct, start_pos: usize) -> Result<()> {
         let d = self.cfg.head_dim;
         let half = d / 2;
-        let capacity = self.kv.capacity();
+        let capacity = self.capacity();
         if start_pos + x.rows > capacity {
             return Err(Error::ContextFull { needed: start_pos + x.rows, capacity });
         }
@@ -283,6 +334,63 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn rope_rows(&mut self, x: &mut CpuAct, rows: &[SeqPos]) -> Result<()> {
+        self.check_step_rows(x.rows, rows)?;
+        let d = self.cfg.head_dim;
+        let half = d / 2;
+        let width = x.width;
+        for (row, at) in x.data.chunks_mut(width).zip(rows) {
+            let p = at.pos;
+            let cos = &self.rope_cos[p * half..(p + 1) * half];
+            let sin = &self.rope_sin[p * half..(p + 1) * half];
+            for head in row.chunks_mut(d) {
+                rotate_half(head, cos, sin);
+            }
+        }
+        Ok(())
+    }
+
+    fn add_sequence(&mut self) -> Result<usize> {
+        let cfg = &self.cfg;
+        self.kv.try_reserve(1).map_err(|_| Error::invalid("no memory for another key/value cache"))?;
+        self.kv.push(KvCache::new(cfg.num_layers, self.capacity(), cfg.kv_dim())?);
+        Ok(self.kv.len() - 1)
+    }
+
+    fn select_sequence(&mut self, seq: usize) -> Result<()> {
+        self.check_sequence(seq)?;
+        self.current = seq;
+        Ok(())
+    }
+
+    fn attention_rows(
+        &mut self,
+        layer: usize,
+        rows: &[SeqPos],
+        q: &CpuAct,
+        k: &CpuAct,
+        v: &CpuAct,
+        out: &mut CpuAct,
+    ) -> Result<()> {
+        let cfg = &self.cfg;
+        check_shape("attention out", out, q.rows, cfg.q_dim())?;
+        self.check_step_rows(q.rows, rows)?;
+        for (r, at) in rows.iter().enumerate() {
+            self.kv[at.seq].write(layer, at.pos, k.row(r), v.row(r));
+        }
+        let shape = self.attention_shape(layer);
+        let caches: Vec<LayerCache<'_>> = rows.iter().map(|at| self.layer_cache(at.seq, layer)).collect();
+        // One task per (row, head), each over its own sequence's cache: exactly the
+        // computation of `attention` for that row alone.
+        let (d, heads) = (cfg.head_dim, cfg.num_heads);
+        out.data.par_chunks_mut(d).enumerate().for_each_init(Vec::new, |scores, (i, o)| {
+            let (r, h) = (i / heads, i % heads);
+            let qh = &q.row(r)[h * d..(h + 1) * d];
+            attend_head(shape, caches[r], h, qh, rows[r].pos, scores, o);
+        });
+        Ok(())
+    }
+
     fn attention(
         &mut self,
         layer: usize,
@@ -294,23 +402,16 @@ impl Backend for CpuBackend {
     ) -> Result<()> {
         let cfg = &self.cfg;
         check_shape("attention out", out, q.rows, cfg.q_dim())?;
-        if start_pos + q.rows > self.kv.capacity() {
-            return Err(Error::ContextFull { needed: start_pos + q.rows, capacity: self.kv.capacity() });
+        let capacity = self.capacity();
+        if start_pos + q.rows > capacity {
+            return Err(Error::ContextFull { needed: start_pos + q.rows, capacity });
         }
+        let kv = &mut self.kv[self.current];
         for r in 0..k.rows {
-            self.kv.write(layer, start_pos + r, k.row(r), v.row(r));
+            kv.write(layer, start_pos + r, k.row(r), v.row(r));
         }
-        let shape = AttentionShape {
-            heads: cfg.num_heads,
-            kv_heads: cfg.num_kv_heads,
-            head_dim: cfg.head_dim,
-            window: cfg.window(layer),
-        };
-        let cache = LayerCache {
-            keys: self.kv.keys(layer),
-            values: self.kv.values(layer),
-            sinks: self.dense.layers[layer].attn.sinks.as_deref(),
-        };
+        let shape = self.attention_shape(layer);
+        let cache = self.layer_cache(self.current, layer);
         // One task per (row, head); each head's result is independent of the split.
         let (d, heads) = (cfg.head_dim, cfg.num_heads);
         out.data.par_chunks_mut(d).enumerate().for_each_init(Vec::new, |scores, (i, o)| {

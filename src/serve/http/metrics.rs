@@ -8,6 +8,7 @@ use std::fmt::Write;
 use std::sync::atomic::Ordering;
 
 use super::worker::Counters;
+use crate::slots::SlotCounters;
 
 /// The content type of the Prometheus text format.
 pub(crate) const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
@@ -80,8 +81,58 @@ pub(crate) fn render(counters: &Counters, stored_responses: usize) -> String {
     metric(
         "picchio_busy",
         "gauge",
-        "1 while the engine is generating.",
-        &plain(u8::from(counters.busy.load(Ordering::SeqCst)).to_string()),
+        "1 while the engine is generating (some slot runs a request).",
+        &plain(u8::from(get(&counters.active) > 0).to_string()),
+    );
+    metric(
+        "picchio_slots",
+        "gauge",
+        "Slots: requests served at once (--parallel).",
+        &plain(get(&counters.slots).to_string()),
+    );
+    metric(
+        "picchio_active_slots",
+        "gauge",
+        "Slots running a request now.",
+        &plain(get(&counters.active).to_string()),
+    );
+    let scheduler = counters.scheduler.get();
+    let sched = |f: fn(&SlotCounters) -> &std::sync::atomic::AtomicU64| scheduler.map_or(0, |c| get(f(c)));
+    metric(
+        "picchio_decode_steps_total",
+        "counter",
+        "Decode steps run, each advancing every slot that was decoding by one token.",
+        &plain(sched(|c| &c.steps).to_string()),
+    );
+    metric(
+        "picchio_decode_step_rows_total",
+        "counter",
+        "Rows of the decode steps, summed (over picchio_decode_steps_total: the mean batch size).",
+        &plain(sched(|c| &c.step_rows).to_string()),
+    );
+    metric(
+        "picchio_decode_batch_size",
+        "gauge",
+        "Rows (slots) in the last decode step.",
+        &plain(sched(|c| &c.last_step_rows).to_string()),
+    );
+    let generated = get(&counters.completion_tokens);
+    let per_token = |total: u64| if generated == 0 { 0.0 } else { total as f64 / generated as f64 };
+    metric(
+        "picchio_expert_read_bytes_per_generated_token",
+        "gauge",
+        "Bytes of expert weights read from disk per generated token (all turns so far).",
+        &plain(format!("{:.1}", per_token(get(&counters.expert_bytes_read)))),
+    );
+    metric(
+        "picchio_expert_requests_per_generated_token",
+        "gauge",
+        "Expert weight requests (from memory or disk) per generated token, prefill included: \
+         batching slots reads each expert of a step once for all of them.",
+        &plain(format!(
+            "{:.2}",
+            per_token(get(&counters.expert_hits).saturating_add(get(&counters.expert_misses)))
+        )),
     );
     metric(
         "picchio_expert_requests_total",

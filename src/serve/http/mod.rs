@@ -4,11 +4,12 @@
 //! `POST /v1/completions`, `GET`/`DELETE /v1/responses/{id}`,
 //! `GET /v1/responses/{id}/input_items`, `POST /tokenize`, `POST /detokenize`, `GET /metrics`,
 //! `GET /v1/models`, `GET /v1/models/{id}`, `GET /health`, and a chat page for the browser at
-//! `GET /` (`webui`). One [`Session`] lives on one engine thread;
-//! requests queue for it in arrival order, and each renders its whole conversation so that
-//! the longest common prefix with the cache is reused (reported as
+//! `GET /` (`webui`). The [`Session`]'s runner is shared by [`HttpOptions::parallel`] slots
+//! ([`crate::slots`]: one session and thread each, their decode steps batched); requests
+//! queue for a free slot in arrival order, each going to the slot whose cache shares the
+//! longest prefix with its whole rendered conversation, which is reused (reported as
 //! `usage.prompt_tokens_details.cached_tokens`). A client that disconnects cancels its
-//! generation. Every request is checked before it is queued, so the engine never sees an
+//! generation, on its slot only. Every request is checked before it is queued, so the engine never sees an
 //! invalid one.
 //!
 //! Connections are accepted by the server's own loop: at most
@@ -113,6 +114,10 @@ pub struct HttpOptions {
     /// The model's chat format (Harmony by default; [`ChatFormat::for_family`] gives a
     /// model's own), used to render, parse and tokenize every request.
     pub chat_format: ChatFormat,
+    /// Slots: conversations served at once, each with its own key/value cache, their
+    /// decode steps batched ([`crate::slots`]); requests beyond them queue. A runner that
+    /// keeps one cache (the GPU) serves one slot whatever this says.
+    pub parallel: usize,
 }
 
 impl HttpOptions {
@@ -131,6 +136,7 @@ impl HttpOptions {
             stop_on_ctrl_c: false,
             tool_grammar: true,
             chat_format: ChatFormat::Harmony(HarmonyEncoding::new()),
+            parallel: 1,
         }
     }
 
@@ -143,6 +149,7 @@ impl HttpOptions {
         positive("header_timeout", !self.header_timeout.is_zero())?;
         positive("body_timeout", !self.body_timeout.is_zero())?;
         positive("max_connections", self.max_connections > 0)?;
+        positive("parallel", self.parallel > 0)?;
         if let Some(origin) = &self.cors_origin
             && (origin.is_empty() || axum::http::HeaderValue::from_str(origin).is_err())
         {
@@ -174,6 +181,8 @@ impl std::fmt::Debug for HttpOptions {
             .field("cors_origin", &self.cors_origin)
             .field("stop_on_ctrl_c", &self.stop_on_ctrl_c)
             .field("chat_format", &self.chat_format.name())
+            .field("tool_grammar", &self.tool_grammar)
+            .field("parallel", &self.parallel)
             .finish()
     }
 }
@@ -184,6 +193,10 @@ pub struct ServerHandle {
     shutdown: Option<oneshot::Sender<()>>,
     server: Option<JoinHandle<()>>,
     engine: Option<JoinHandle<()>>,
+    /// The slots' scheduler, joined after the engine threads (it ends with their sessions).
+    slots: Option<crate::slots::Slots>,
+    /// Slots asked for ([`HttpOptions::parallel`]).
+    parallel: usize,
     /// The handlers' shared state: the handle attaches the session to it. Dropped before the
     /// engine thread is joined, since that thread ends when the last queue sender is gone.
     app: Option<Arc<routes::App>>,
@@ -212,9 +225,11 @@ impl ServerHandle {
         self.app.as_ref().is_some_and(|app| app.engine().is_ok())
     }
 
-    /// Gives the server its session: an engine thread starts on it, and `/health` and the
-    /// API answer from then on. Fails if the model's vocabulary is not o200k_harmony's, if a
-    /// session is already attached, or if the thread cannot start.
+    /// Gives the server its session: its runner is shared by [`HttpOptions::parallel`]
+    /// slots (fewer when the runner keeps fewer key/value caches; the first slot keeps the
+    /// session's cached tokens), the engine threads start on them, and `/health` and the API
+    /// answer from then on. Fails if the model's vocabulary is not o200k_harmony's, if a
+    /// session is already attached, or if a thread cannot start.
     pub fn attach(&mut self, session: Session) -> Result<()> {
         let Some(app) = &self.app else {
             return Err(Error::invalid("the server has stopped: no session can be attached"));
@@ -230,14 +245,23 @@ impl ServerHandle {
         if app.set_engine(engine).is_err() {
             return Err(Error::invalid("the server already has a session"));
         }
+        let (runner, history) = session.into_parts();
+        let (slots, sessions) = crate::slots::Slots::start(runner, self.parallel, history)?;
+        let count = slots.count();
+        self.counters.slots.store(count as u64, Ordering::SeqCst);
+        let _ = self.counters.scheduler.set(slots.shared_counters());
+        self.slots = Some(slots);
         let (counters, stopping, format) =
             (Arc::clone(&self.counters), Arc::clone(&self.stopping), app.format.clone());
         let thread = std::thread::Builder::new()
             .name("picchio-engine".into())
-            .spawn(move || worker::run(session, format, queue, counters, stopping))
+            .spawn(move || worker::run(sessions, format, queue, counters, stopping))
             .map_err(|e| Error::io("<engine thread>", e))?;
         self.engine = Some(thread);
-        tracing::info!("the model is ready: {capacity}-token context");
+        tracing::info!(
+            "the model is ready: {capacity}-token context, {count} slot{} (requests served at once)",
+            if count == 1 { "" } else { "s" }
+        );
         Ok(())
     }
 
@@ -261,6 +285,9 @@ impl ServerHandle {
         {
             tracing::error!("the engine thread panicked");
         }
+        if let Some(slots) = self.slots.take() {
+            slots.join();
+        }
     }
 
     /// Stops the server: no new connections, the generation in progress is cancelled, and
@@ -270,9 +297,11 @@ impl ServerHandle {
         self.join();
     }
 
-    /// Blocks until the server stops (on Ctrl-C with [`HttpOptions::stop_on_ctrl_c`]).
-    pub fn wait(mut self) {
+    /// Blocks until the server stops (on Ctrl-C with [`HttpOptions::stop_on_ctrl_c`]) and
+    /// returns the final counters.
+    pub fn wait(mut self) -> Stats {
         self.join();
+        self.counters.snapshot()
     }
 }
 
@@ -382,6 +411,8 @@ pub fn start(listener: TcpListener, options: HttpOptions) -> Result<ServerHandle
         shutdown: Some(shutdown),
         server: Some(server),
         engine: None,
+        slots: None,
+        parallel: options.parallel,
         app: Some(app),
         counters,
         stopping,

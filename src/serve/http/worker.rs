@@ -1,12 +1,14 @@
-//! The engine thread: one [`Session`] owned by one std thread that serves jobs in the order
-//! they arrive (FIFO). Each job streams what the model says back over its own channel;
-//! a closed channel (the client went away) stops its prefill at the next block boundary and
-//! its generation at the next token.
+//! The engine threads: a dispatcher that takes jobs in the order they arrive (FIFO) and
+//! gives each to a free slot, preferring the slot whose cached tokens share the longest
+//! prefix with the job's prompt, and one thread per slot that owns its [`Session`] (the
+//! slots share one runner through [`crate::slots`], which batches their decode steps). A
+//! job waits in the queue while every slot is busy. Each job streams what the model says
+//! back over its own channel; a closed channel (the client went away) stops its prefill at
+//! the next block boundary and its generation at the next token, on its slot only.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc;
+use std::sync::{Arc, OnceLock, mpsc};
 use std::time::Instant;
 
 use serde::Serialize;
@@ -17,6 +19,7 @@ use super::raw::{RawText, complete_raw};
 use crate::chat::{ChatEvent, ChatFormat, Message, TurnOptions, complete_prompt};
 use crate::error::Error;
 use crate::session::{Session, StopReason};
+use crate::slots::SlotCounters;
 
 /// One request for the engine.
 pub(crate) struct Job {
@@ -115,7 +118,12 @@ pub(crate) enum Failure {
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
     pub(crate) queued: AtomicU64,
-    pub(crate) busy: AtomicBool,
+    /// Slots running a job now.
+    pub(crate) active: AtomicU64,
+    /// Slots the server has (set when the model is attached).
+    pub(crate) slots: AtomicU64,
+    /// The slots' scheduler counters (steps and their sizes), once the model is attached.
+    pub(crate) scheduler: OnceLock<Arc<SlotCounters>>,
     pub(crate) completed: AtomicU64,
     pub(crate) cancelled: AtomicU64,
     pub(crate) failed: AtomicU64,
@@ -140,8 +148,12 @@ pub(crate) struct Counters {
 pub struct Stats {
     /// Requests waiting for the engine.
     pub queued: u64,
-    /// Whether the engine is generating now.
+    /// Whether the engine is generating now (some slot runs a job).
     pub busy: bool,
+    /// Slots: conversations served at once (`--parallel`); 0 before the model is attached.
+    pub slots: u64,
+    /// Slots running a job now.
+    pub active_slots: u64,
     /// Turns that ran to their end (stop token, token limit or full context).
     pub completed: u64,
     /// Turns stopped, or skipped in the queue, because their client disconnected.
@@ -154,6 +166,32 @@ pub struct Stats {
     pub cached_tokens: u64,
     /// Tokens generated.
     pub completion_tokens: u64,
+    /// Decode steps run (each advances every slot that was decoding by one token).
+    pub decode_steps: u64,
+    /// Rows of those steps, summed: over `decode_steps`, the mean batch size.
+    pub decode_step_rows: u64,
+    /// Expert weight requests (served from memory or disk) so far.
+    pub expert_requests: u64,
+    /// Bytes of expert weights read from disk so far.
+    pub expert_bytes_read: u64,
+}
+
+impl Stats {
+    /// One line for `--stats`: slots, steps and their mean size, and the expert traffic per
+    /// generated token.
+    pub fn summary(&self) -> String {
+        let per = |total: u64, n: u64| if n == 0 { 0.0 } else { total as f64 / n as f64 };
+        format!(
+            "{} slot(s); {} completion tokens in {} decode steps (mean batch {:.2} rows); per generated token \
+             {:.1} expert requests and {:.0} expert bytes read from disk",
+            self.slots,
+            self.completion_tokens,
+            self.decode_steps,
+            per(self.decode_step_rows, self.decode_steps),
+            per(self.expert_requests, self.completion_tokens),
+            per(self.expert_bytes_read, self.completion_tokens),
+        )
+    }
 }
 
 impl Counters {
@@ -172,27 +210,79 @@ impl Counters {
         let get = |a: &AtomicU64| a.load(Ordering::SeqCst);
         Stats {
             queued: get(&self.queued),
-            busy: self.busy.load(Ordering::SeqCst),
+            busy: get(&self.active) > 0,
+            slots: get(&self.slots),
+            active_slots: get(&self.active),
             completed: get(&self.completed),
             cancelled: get(&self.cancelled),
             failed: get(&self.failed),
             prompt_tokens: get(&self.prompt_tokens),
             cached_tokens: get(&self.cached_tokens),
             completion_tokens: get(&self.completion_tokens),
+            decode_steps: self.scheduler.get().map_or(0, |c| get(&c.steps)),
+            decode_step_rows: self.scheduler.get().map_or(0, |c| get(&c.step_rows)),
+            expert_requests: get(&self.expert_hits).saturating_add(get(&self.expert_misses)),
+            expert_bytes_read: get(&self.expert_bytes_read),
         }
     }
 }
 
-/// Serves `jobs` on `session` until every sender is gone. `stopping` makes it cancel the
-/// turn in progress and refuse the queued ones.
+/// A slot as the dispatcher sees it: where its jobs go and, while it is free, the tokens
+/// its cache holds.
+struct SlotLine {
+    jobs: mpsc::Sender<Job>,
+    /// `Some(cached tokens)` while the slot is free.
+    free: Option<Vec<u32>>,
+}
+
+/// Serves `jobs` on `sessions` (one per slot) until every sender is gone: each job goes to
+/// a free slot, the one whose cache shares the longest prefix with its prompt (the lowest
+/// on a tie), and waits in the queue while none is free. `stopping` makes every slot
+/// cancel its turn and the queued jobs be refused.
 pub(crate) fn run(
-    mut session: Session,
+    sessions: Vec<Session>,
     format: ChatFormat,
     jobs: mpsc::Receiver<Job>,
     counters: Arc<Counters>,
     stopping: Arc<AtomicBool>,
 ) {
+    let (freed, free_slots) = mpsc::channel::<(usize, Vec<u32>)>();
+    let mut lines = Vec::new();
+    let mut threads = Vec::new();
+    for (i, mut session) in sessions.into_iter().enumerate() {
+        let (tx, rx) = mpsc::channel::<Job>();
+        lines.push(SlotLine { jobs: tx, free: Some(session.tokens().to_vec()) });
+        let (counters, stopping, freed) = (Arc::clone(&counters), Arc::clone(&stopping), freed.clone());
+        let format = format.clone();
+        let thread = std::thread::Builder::new().name(format!("picchio-slot-{i}")).spawn(move || {
+            while let Ok(job) = rx.recv() {
+                run_job(&mut session, &format, &job, &counters, &stopping);
+                counters.active.fetch_sub(1, Ordering::SeqCst);
+                if freed.send((i, session.tokens().to_vec())).is_err() {
+                    break;
+                }
+            }
+        });
+        match thread {
+            Ok(t) => threads.push(t),
+            Err(e) => {
+                tracing::error!("cannot start the thread of slot {i}: {e}");
+                lines.pop();
+            }
+        }
+    }
+    drop(freed);
     while let Ok(job) = jobs.recv() {
+        // Wait for a free slot; the job stays counted as queued until it gets one.
+        while let Ok((i, tokens)) = free_slots.try_recv() {
+            lines[i].free = Some(tokens);
+        }
+        if lines.iter().all(|l| l.free.is_none()) {
+            match free_slots.recv() {
+                Ok((i, tokens)) => lines[i].free = Some(tokens),
+                Err(_) => break,
+            }
+        }
         counters.queued.fetch_sub(1, Ordering::SeqCst);
         if stopping.load(Ordering::SeqCst) {
             let _ = job.events.send(WorkerMsg::Done(Err(Failure::ShuttingDown)));
@@ -203,11 +293,35 @@ pub(crate) fn run(
             tracing::info!("a queued request was dropped: its client disconnected");
             continue;
         }
-        counters.busy.store(true, Ordering::SeqCst);
-        run_job(&mut session, &format, &job, &counters, &stopping);
-        counters.busy.store(false, Ordering::SeqCst);
+        let Some(slot) = best_slot(&lines, &job.prompt) else { break };
+        lines[slot].free = None;
+        counters.active.fetch_add(1, Ordering::SeqCst);
+        if let Err(mpsc::SendError(job)) = lines[slot].jobs.send(job) {
+            counters.active.fetch_sub(1, Ordering::SeqCst);
+            let _ = job
+                .events
+                .send(WorkerMsg::Done(Err(Failure::Engine("the slot's thread has stopped".into()))));
+        }
     }
-    tracing::debug!("the engine thread stops: no more requests");
+    drop(lines);
+    for thread in threads {
+        if thread.join().is_err() {
+            tracing::error!("a slot's thread panicked");
+        }
+    }
+    tracing::debug!("the engine threads stop: no more requests");
+}
+
+/// The free slot whose cached tokens share the longest prefix with `prompt` (the lowest
+/// index on a tie); `None` when no slot is free.
+fn best_slot(lines: &[SlotLine], prompt: &[u32]) -> Option<usize> {
+    let shared = |tokens: &[u32]| tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count();
+    lines
+        .iter()
+        .enumerate()
+        .filter_map(|(i, l)| l.free.as_deref().map(|t| (i, shared(t))))
+        .max_by_key(|&(i, n)| (n, std::cmp::Reverse(i)))
+        .map(|(i, _)| i)
 }
 
 /// Runs one job and reports its outcome.
