@@ -62,7 +62,7 @@ impl Reference {
     pub fn load(fixture_dir: &Path) -> Self {
         let bytes = std::fs::read(fixture_dir.join("reference.safetensors")).unwrap();
         let st = SafeTensors::deserialize(&bytes).unwrap();
-        let has = |name: &str| st.names().iter().any(|n| *n == name);
+        let has = |name: &str| st.names().contains(&name);
         Reference {
             prompt: ints(&st, "prompt_ids"),
             logits: floats(&st, "logits"),
