@@ -8,20 +8,16 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::time::Duration;
 
+use common::http::{listener, ok, post};
 use common::scripted::{ANSWER, REASONING, Scripted};
 use picchio::chat::Tokenizer;
 use picchio::engine::{self, OpenOptions, RunOptions};
 use picchio::serve::http::{HttpOptions, ServerHandle, serve};
 use picchio::session::Session;
 use serde_json::{Value, json};
-
-fn listener() -> std::net::TcpListener {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap()
-}
 
 fn scripted_server() -> ServerHandle {
     let session = Session::new(Box::new(Scripted::new(4096, Duration::ZERO)));
@@ -36,48 +32,11 @@ fn real_server(dir: &Path) -> ServerHandle {
     serve(listener(), Session::new(runner), HttpOptions::new("tiny")).unwrap()
 }
 
-fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(120)))
-        .build()
-        .into()
-}
-
-fn post(server: &ServerHandle, path: &str, body: &Value) -> (u16, Value) {
-    let mut resp = agent()
-        .post(format!("{}{path}", server.url()))
-        .header("content-type", "application/json")
-        .send(body.to_string())
-        .unwrap();
-    let status = resp.status().as_u16();
-    let text = resp.body_mut().read_to_string().unwrap();
-    (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}")))
-}
-
-fn ok(server: &ServerHandle, path: &str, body: &Value) -> Value {
-    let (status, v) = post(server, path, body);
-    assert_eq!(status, 200, "{v}");
-    v
-}
-
-/// The `data:` payloads of a stream, parsed, up to `[DONE]` or the end.
+/// The JSON events of `body` streamed (`"stream": true` added), `[DONE]` left out.
 fn stream(server: &ServerHandle, path: &str, body: &Value) -> Vec<Value> {
     let mut body = body.clone();
     body["stream"] = json!(true);
-    let resp = agent()
-        .post(format!("{}{path}", server.url()))
-        .header("content-type", "application/json")
-        .send(body.to_string())
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 200);
-    BufReader::new(resp.into_body().into_reader())
-        .lines()
-        .map_while(Result::ok)
-        .filter_map(|l| l.strip_prefix("data: ").map(str::to_string))
-        .take_while(|d| d != "[DONE]")
-        .map(|d| serde_json::from_str(&d).unwrap())
-        .collect()
+    common::http::events(server, path, &body)
 }
 
 fn user(text: &str) -> Value {

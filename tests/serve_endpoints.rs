@@ -5,6 +5,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::http::{agent, listener, post};
 use common::scripted::Scripted;
 use picchio::chat::{HarmonyEncoding, Tokenizer};
 use picchio::serve::http::{HttpOptions, ServerHandle, serve};
@@ -12,26 +13,7 @@ use picchio::session::Session;
 use serde_json::{Value, json};
 
 fn server(options: HttpOptions) -> ServerHandle {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    serve(listener, Session::new(Box::new(Scripted::new(4096, Duration::ZERO))), options).unwrap()
-}
-
-fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(60)))
-        .build()
-        .into()
-}
-
-fn post(server: &ServerHandle, path: &str, body: &Value) -> (u16, Value) {
-    let mut resp = agent()
-        .post(format!("{}{path}", server.url()))
-        .header("content-type", "application/json")
-        .send(body.to_string())
-        .unwrap();
-    let status = resp.status().as_u16();
-    (status, serde_json::from_str(&resp.body_mut().read_to_string().unwrap()).unwrap())
+    serve(listener(), Session::new(Box::new(Scripted::new(4096, Duration::ZERO))), options).unwrap()
 }
 
 #[test]

@@ -6,60 +6,15 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::time::Duration;
-
 use picchio::serve::http::{HttpOptions, ServerHandle, serve};
 use picchio::session::Session;
 use serde_json::{Value, json};
 
+use common::http::{events as stream, listener, ok, post};
 use common::noisy::Noisy;
 
 fn server(runner: Noisy) -> ServerHandle {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    serve(listener, Session::new(Box::new(runner)), HttpOptions::new("noisy")).unwrap()
-}
-
-fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(300)))
-        .build()
-        .into()
-}
-
-fn post(server: &ServerHandle, path: &str, body: &Value) -> (u16, Value) {
-    let mut resp = agent()
-        .post(format!("{}{path}", server.url()))
-        .header("content-type", "application/json")
-        .send(body.to_string())
-        .unwrap();
-    let status = resp.status().as_u16();
-    let text = resp.body_mut().read_to_string().unwrap();
-    (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}")))
-}
-
-fn ok(server: &ServerHandle, path: &str, body: &Value) -> Value {
-    let (status, v) = post(server, path, body);
-    assert_eq!(status, 200, "{v}");
-    v
-}
-
-/// The `data:` payloads of a streamed request, `[DONE]` excluded.
-fn stream(server: &ServerHandle, path: &str, body: &Value) -> Vec<Value> {
-    let resp = agent()
-        .post(format!("{}{path}", server.url()))
-        .header("content-type", "application/json")
-        .send(body.to_string())
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 200);
-    BufReader::new(resp.into_body().into_reader())
-        .lines()
-        .map_while(Result::ok)
-        .filter_map(|l| l.strip_prefix("data: ").map(str::to_string))
-        .filter(|d| d != "[DONE]")
-        .map(|d| serde_json::from_str(&d).unwrap())
-        .collect()
+    serve(listener(), Session::new(Box::new(runner)), HttpOptions::new("noisy")).unwrap()
 }
 
 fn person_schema() -> Value {

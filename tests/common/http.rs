@@ -32,6 +32,13 @@ pub fn post(server: &ServerHandle, path: &str, body: &Value) -> (u16, Value) {
     (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}")))
 }
 
+/// POSTs `body` as JSON to `path`, asserts a 200 and returns the parsed answer.
+pub fn ok(server: &ServerHandle, path: &str, body: &Value) -> Value {
+    let (status, v) = post(server, path, body);
+    assert_eq!(status, 200, "{v}");
+    v
+}
+
 /// GETs `path` and returns the status and the body text.
 pub fn get_text(server: &ServerHandle, path: &str) -> (u16, String) {
     let mut resp = agent().get(format!("{}{path}", server.url())).call().unwrap();
@@ -66,6 +73,15 @@ pub fn stream(server: &ServerHandle, path: &str, body: &Value) -> Vec<Value> {
     }
     assert!(done, "the stream did not end with [DONE]");
     chunks
+}
+
+/// The JSON payloads of a stream of either API, `[DONE]` left out (Chat Completions and
+/// completions end with it; Responses streams end with their last event).
+pub fn events(server: &ServerHandle, path: &str, body: &Value) -> Vec<Value> {
+    open_stream(server, path, body)
+        .take_while(|d| d != "[DONE]")
+        .map(|d| serde_json::from_str(&d).unwrap_or_else(|e| panic!("not JSON ({e}): {d}")))
+        .collect()
 }
 
 /// The value of the sample `name` (no labels) in a `/metrics` text.
