@@ -119,43 +119,44 @@ fn rope_matches_cpu() {
     });
 }
 
+/// GPU attention against the CPU's on `model` layers `layers`, with random queries, keys and
+/// values: a 70-row prefill (crossing a 64-key tile), single decode rows, then a 3-row block.
+fn check_attention(variant: &str, opts: &GpuOptions, model: &LoadedModel, seed: u64, layers: &[usize]) {
+    let cfg = model.config.clone();
+    let (mut c, mut g) = (cpu(model), gpu(model, opts));
+    let mut rng = Rng::new(seed);
+    let mut pos = 0;
+    for rows in [70, 1, 1, 3] {
+        for &layer in layers {
+            let q = rng.vec(rows * cfg.q_dim(), 1.0);
+            let k = rng.vec(rows * cfg.kv_dim(), 1.0);
+            let v = rng.vec(rows * cfg.kv_dim(), 1.0);
+            let mut co = c.alloc(rows, cfg.q_dim()).unwrap();
+            let (cq, ck, cv) = (
+                host(rows, cfg.q_dim(), q.clone()),
+                host(rows, cfg.kv_dim(), k.clone()),
+                host(rows, cfg.kv_dim(), v.clone()),
+            );
+            c.attention(layer, pos, &cq, &ck, &cv, &mut co).unwrap();
+            let (gq, gk, gv) = (
+                g.upload(rows, cfg.q_dim(), &q).unwrap(),
+                g.upload(rows, cfg.kv_dim(), &k).unwrap(),
+                g.upload(rows, cfg.kv_dim(), &v).unwrap(),
+            );
+            let mut go = g.alloc(rows, cfg.q_dim()).unwrap();
+            g.attention(layer, pos, &gq, &gk, &gv, &mut go).unwrap();
+            let d = rel_diff(&g.read(&go).unwrap(), &co.data);
+            assert!(d < 1e-5, "{variant} layer {layer}, {rows} rows at {pos}: relative difference {d}");
+        }
+        pos += rows;
+    }
+}
+
 #[test]
 fn attention_matches_cpu_across_tiles_windows_and_batches() {
     each_variant("attention", None, |variant, opts| {
-        let model = random_model(7, Fmt::F32, Fmt::F32);
-        let cfg = model.config.clone();
-        let (mut c, mut g) = (cpu(&model), gpu(&model, opts));
-        let mut rng = Rng::new(8);
-        // A 70-row prefill (crossing a 64-key tile), single decode rows, then a 3-row block,
-        // on a sliding (window 5) and a full layer.
-        let mut pos = 0;
-        for rows in [70, 1, 1, 3] {
-            for layer in [0, 1] {
-                let q = rng.vec(rows * cfg.q_dim(), 1.0);
-                let k = rng.vec(rows * cfg.kv_dim(), 1.0);
-                let v = rng.vec(rows * cfg.kv_dim(), 1.0);
-                let mut co = c.alloc(rows, cfg.q_dim()).unwrap();
-                c.attention(
-                    layer,
-                    pos,
-                    &host(rows, cfg.q_dim(), q.clone()),
-                    &host(rows, cfg.kv_dim(), k.clone()),
-                    &host(rows, cfg.kv_dim(), v.clone()),
-                    &mut co,
-                )
-                .unwrap();
-                let (gq, gk, gv) = (
-                    g.upload(rows, cfg.q_dim(), &q).unwrap(),
-                    g.upload(rows, cfg.kv_dim(), &k).unwrap(),
-                    g.upload(rows, cfg.kv_dim(), &v).unwrap(),
-                );
-                let mut go = g.alloc(rows, cfg.q_dim()).unwrap();
-                g.attention(layer, pos, &gq, &gk, &gv, &mut go).unwrap();
-                let d = rel_diff(&g.read(&go).unwrap(), &co.data);
-                assert!(d < 1e-5, "{variant} layer {layer}, {rows} rows at {pos}: relative difference {d}");
-            }
-            pos += rows;
-        }
+        // A sliding (window 5) and a full layer.
+        check_attention(variant, opts, &random_model(7, Fmt::F32, Fmt::F32), 8, &[0, 1]);
     });
 }
 
@@ -597,35 +598,8 @@ fn softmax_then_top_k_routing_matches_cpu_with_ties() {
 fn attention_without_sinks_matches_cpu() {
     each_variant("attention without sinks", None, |variant, opts| {
         let model = random_qwen3_model(25, Fmt::F32, Fmt::F32, true);
-        let cfg = model.config.clone();
-        assert!(!cfg.recipe.attention_sinks);
-        let (mut c, mut g) = (cpu(&model), gpu(&model, opts));
-        let mut rng = Rng::new(26);
-        let mut pos = 0;
-        for rows in [70, 1, 1, 3] {
-            for layer in [0, 1, 2] {
-                let q = rng.vec(rows * cfg.q_dim(), 1.0);
-                let k = rng.vec(rows * cfg.kv_dim(), 1.0);
-                let v = rng.vec(rows * cfg.kv_dim(), 1.0);
-                let mut co = c.alloc(rows, cfg.q_dim()).unwrap();
-                let (cq, ck, cv) = (
-                    host(rows, cfg.q_dim(), q.clone()),
-                    host(rows, cfg.kv_dim(), k.clone()),
-                    host(rows, cfg.kv_dim(), v.clone()),
-                );
-                c.attention(layer, pos, &cq, &ck, &cv, &mut co).unwrap();
-                let (gq, gk, gv) = (
-                    g.upload(rows, cfg.q_dim(), &q).unwrap(),
-                    g.upload(rows, cfg.kv_dim(), &k).unwrap(),
-                    g.upload(rows, cfg.kv_dim(), &v).unwrap(),
-                );
-                let mut go = g.alloc(rows, cfg.q_dim()).unwrap();
-                g.attention(layer, pos, &gq, &gk, &gv, &mut go).unwrap();
-                let d = rel_diff(&g.read(&go).unwrap(), &co.data);
-                assert!(d < 1e-5, "{variant} layer {layer}, {rows} rows at {pos}: relative difference {d}");
-            }
-            pos += rows;
-        }
+        assert!(!model.config.recipe.attention_sinks);
+        check_attention(variant, opts, &model, 26, &[0, 1, 2]);
     });
 }
 

@@ -5,9 +5,9 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::time::{Duration, Instant};
 
+use common::http::{self, listener};
 use common::scripted::{DEFAULT_REPLY, ENDLESS_FILLER, Scripted};
 use picchio::chat::Tokenizer;
 use picchio::serve::http::{HttpOptions, ServerHandle, serve};
@@ -15,52 +15,28 @@ use picchio::session::Session;
 use serde_json::{Value, json};
 
 fn server(capacity: usize) -> ServerHandle {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let session = Session::new(Box::new(Scripted::new(capacity, Duration::ZERO)));
-    serve(listener, session, HttpOptions::new("s")).unwrap()
+    serve(listener(), session, HttpOptions::new("s")).unwrap()
 }
 
-fn agent() -> ureq::Agent {
-    ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .timeout_global(Some(Duration::from_secs(60)))
-        .build()
-        .into()
-}
+const PATH: &str = "/v1/completions";
 
 fn post(server: &ServerHandle, body: &Value) -> (u16, Value) {
-    let mut resp = agent()
-        .post(format!("{}/v1/completions", server.url()))
-        .header("content-type", "application/json")
-        .send(body.to_string())
-        .unwrap();
-    let status = resp.status().as_u16();
-    let text = resp.body_mut().read_to_string().unwrap();
-    (status, serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}")))
+    http::post(server, PATH, body)
 }
 
 fn complete(server: &ServerHandle, body: &Value) -> Value {
-    let (status, v) = post(server, body);
-    assert_eq!(status, 200, "{v}");
-    v
+    http::ok(server, PATH, body)
 }
 
-/// The `data:` payloads of a stream, `[DONE]` last.
+/// The `data:` payloads of a stream.
 fn open_stream(server: &ServerHandle, body: &Value) -> impl Iterator<Item = String> {
-    let resp = agent()
-        .post(format!("{}/v1/completions", server.url()))
-        .header("content-type", "application/json")
-        .send(body.to_string())
-        .unwrap();
-    assert_eq!(resp.status().as_u16(), 200);
-    let lines = BufReader::new(resp.into_body().into_reader()).lines();
-    lines.map_while(Result::ok).filter_map(|l| l.strip_prefix("data: ").map(str::to_string))
+    http::open_stream(server, PATH, body)
 }
 
+/// The JSON chunks of a stream, which must end with `[DONE]`.
 fn stream(server: &ServerHandle, body: &Value) -> Vec<Value> {
-    let data: Vec<String> = open_stream(server, body).collect();
-    assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{data:?}");
-    data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect()
+    http::stream(server, PATH, body)
 }
 
 /// The reply the scripted runner writes, as text up to (not including) its stop token.

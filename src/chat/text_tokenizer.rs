@@ -112,37 +112,11 @@ impl TextStreamDecoder {
     /// error and changes nothing.
     pub fn push(&mut self, id: u32) -> Result<Option<String>> {
         let bytes = self.tokenizer.token_bytes(id)?;
-        self.pending.extend_from_slice(&bytes);
-        let mut out = String::new();
-        loop {
-            match std::str::from_utf8(&self.pending) {
-                Ok(s) => {
-                    out.push_str(s);
-                    self.pending.clear();
-                    break;
-                }
-                Err(e) => {
-                    let valid = e.valid_up_to();
-                    out.push_str(std::str::from_utf8(&self.pending[..valid]).unwrap_or_default());
-                    match e.error_len() {
-                        Some(bad) => {
-                            out.push('\u{FFFD}');
-                            self.pending.drain(..valid + bad);
-                        }
-                        None => {
-                            self.pending.drain(..valid);
-                            break;
-                        }
-                    }
-                }
-            }
-        }
-        Ok((!out.is_empty()).then_some(out))
+        Ok(super::tokenizer::push_utf8(&mut self.pending, &bytes))
     }
 
     /// Ends the stream: held-back bytes of an unfinished character, as U+FFFD.
     pub fn finish(&mut self) -> Option<String> {
-        let rest = std::mem::take(&mut self.pending);
-        (!rest.is_empty()).then(|| String::from_utf8_lossy(&rest).into_owned())
+        super::tokenizer::finish_utf8(&mut self.pending)
     }
 }

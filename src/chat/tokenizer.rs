@@ -233,33 +233,7 @@ impl StreamDecoder {
     /// an error and changes nothing.
     pub fn push(&mut self, id: u32) -> Result<Option<String>> {
         let bytes = self.tokenizer.token_bytes(id)?;
-        self.pending.extend_from_slice(&bytes);
-        let mut out = String::new();
-        loop {
-            match std::str::from_utf8(&self.pending) {
-                Ok(s) => {
-                    out.push_str(s);
-                    self.pending.clear();
-                    break;
-                }
-                Err(e) => {
-                    let valid = e.valid_up_to();
-                    out.push_str(std::str::from_utf8(&self.pending[..valid]).unwrap_or_default());
-                    match e.error_len() {
-                        Some(bad) => {
-                            out.push('\u{FFFD}');
-                            self.pending.drain(..valid + bad);
-                        }
-                        None => {
-                            // An incomplete character at the end: wait for more bytes.
-                            self.pending.drain(..valid);
-                            break;
-                        }
-                    }
-                }
-            }
-        }
-        Ok((!out.is_empty()).then_some(out))
+        Ok(push_utf8(&mut self.pending, &bytes))
     }
 
     /// Number of bytes held back waiting for the rest of a character.
@@ -269,9 +243,47 @@ impl StreamDecoder {
 
     /// Ends the stream: the held-back bytes of an unfinished character, as U+FFFD.
     pub fn finish(&mut self) -> Option<String> {
-        let rest = std::mem::take(&mut self.pending);
-        (!rest.is_empty()).then(|| String::from_utf8_lossy(&rest).into_owned())
+        finish_utf8(&mut self.pending)
     }
+}
+
+/// Appends a token's `bytes` to `pending` and takes out the text now complete: every whole
+/// character, invalid bytes as U+FFFD; an unfinished character at the end stays pending.
+/// `None` when nothing is complete. Shared by every streaming decoder.
+pub(crate) fn push_utf8(pending: &mut Vec<u8>, bytes: &[u8]) -> Option<String> {
+    pending.extend_from_slice(bytes);
+    let mut out = String::new();
+    loop {
+        match std::str::from_utf8(pending) {
+            Ok(s) => {
+                out.push_str(s);
+                pending.clear();
+                break;
+            }
+            Err(e) => {
+                let valid = e.valid_up_to();
+                out.push_str(std::str::from_utf8(&pending[..valid]).unwrap_or_default());
+                match e.error_len() {
+                    Some(bad) => {
+                        out.push('\u{FFFD}');
+                        pending.drain(..valid + bad);
+                    }
+                    None => {
+                        // An incomplete character at the end: wait for more bytes.
+                        pending.drain(..valid);
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    (!out.is_empty()).then_some(out)
+}
+
+/// Ends a stream: the held-back bytes of an unfinished character, as U+FFFD.
+pub(crate) fn finish_utf8(pending: &mut Vec<u8>) -> Option<String> {
+    let rest = std::mem::take(pending);
+    (!rest.is_empty()).then(|| String::from_utf8_lossy(&rest).into_owned())
 }
 
 #[cfg(test)]
