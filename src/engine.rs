@@ -331,6 +331,8 @@ pub struct OpenOptions {
     /// Check every expert record read from disk against its manifest hash (on the reader
     /// threads); off only to measure what the check costs.
     pub verify_reads: bool,
+    /// What the RAM expert cache evicts when room is needed.
+    pub cache_policy: crate::experts::CachePolicy,
 }
 
 impl Default for OpenOptions {
@@ -346,6 +348,7 @@ impl Default for OpenOptions {
             direct_io: None,
             hot_set: true,
             verify_reads: true,
+            cache_policy: crate::experts::CachePolicy::default(),
         }
     }
 }
@@ -451,6 +454,7 @@ pub fn load_container(dir: &Path, opts: &OpenOptions) -> Result<LoadedModel> {
             io_threads: opts.io_threads.max(1),
             usage_file,
             verify_reads: opts.verify_reads,
+            policy: opts.cache_policy,
         },
     )?;
     Ok(LoadedModel { config, dense: Arc::new(dense), experts: Arc::new(cache), dir: dir.to_path_buf() })

@@ -1,6 +1,7 @@
 //! The expert I/O levers change speed only: outputs are bit-identical across RAM cache
-//! sizes, reader threads, direct I/O, prediction, completion-driven compute and prefill
-//! block sizes; and a prefill block reads each expert of its union at most once.
+//! sizes, eviction policies, reader threads, direct I/O, prediction, completion-driven
+//! compute and prefill block sizes; a prefill block reads each expert of its union at most
+//! once; and the frequency policy keeps popular experts through a scan.
 
 mod common;
 
@@ -8,6 +9,7 @@ use std::path::Path;
 
 use common::{Reference, convert_fixture, fixture};
 use picchio::engine::{self, OpenOptions, RunOptions};
+use picchio::experts::CachePolicy;
 use picchio::format::container::{Container, ConvertOptions, Formats};
 use picchio::model::{LogitRows, NoObserver};
 use picchio::sample::Sampler;
@@ -17,6 +19,7 @@ use picchio::synth::{SynthShape, SynthSpec};
 #[derive(Clone, Debug)]
 struct Setup {
     ram_experts: usize,
+    policy: CachePolicy,
     io_threads: usize,
     direct: bool,
     prefetch: bool,
@@ -32,6 +35,7 @@ fn expert_bytes(dir: &Path) -> u64 {
 fn run(dir: &Path, prompt: &[u32], s: &Setup) -> (Vec<f32>, Vec<u32>) {
     let opts = OpenOptions {
         ram_bytes: Some(s.ram_experts as u64 * expert_bytes(dir)),
+        cache_policy: s.policy,
         io_threads: s.io_threads,
         direct_io: Some(s.direct),
         hot_set: false,
@@ -93,6 +97,7 @@ fn every_lever_gives_bit_identical_output() {
         let all = cfg.num_layers * cfg.num_experts;
         let base = Setup {
             ram_experts: all,
+            policy: CachePolicy::Frequency,
             io_threads: 4,
             direct: false,
             prefetch: true,
@@ -104,6 +109,9 @@ fn every_lever_gives_bit_identical_output() {
             Setup { ram_experts: cfg.num_layers, ..base.clone() },
             Setup { ram_experts: all / 2, ..base.clone() },
             Setup { ram_experts: 1, ..base.clone() },
+            Setup { policy: CachePolicy::Lru, ram_experts: cfg.num_layers, ..base.clone() },
+            Setup { policy: CachePolicy::Lru, ram_experts: all / 2, ..base.clone() },
+            Setup { policy: CachePolicy::Lru, ram_experts: 1, ..base.clone() },
             Setup { io_threads: 1, ram_experts: cfg.num_layers, ..base.clone() },
             Setup { io_threads: 8, ram_experts: cfg.num_layers, ..base.clone() },
             Setup { direct: true, ram_experts: cfg.num_layers, ..base.clone() },
@@ -218,4 +226,52 @@ mod common_routes {
             self.0[layer].extend(r.experts.iter().copied());
         }
     }
+}
+
+/// Experts of `layer` requested in groups of `group` (as a forward pass asks for them), then
+/// released.
+fn request(model: &engine::LoadedModel, layer: usize, ids: &[usize], group: usize) {
+    for chunk in ids.chunks(group) {
+        model.experts.experts(layer, chunk).unwrap();
+    }
+}
+
+#[test]
+fn the_frequency_policy_keeps_popular_experts_through_a_scan() {
+    let dir = small_synthetic();
+    let cfg = picchio::ModelConfig::from_dir(dir.path()).unwrap();
+    let popular: Vec<usize> = (0..8).collect();
+    let every: Vec<usize> = (0..cfg.num_experts).collect();
+    let mut hits_after_scan = Vec::new();
+    for policy in [CachePolicy::Frequency, CachePolicy::Lru] {
+        let opts = OpenOptions {
+            ram_bytes: Some(16 * expert_bytes(dir.path())),
+            cache_policy: policy,
+            hot_set: false,
+            ctx: 128,
+            ..Default::default()
+        };
+        let model = engine::load_container(dir.path(), &opts).unwrap();
+        // Eight experts of layer 0 asked for five times each ...
+        for _ in 0..5 {
+            request(&model, 0, &popular, 4);
+        }
+        // ... then a sweep over every expert of the other layers, five times the cache, each
+        // asked for once (a prefill's union, or a batch of streams) ...
+        for layer in 1..cfg.num_layers {
+            request(&model, layer, &every, 4);
+        }
+        // ... then the popular ones again.
+        let before = model.experts.stats();
+        request(&model, 0, &popular, 4);
+        let after = model.experts.stats().since(&before);
+        assert_eq!(after.hits + after.misses, popular.len() as u64);
+        hits_after_scan.push((policy, after.hits));
+    }
+    eprintln!("hits on the popular experts after the sweep: {hits_after_scan:?}");
+    assert_eq!(
+        hits_after_scan,
+        vec![(CachePolicy::Frequency, 8), (CachePolicy::Lru, 0)],
+        "the frequency policy keeps all eight through the sweep; LRU keeps none"
+    );
 }

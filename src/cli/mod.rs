@@ -135,6 +135,12 @@ pub struct ModelArgs {
     /// Do not learn or preload the hot set of experts.
     #[arg(long)]
     pub no_hot_set: bool,
+    /// What the RAM expert cache evicts: `frequency` admits an expert into the cache only
+    /// if it is asked for more often than the one it would displace (scan-resistant: a
+    /// prefill or a batch of streams does not flush what decode keeps using); `lru` drops the
+    /// least recently used.
+    #[arg(long, value_enum, default_value_t = picchio::experts::CachePolicy::Frequency)]
+    pub cache_policy: picchio::experts::CachePolicy,
     /// Use expert records read from disk without checking them against their manifest
     /// hashes (the check runs on the reader threads; this flag exists to measure its cost).
     #[arg(long)]
@@ -215,6 +221,7 @@ impl ModelArgs {
             direct_io: self.direct_io.map(|t| t == Toggle::On),
             hot_set: !self.no_hot_set,
             verify_reads: !self.no_verify_reads,
+            cache_policy: self.cache_policy,
         };
         picchio::engine::open(&dir, &opts).with_context(|| format!("loading model {}", dir.display()))
     }

@@ -20,6 +20,7 @@ use std::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::experts::buffers::BufferPool;
+use crate::experts::policy::{CachePolicy, Candidate, Eviction, Occupancy, Popularity};
 use crate::experts::store::ExpertStore;
 use crate::experts::{ExpertSource, ExpertStats};
 use crate::model::weights::ExpertWeights;
@@ -35,6 +36,8 @@ pub struct CacheOptions {
     pub usage_file: Option<PathBuf>,
     /// Check every record read against its hash (see [`ExpertStore::set_verify_reads`]).
     pub verify_reads: bool,
+    /// What goes when room is needed.
+    pub policy: CachePolicy,
 }
 
 enum Slot {
@@ -53,13 +56,22 @@ struct Entry {
     protected: bool,
     /// Loaded by a prefetch and not yet asked for.
     speculative: bool,
+    /// In the policy's window of recent arrivals, not yet admitted to its main part.
+    in_window: bool,
 }
 
 impl Entry {
     /// An expert a caller has just asked for and that is now being read: pinned once by that
     /// caller, used at `now`.
     fn demanded(now: u64) -> Self {
-        Entry { slot: Slot::Loading, last_use: now, pins: 1, protected: false, speculative: false }
+        Entry {
+            slot: Slot::Loading,
+            last_use: now,
+            pins: 1,
+            protected: false,
+            speculative: false,
+            in_window: true,
+        }
     }
 }
 
@@ -70,6 +82,8 @@ struct State {
     stats: ExpertStats,
     /// Usage count of every expert, this session plus the persisted history.
     usage: Vec<u64>,
+    /// Recent use counts, by which [`CachePolicy::Frequency`] admits and evicts.
+    popularity: Popularity,
     /// The last prediction for each layer (empty: none), scored and cleared when the layer's
     /// real routing arrives. The vectors are reused from token to token.
     predicted: Vec<Vec<usize>>,
@@ -84,6 +98,9 @@ struct Shared {
     arrived: Condvar,
     /// Experts the budget holds.
     capacity: usize,
+    policy: CachePolicy,
+    /// Experts the policy's window of recent arrivals holds.
+    window: usize,
     num_experts: usize,
 }
 
@@ -125,9 +142,16 @@ impl CachedExperts {
         let shared = Arc::new(Shared {
             store,
             buffers,
-            state: Mutex::new(State { usage, predicted: vec![Vec::new(); num_layers], ..Default::default() }),
+            state: Mutex::new(State {
+                usage,
+                popularity: Popularity::new(slots, popularity_sample(capacity)),
+                predicted: vec![Vec::new(); num_layers],
+                ..Default::default()
+            }),
             arrived: Condvar::new(),
             capacity,
+            policy: opts.policy,
+            window: window_size(capacity),
             num_experts,
         });
         let (tx, rx) = channel::<(usize, usize)>();
@@ -190,7 +214,14 @@ impl CachedExperts {
         for &i in &hot {
             st.entries.insert(
                 (i / e, i % e),
-                Entry { slot: Slot::Loading, last_use: 0, pins: 0, protected: true, speculative: false },
+                Entry {
+                    slot: Slot::Loading,
+                    last_use: 0,
+                    pins: 0,
+                    protected: true,
+                    speculative: false,
+                    in_window: false,
+                },
             );
         }
         st.stats.hot_set = hot.len() as u64;
@@ -211,26 +242,57 @@ impl CachedExperts {
         std::fs::write(path, text).map_err(|e| Error::io(path, e))
     }
 
-    /// Drops least recently used, unpinned, unprotected, loaded entries until the cache is
-    /// within budget (or nothing more can go).
+    /// Evicts unpinned, unprotected, loaded entries, as the policy chooses, until the cache
+    /// is within budget (or nothing more can go). A failed read nobody waits for goes first
+    /// (a request reads it again).
     fn evict_to_fit(&self, st: &mut State, room_for: usize) {
         while st.entries.len() + room_for > self.shared.capacity {
-            let victim = st
+            let failed = st
                 .entries
                 .iter()
-                .filter(|(_, e)| {
-                    // A failed read nobody waits for may go too: a request reads it again.
-                    e.pins == 0
-                        && match e.slot {
-                            Slot::Ready(_) => !e.protected,
-                            Slot::Failed(_) => true,
-                            Slot::Loading => false,
-                        }
-                })
-                .min_by_key(|(k, e)| (e.last_use, **k))
+                .find(|(_, e)| e.pins == 0 && matches!(e.slot, Slot::Failed(_)))
                 .map(|(k, _)| *k);
-            let Some(k) = victim else { break };
-            if st.entries.remove(&k).is_some_and(|e| e.speculative) {
+            let choice = match failed {
+                Some(k) => Some(Eviction::Drop(k)),
+                None => {
+                    let e_count = self.shared.num_experts;
+                    let window = st.entries.values().filter(|e| e.in_window).count();
+                    let occupancy = Occupancy {
+                        window,
+                        window_cap: self.shared.window,
+                        main: st.entries.len() - window,
+                        main_cap: self.shared.capacity.saturating_sub(self.shared.window),
+                    };
+                    let candidates = st
+                        .entries
+                        .iter()
+                        .filter(|(_, e)| e.pins == 0 && !e.protected && matches!(e.slot, Slot::Ready(_)))
+                        .map(|(&(l, x), e)| Candidate {
+                            key: (l, x),
+                            last_use: e.last_use,
+                            in_window: e.in_window,
+                            popularity: st.popularity.of(l * e_count + x),
+                        });
+                    self.shared.policy.evict(candidates, occupancy)
+                }
+            };
+            let victim = match choice {
+                None => break,
+                Some(Eviction::Drop(k)) => k,
+                Some(Eviction::Admit(k)) => {
+                    if let Some(e) = st.entries.get_mut(&k) {
+                        e.in_window = false;
+                    }
+                    continue;
+                }
+                Some(Eviction::Replace { admit, drop }) => {
+                    if let Some(e) = st.entries.get_mut(&admit) {
+                        e.in_window = false;
+                    }
+                    drop
+                }
+            };
+            if st.entries.remove(&victim).is_some_and(|e| e.speculative) {
                 st.stats.prefetch_wasted += 1;
             }
             st.stats.evictions += 1;
@@ -347,6 +409,7 @@ impl ExpertSource for CachedExperts {
             let e_count = self.shared.num_experts;
             for &e in ids {
                 st.usage[layer * e_count + e] += 1;
+                st.popularity.record(layer * e_count + e);
                 let (hit, was_speculative) = match st.entries.get_mut(&(layer, e)) {
                     Some(entry) => {
                         entry.pins += 1;
@@ -398,13 +461,14 @@ impl ExpertSource for CachedExperts {
 
     fn describe(&self) -> String {
         format!(
-            "experts from disk ({} reader thread{}, {}) through a {} RAM cache ({} of {} experts)",
+            "experts from disk ({} reader thread{}, {}) through a {} RAM cache ({} of {} experts, {} policy)",
             self.io_threads,
             if self.io_threads == 1 { "" } else { "s" },
             if self.is_direct() { "direct I/O" } else { "buffered" },
             crate::system::gib(self.shared.capacity as u64 * self.shared.store.read_bytes()),
             self.shared.capacity,
-            self.shared.store.len()
+            self.shared.store.len(),
+            self.shared.policy
         )
     }
 
@@ -502,6 +566,7 @@ impl CachedExperts {
                         pins: 0,
                         protected: false,
                         speculative: prediction,
+                        in_window: true,
                     },
                 );
                 if prediction {
@@ -523,3 +588,17 @@ fn read_usage(path: &std::path::Path, len: usize) -> Option<Vec<u64>> {
     let counts: Vec<u64> = v.get("counts")?.as_array()?.iter().map(|c| c.as_u64().unwrap_or(0)).collect();
     (counts.len() == len).then_some(counts)
 }
+
+/// Requests between two halvings of the popularity counts: ten per expert the cache holds,
+/// TinyLFU's sample size, so a count reflects the last few passes over the cache.
+fn popularity_sample(capacity: usize) -> u64 {
+    (capacity as u64).saturating_mul(10).max(1)
+}
+
+/// Experts the window of recent arrivals holds under [`CachePolicy::Frequency`].
+fn window_size(capacity: usize) -> usize {
+    (capacity / WINDOW_SHARE).max(1)
+}
+
+/// The window is 1/WINDOW_SHARE of the cache.
+const WINDOW_SHARE: usize = 16;

@@ -4,6 +4,7 @@
 
 pub mod buffers;
 pub mod cache;
+pub mod policy;
 pub mod resident;
 pub mod store;
 
@@ -14,6 +15,7 @@ use crate::error::Result;
 use crate::model::weights::ExpertWeights;
 
 pub use cache::{CacheOptions, CachedExperts};
+pub use policy::CachePolicy;
 pub use resident::ResidentExperts;
 pub use store::ExpertStore;
 
