@@ -7,6 +7,7 @@ use std::collections::HashSet;
 
 use picchio::backend::RouteTable;
 use picchio::engine::{self, OpenOptions, RunOptions};
+use picchio::experts::routing::{Concentration, RouteCounts};
 use picchio::model::{LogitRows, Observer};
 use picchio::session::Session;
 use picchio::synth::{SynthShape, SynthSpec, synth};
@@ -117,5 +118,89 @@ fn unskewed_checkpoint_is_byte_identical_to_the_generator_before_skew() {
     let spec = SynthSpec { vocab: 3000, ..SynthSpec::of(SynthShape::Tiny) };
     let dir = tempfile::tempdir().unwrap();
     synth(&spec, dir.path(), &mut |_, _| {}).unwrap();
-    assert_eq!(checkpoint_digest(dir.path()), "2df350df9ca07927c071f7b744800d9f21e0e36a9ace024e8a4ee1db5616b78b");
+    assert_eq!(
+        checkpoint_digest(dir.path()),
+        "2df350df9ca07927c071f7b744800d9f21e0e36a9ace024e8a4ee1db5616b78b"
+    );
+}
+
+/// The routing concentration of 64 random tokens on `spec`'s checkpoint, converted to a
+/// container with the default formats and run on the CPU.
+fn measured_concentration(spec: &SynthSpec) -> Concentration {
+    let src = tempfile::tempdir().unwrap();
+    synth(spec, src.path(), &mut |_, _| {}).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let opts = picchio::format::container::ConvertOptions {
+        formats: Default::default(),
+        progress: false,
+        interrupt_after: None,
+    };
+    picchio::format::container::convert(src.path(), out.path(), &opts).unwrap();
+    let model = engine::open(out.path(), &OpenOptions { ctx: 128, ..Default::default() }).unwrap();
+    let mut s = Session::new(
+        engine::cpu_runner(&model, &RunOptions { ctx: 128, max_batch: 64, ..Default::default() }).unwrap(),
+    );
+    let mut counts = RouteCounts::new(spec.experts);
+    let logits =
+        s.feed(&picchio::bench::prompt_ids(64, spec.vocab, 3), LogitRows::Last, &mut counts).unwrap();
+    assert!(logits.iter().all(|v| v.is_finite()), "non-finite logits");
+    for l in 0..spec.layers {
+        assert_eq!(counts.layer(l).iter().sum::<u64>(), 64 * spec.top_k as u64, "layer {l}");
+    }
+    counts.concentration()
+}
+
+/// With `--routing-skew` the checkpoint converts and runs, and its routing is clearly more
+/// concentrated than the unskewed one's and than uniform routing of as many tokens; the
+/// unskewed one stays near uniform.
+#[test]
+fn skewed_checkpoint_converts_runs_and_concentrates_routing() {
+    let spec = SynthSpec { layers: 3, experts: 32, vocab: 2000, seed: 4, ..SynthSpec::of(SynthShape::Tiny) };
+    let flat = measured_concentration(&spec);
+    let skewed = measured_concentration(&SynthSpec { routing_skew: 1.0, ..spec.clone() });
+    eprintln!("unskewed {flat:?}\nskewed {skewed:?}");
+    assert_eq!((skewed.layers, skewed.requests_per_layer), (3, 256));
+    assert!(flat.top10 < flat.uniform_top10 + 0.06, "unskewed routing is not near uniform: {flat:?}");
+    assert!(skewed.top10 > skewed.uniform_top10 + 0.15, "skew 1 barely concentrates routing: {skewed:?}");
+    assert!(skewed.top25 > flat.top25 + 0.15, "{flat:?} vs {skewed:?}");
+}
+
+/// Out-of-range skews and a skew for a family without a router bias are refused before
+/// anything is written, naming the flag.
+#[test]
+fn hostile_routing_skews_are_refused_naming_the_flag() {
+    let spec = SynthSpec { vocab: 3000, ..SynthSpec::of(SynthShape::Tiny) };
+    for s in [-1.0, -0.0001, f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 16.5, 1e300] {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("m");
+        let e = synth(&SynthSpec { routing_skew: s, ..spec.clone() }, &out, &mut |_, _| {})
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--routing-skew"), "{s}: {e}");
+        assert!(!out.exists(), "{s}: wrote {}", out.display());
+    }
+    let qwen = SynthSpec {
+        layers: 1,
+        experts: 16,
+        vocab: 3000,
+        routing_skew: 1.0,
+        ..SynthSpec::of(SynthShape::Qwen3_30bA3b)
+    };
+    let e =
+        synth(&qwen, &tempfile::tempdir().unwrap().path().join("q"), &mut |_, _| {}).unwrap_err().to_string();
+    assert!(e.contains("--routing-skew") && e.contains("Qwen3-MoE"), "{e}");
+    let all_chosen = SynthSpec { top_k: 8, routing_skew: 1.0, ..spec.clone() };
+    let e = synth(&all_chosen, &tempfile::tempdir().unwrap().path().join("a"), &mut |_, _| {})
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("--routing-skew") && e.contains("top-k (8)"), "{e}");
+    // The command line reaches the same check (a negative value is a value, not a flag).
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_picchio"))
+        .args(["synth", "--shape", "tiny", "--routing-skew", "-2"])
+        .arg(dir.path().join("m"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("--routing-skew -2"), "{err}");
 }

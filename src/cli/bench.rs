@@ -10,6 +10,7 @@ use picchio::bench::{
 };
 use picchio::constrain::{Grammar, Vocabulary};
 use picchio::experts::ExpertStats;
+use picchio::experts::routing::{Concentration, RouteCounts};
 use picchio::model::forward::PhaseTimes;
 use picchio::model::{LogitRows, NoObserver};
 use picchio::quant::kernels;
@@ -55,6 +56,33 @@ pub struct BenchArgs {
     #[arg(long, value_name = "N,N,...", value_delimiter = ',', conflicts_with = "json_schema",
           value_parser = clap::value_parser!(u64).range(1..=256))]
     streams: Vec<u64>,
+    /// Skip the untimed pass after the timing that re-runs the prompt and the generated
+    /// tokens to measure how concentrated their routing is.
+    #[arg(long)]
+    no_routing: bool,
+}
+
+/// The routing concentration of `ids` (the run's prompt and generated tokens), measured in
+/// one untimed pass from position 0 with the router's decisions observed. The pass goes
+/// through the expert source like any other (its reads and a learned hot set's usage
+/// counts included), so it runs after every timed counter has been taken.
+fn measure_routing(session: &mut Session, ids: &[u32], experts: usize) -> anyhow::Result<Concentration> {
+    session.rewind(0)?;
+    let mut counts = RouteCounts::new(experts);
+    session.feed(ids, LogitRows::None, &mut counts)?;
+    Ok(counts.concentration())
+}
+
+/// The routing concentration as JSON.
+fn routing_json(c: &Concentration) -> serde_json::Value {
+    json!({
+        "layers": c.layers,
+        "requests_per_layer": c.requests_per_layer,
+        "top10_share": c.top10,
+        "top25_share": c.top25,
+        "uniform_top10_share": c.uniform_top10,
+        "uniform_top25_share": c.uniform_top25,
+    })
 }
 
 fn delta_times(a: PhaseTimes, b: PhaseTimes) -> PhaseTimes {
@@ -240,6 +268,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         total_memory().map_or("unknown".into(), gib)
     );
     let report = session.runner().report();
+    let routing = if args.no_routing {
+        None
+    } else {
+        let ids: Vec<u32> = prompt.iter().chain(&generation.tokens).copied().collect();
+        Some(measure_routing(&mut session, &ids, cfg.num_experts)?)
+    };
 
     if args.json {
         let out = json!({
@@ -259,6 +293,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             "decode_over_read_floor": ms_per_token / 1e3 / read_floor,
             "peak_rss_bytes": rss,
             "device_report": report,
+            "routing": routing.as_ref().map(routing_json),
             "grammar": grammar.map(|(masks, compute_ms, waited_ms, setup)| json!({
                 "masks": masks,
                 "mask_compute_ms_per_token": compute_ms,
@@ -336,6 +371,19 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         decode.tokens_per_s(),
         gib(rss)
     );
+    if let Some(c) = &routing {
+        println!(
+            "routing: the top 10% / 25% of each layer's experts got {:.1}% / {:.1}% of its {} choices \
+             (uniform routing of as many tokens: {:.1}% / {:.1}%; mean of {} layers, prompt and \
+             generated tokens re-run untimed)",
+            100.0 * c.top10,
+            100.0 * c.top25,
+            c.requests_per_layer,
+            100.0 * c.uniform_top10,
+            100.0 * c.uniform_top25,
+            c.layers
+        );
+    }
     if let Some((masks, compute_ms, waited_ms, setup)) = grammar {
         println!(
             "grammar: {masks} masks, {compute_ms:.3} ms/token computing (beside the forward pass), \

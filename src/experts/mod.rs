@@ -5,6 +5,7 @@
 pub mod buffers;
 pub mod cache;
 pub mod resident;
+pub mod routing;
 pub mod store;
 
 use std::sync::Arc;
