@@ -57,7 +57,7 @@ pub struct SynthArgs {
     /// tokens than others, in a per-layer random order, through a router bias that makes an
     /// expert's chance fall about as `(1 + 32 * rank / experts)^-S` (formula in
     /// docs/perf.md, "Skewed synthetic routing"). 0 (the default) is the near-uniform
-    /// routing of random router weights; SKEWED is the documented skewed option.
+    /// routing of random router weights; 1 is the skewed option of the perf records.
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true, value_name = "S")]
     routing_skew: f64,
 }
@@ -123,13 +123,14 @@ pub fn run(a: SynthArgs) -> anyhow::Result<()> {
     .with_context(|| format!("writing {}", a.out.display()))?;
     bar.finish_and_clear();
     tracing::info!(
-        "{}: {} layers x {} experts (top-{}), hidden {}, vocab {}: {} in {} shards, {:.1} s",
+        "{}: {} layers x {} experts (top-{}), hidden {}, vocab {}, routing skew {}: {} in {} shards, {:.1} s",
         a.out.display(),
         s.layers,
         s.experts,
         s.top_k,
         s.hidden,
         s.vocab,
+        s.routing_skew,
         gib(r.bytes),
         r.shards,
         t0.elapsed().as_secs_f64()
