@@ -204,3 +204,36 @@ fn hostile_routing_skews_are_refused_naming_the_flag() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success() && err.contains("--routing-skew -2"), "{err}");
 }
+
+/// `picchio bench` states the routing concentration of the run's tokens, in one stream and
+/// in several: on a skewed checkpoint clearly above uniform routing of as many tokens.
+#[test]
+fn bench_reports_the_routing_concentration_of_a_skewed_checkpoint() {
+    let spec = SynthSpec { experts: 32, vocab: 2000, routing_skew: 1.0, ..SynthSpec::of(SynthShape::Tiny) };
+    let src = tempfile::tempdir().unwrap();
+    synth(&spec, src.path(), &mut |_, _| {}).unwrap();
+    let cache = tempfile::tempdir().unwrap();
+    let bench = |extra: &[&str]| -> serde_json::Value {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_picchio"))
+            .args(["-q", "bench", "--device", "cpu", "--prompt", "32", "--gen", "8", "--json", "-m"])
+            .arg(src.path())
+            .arg("--cache-dir")
+            .arg(cache.path())
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    for (extra, streams) in [(&[][..], 1u64), (&["--streams", "1,2"][..], 2)] {
+        let doc = bench(extra);
+        let r = &doc["routing"];
+        // Every stream's 32 prompt and 8 generated tokens, 4 experts each.
+        assert_eq!(r["requests_per_layer"], streams * 40 * 4, "{r}");
+        assert_eq!(r["layers"], 4, "{r}");
+        let (top10, uniform) =
+            (r["top10_share"].as_f64().unwrap(), r["uniform_top10_share"].as_f64().unwrap());
+        assert!(top10 > uniform + 0.1, "{r}");
+    }
+    assert!(bench(&["--no-routing"])["routing"].is_null());
+}
