@@ -145,15 +145,15 @@ fn normal_tail(z: f64) -> f64 {
 /// gets `-skew * skew_scale(experts, top_k) * ln(1 + 32 * r / experts)`. All zeros when
 /// `skew` is 0.
 pub fn skew_bias(experts: usize, top_k: usize, skew: f64, seed: u64, layer_key: &str) -> Vec<f32> {
+    let mut bias = vec![0f32; experts];
+    if skew == 0.0 {
+        return bias;
+    }
     let mut order: Vec<usize> = (0..experts).collect();
     let mut rng = Rng::for_tensor(seed, &format!("{layer_key}#popularity"));
     for i in (1..experts).rev() {
         let j = (rng.next() % (i as u64 + 1)) as usize;
         order.swap(i, j);
-    }
-    let mut bias = vec![0f32; experts];
-    if skew == 0.0 {
-        return bias;
     }
     let scale = skew_scale(experts, top_k);
     for (rank, &e) in order.iter().enumerate() {
