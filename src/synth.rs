@@ -8,6 +8,14 @@
 //! activations stay finite through every layer and routing is not degenerate. Output is
 //! deterministic for a seed; memory stays bounded (tensors are generated in chunks and
 //! streamed to disk).
+//!
+//! Random router weights route near-uniformly: every expert of a layer is about equally
+//! popular. Real routing is skewed, which is what expert caches, hot sets and batching
+//! exploit, so [`SynthSpec::routing_skew`] can model it (GPT-OSS only): it adds to each
+//! layer's router bias a Zipf-like term over a per-layer random popularity order,
+//! `-S * skew_scale * ln(1 + 32 * rank / experts)` (see [`skew_bias`] and [`skew_scale`]),
+//! which makes an expert's chance of being chosen fall about as `(1 + 32 * rank /
+//! experts)^-S`. This is a model of skewed routing, not a measurement of any real model's.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -69,6 +77,90 @@ pub struct SynthSpec {
     pub seed: u64,
     /// Largest shard in bytes.
     pub shard_bytes: u64,
+    /// How strongly routing favours some experts of each layer (0: the near-uniform routing
+    /// of random router weights, byte-identical to checkpoints made before the option
+    /// existed). GPT-OSS only: Qwen3-MoE's router has no bias to carry it. See
+    /// [`skew_bias`] for the formula.
+    pub routing_skew: f64,
+}
+
+/// Largest accepted [`SynthSpec::routing_skew`]: at 16 a layer's few most popular experts
+/// already take nearly every token; nothing beyond it is a different model of routing,
+/// only a larger number (and biases that lose BF16 precision).
+pub const MAX_ROUTING_SKEW: f64 = 16.0;
+
+/// Standard deviation of a synthetic router logit for a unit-RMS input: the router weights
+/// are drawn with standard deviation `ROUTER_LOGIT_STD / sqrt(hidden)`, so their dot
+/// product with a normed hidden state spreads by this much on every shape. The routing
+/// skew is expressed in these units, so that one S means the same on every width.
+pub const ROUTER_LOGIT_STD: f32 = 2.0;
+
+/// Experts per layer that the skew's popularity curve is written for: ranks are scaled to
+/// this many, so a layer of 128 experts follows the same curve over the share of its
+/// experts as one of 32 (the 20B's width), where the formula is plain Zipf over the rank.
+const SKEW_REFERENCE_EXPERTS: f64 = 32.0;
+
+/// Router-logit units per unit of the skew's log-popularity for layers of `experts` that
+/// choose `top_k` each: `ROUTER_LOGIT_STD / lambda(z)`, where `z` is the standard-normal
+/// quantile that `top_k / experts` of the logits exceed and `lambda(z) = phi(z) / Q(z)` the
+/// inverse Mills ratio. Near that threshold a bias `b` multiplies an expert's chance of
+/// being among the top `k` by about `exp(b * lambda(z) / ROUTER_LOGIT_STD)`, so with this
+/// scale `skew_bias` gives chances falling about as `(1 + 32 * rank / experts)^-S` on every
+/// width and top-k (the 20B's 4 of 32: 1.214; the 120B's 4 of 128: 0.888). Needs
+/// `0 < top_k < experts`.
+pub fn skew_scale(experts: usize, top_k: usize) -> f64 {
+    let share = top_k as f64 / experts as f64;
+    // Bisection for Q(z) = share; Q falls from 1 to 0 over [-8, 8].
+    let (mut lo, mut hi) = (-8.0f64, 8.0f64);
+    for _ in 0..80 {
+        let mid = 0.5 * (lo + hi);
+        if normal_tail(mid) > share {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    let z = 0.5 * (lo + hi);
+    let density = (-0.5 * z * z).exp() / (2.0 * std::f64::consts::PI).sqrt();
+    f64::from(ROUTER_LOGIT_STD) * share / density
+}
+
+/// The standard normal's upper tail `Q(z) = P(X > z)` (Abramowitz and Stegun 7.1.26,
+/// absolute error below 1.5e-7).
+fn normal_tail(z: f64) -> f64 {
+    if z < 0.0 {
+        return 1.0 - normal_tail(-z);
+    }
+    let x = z / std::f64::consts::SQRT_2;
+    let t = 1.0 / (1.0 + 0.327_591_1 * x);
+    let poly = t
+        * (0.254_829_592
+            + t * (-0.284_496_736 + t * (1.421_413_741 + t * (-1.453_152_027 + t * 1.061_405_429))));
+    0.5 * poly * (-x * x).exp()
+}
+
+/// The routing-skew term of one layer's router bias, indexed by expert: expert `e` of
+/// popularity rank `r` (0 = most popular; the order is a seeded random permutation, drawn
+/// per layer from `seed` and `layer_key`, so different layers favour different experts)
+/// gets `-skew * skew_scale(experts, top_k) * ln(1 + 32 * r / experts)`. All zeros when
+/// `skew` is 0.
+pub fn skew_bias(experts: usize, top_k: usize, skew: f64, seed: u64, layer_key: &str) -> Vec<f32> {
+    let mut bias = vec![0f32; experts];
+    if skew == 0.0 {
+        return bias;
+    }
+    let mut order: Vec<usize> = (0..experts).collect();
+    let mut rng = Rng::for_tensor(seed, &format!("{layer_key}#popularity"));
+    for i in (1..experts).rev() {
+        let j = (rng.next() % (i as u64 + 1)) as usize;
+        order.swap(i, j);
+    }
+    let scale = skew_scale(experts, top_k);
+    for (rank, &e) in order.iter().enumerate() {
+        let scaled = SKEW_REFERENCE_EXPERTS * rank as f64 / experts as f64;
+        bias[e] = (-skew * scale * scaled.ln_1p()) as f32;
+    }
+    bias
 }
 
 impl SynthSpec {
@@ -88,6 +180,7 @@ impl SynthSpec {
             window: 128,
             seed: 0,
             shard_bytes: 4 << 30,
+            routing_skew: 0.0,
         };
         match shape {
             SynthShape::GptOss20b => base,
@@ -150,6 +243,29 @@ impl SynthSpec {
         }
         if self.layers == 0 || self.vocab == 0 || !self.head_dim.is_multiple_of(2) || self.window == 0 {
             return bad("layers, vocab and window must be positive and head_dim even".into());
+        }
+        let s = self.routing_skew;
+        if !(0.0..=MAX_ROUTING_SKEW).contains(&s) {
+            return bad(format!("--routing-skew {s}: must be a number from 0 to {MAX_ROUTING_SKEW}"));
+        }
+        if s > 0.0 {
+            if self.top_k >= self.experts {
+                return bad(format!(
+                    "--routing-skew {s}: needs top-k ({}) below the expert count ({}); when every \
+                     expert is chosen there is nothing to skew",
+                    self.top_k, self.experts
+                ));
+            }
+            match self.family {
+                ModelFamily::GptOss => {}
+                ModelFamily::Qwen3Moe => {
+                    return bad(format!(
+                        "--routing-skew {s}: not available for Qwen3-MoE, whose router has no bias to \
+                         carry the skew (it would take changing other weights, e.g. a shared direction \
+                         in every embedding, which this generator does not model)"
+                    ));
+                }
+            }
         }
         Ok(())
     }
@@ -255,6 +371,9 @@ impl SynthSpec {
             "vocab_size": self.vocab,
             "synthetic": { "generator": "picchio synth", "seed": self.seed }
         });
+        if self.routing_skew > 0.0 {
+            cfg["synthetic"]["routing_skew"] = json!(self.routing_skew);
+        }
         if self.vocab > 200002 {
             cfg["eos_token_id"] = json!(200002);
             cfg["pad_token_id"] = json!(199999);
@@ -278,15 +397,15 @@ impl SynthSpec {
         let kv = self.kv_heads * d;
         let inv = |n: usize| 1.0 / (n as f32).sqrt();
         let u = |std: f32| Fill::Uniform { std, mean: 0.0 };
-        let norm = Fill::Uniform { std: 0.05, mean: 1.0 };
+        let norm = || Fill::Uniform { std: 0.05, mean: 1.0 };
         let mut v = vec![
             SynthTensor::bf16(names::EMBED, vec![self.vocab, h], u(1.0)),
-            SynthTensor::bf16(names::FINAL_NORM, vec![h], norm),
+            SynthTensor::bf16(names::FINAL_NORM, vec![h], norm()),
         ];
         for l in 0..self.layers {
             let n = names::layer(ModelFamily::Qwen3Moe, l);
-            v.push(SynthTensor::bf16(&n.attn_norm, vec![h], norm));
-            v.push(SynthTensor::bf16(&n.mlp_norm, vec![h], norm));
+            v.push(SynthTensor::bf16(&n.attn_norm, vec![h], norm()));
+            v.push(SynthTensor::bf16(&n.mlp_norm, vec![h], norm()));
             for (name, rows, cols, std) in [
                 (&n.q, q, h, inv(h)),
                 (&n.k, kv, h, inv(h)),
@@ -295,9 +414,13 @@ impl SynthSpec {
             ] {
                 v.push(SynthTensor::bf16(&format!("{name}.weight"), vec![rows, cols], u(std)));
             }
-            v.push(SynthTensor::bf16(&n.q_norm, vec![d], norm));
-            v.push(SynthTensor::bf16(&n.k_norm, vec![d], norm));
-            v.push(SynthTensor::bf16(&format!("{}.weight", n.router), vec![e, h], u(2.0 * inv(h))));
+            v.push(SynthTensor::bf16(&n.q_norm, vec![d], norm()));
+            v.push(SynthTensor::bf16(&n.k_norm, vec![d], norm()));
+            v.push(SynthTensor::bf16(
+                &format!("{}.weight", n.router),
+                vec![e, h],
+                u(ROUTER_LOGIT_STD * inv(h)),
+            ));
             for expert in 0..e {
                 for (proj, rows, cols, std) in [
                     ("gate_proj", i, h, inv(h)),
@@ -350,8 +473,21 @@ impl SynthSpec {
                 v.push(SynthTensor::bf16(&format!("{p}.self_attn.{name}.bias"), vec![rows], u(0.02)));
             }
             v.push(SynthTensor::bf16(&format!("{p}.self_attn.sinks"), vec![self.heads], u(0.5)));
-            v.push(SynthTensor::bf16(&format!("{p}.mlp.router.weight"), vec![e, h], u(2.0 * inv(h))));
-            v.push(SynthTensor::bf16(&format!("{p}.mlp.router.bias"), vec![e], u(0.1)));
+            v.push(SynthTensor::bf16(
+                &format!("{p}.mlp.router.weight"),
+                vec![e, h],
+                u(ROUTER_LOGIT_STD * inv(h)),
+            ));
+            let bias = format!("{p}.mlp.router.bias");
+            let fill = if self.routing_skew > 0.0 {
+                Fill::UniformPlus {
+                    std: 0.1,
+                    add: skew_bias(e, self.top_k, self.routing_skew, self.seed, &bias),
+                }
+            } else {
+                u(0.1)
+            };
+            v.push(SynthTensor::bf16(&bias, vec![e], fill));
             for (name, rows, cols, std) in
                 [("gate_up_proj", 2 * i, h, inv(h)), ("down_proj", h, i, 0.5 * inv(i))]
             {
@@ -381,10 +517,13 @@ impl SynthSpec {
 }
 
 /// How a tensor's values are drawn.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 enum Fill {
     /// Uniform with this standard deviation around `mean`.
     Uniform { std: f32, mean: f32 },
+    /// Uniform with this standard deviation around zero, plus `add[i]` at element `i` (the
+    /// router bias with the routing skew; the random part is drawn as `Uniform` draws it).
+    UniformPlus { std: f32, add: Vec<f32> },
     /// Uniform random bytes (MXFP4 codes: every E2M1 value equally likely).
     RandomBytes,
     /// E8M0 scales giving the decoded weights about this standard deviation.
@@ -430,8 +569,8 @@ impl Rng {
 /// Root-mean-square of the 16 E2M1 values.
 const FP4_RMS: f32 = 2.926_175;
 
-/// Fills `out` with the next bytes of tensor `t`.
-fn fill(t: &SynthTensor, rng: &mut Rng, out: &mut [u8]) {
+/// Fills `out` with the next bytes of tensor `t`, which start at byte `start` of it.
+fn fill(t: &SynthTensor, rng: &mut Rng, out: &mut [u8], start: usize) {
     match t.fill {
         Fill::RandomBytes => {
             for chunk in out.chunks_mut(8) {
@@ -447,16 +586,25 @@ fn fill(t: &SynthTensor, rng: &mut Rng, out: &mut [u8]) {
                 *b = (base + jitter).clamp(1, 254) as u8;
             }
         }
-        Fill::Uniform { std, mean } => {
-            let a = std * 3f32.sqrt();
-            for pair in out.chunks_mut(8) {
-                let r = rng.next();
-                for (k, dst) in pair.chunks_mut(2).enumerate() {
-                    let u = ((r >> (16 * k)) & 0xffff) as f32 / 65535.0;
-                    let v = mean + (2.0 * u - 1.0) * a;
-                    dst.copy_from_slice(&bf16::from_f32(v).to_bits().to_le_bytes());
-                }
-            }
+        Fill::Uniform { std, mean } => fill_uniform(std, rng, out, |_, v| mean + v),
+        Fill::UniformPlus { std, ref add } => {
+            // Bytes from `start` of a BF16 tensor: element `start / 2 + i` at pair `i`.
+            let first = start / 2;
+            fill_uniform(std, rng, out, |i, v| v + add.get(first + i).copied().unwrap_or(0.0))
+        }
+    }
+}
+
+/// BF16 values, four per 64-bit draw: `value(i, u)` for the `i`-th value of `out` and a
+/// uniform draw `u` of standard deviation `std` around zero.
+fn fill_uniform(std: f32, rng: &mut Rng, out: &mut [u8], value: impl Fn(usize, f32) -> f32) {
+    let a = std * 3f32.sqrt();
+    for (p, pair) in out.chunks_mut(8).enumerate() {
+        let r = rng.next();
+        for (k, dst) in pair.chunks_mut(2).enumerate() {
+            let u = ((r >> (16 * k)) & 0xffff) as f32 / 65535.0;
+            let v = value(4 * p + k, (2.0 * u - 1.0) * a);
+            dst.copy_from_slice(&bf16::from_f32(v).to_bits().to_le_bytes());
         }
     }
 }
@@ -542,10 +690,11 @@ fn write_shard(
     let mut buf = vec![0u8; 8 << 20];
     for t in tensors {
         let mut rng = Rng::for_tensor(seed, &t.name);
-        let mut left = t.bytes() as usize;
+        let total = t.bytes() as usize;
+        let mut left = total;
         while left > 0 {
             let n = left.min(buf.len());
-            fill(t, &mut rng, &mut buf[..n]);
+            fill(t, &mut rng, &mut buf[..n], total - left);
             w.write_all(&buf[..n]).map_err(io)?;
             progress(n as u64);
             left -= n;
@@ -553,4 +702,68 @@ fn write_shard(
     }
     w.flush().map_err(io)?;
     w.into_inner().map_err(|e| Error::io(path, e.into_error()))?.sync_all().map_err(io)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn skew_bias_follows_the_formula_in_a_per_layer_order() {
+        let a = skew_bias(32, 4, 1.0, 0, "model.layers.0.mlp.router.bias");
+        let b = skew_bias(32, 4, 1.0, 0, "model.layers.1.mlp.router.bias");
+        let other_seed = skew_bias(32, 4, 1.0, 1, "model.layers.0.mlp.router.bias");
+        assert!(a != b && a != other_seed, "the popularity order does not vary");
+        assert_eq!(a, skew_bias(32, 4, 1.0, 0, "model.layers.0.mlp.router.bias"));
+        // Same curve in every layer: the sorted values are the formula over the ranks.
+        for v in [&a, &b] {
+            let mut sorted = v.clone();
+            sorted.sort_by(|x, y| y.total_cmp(x));
+            for (rank, got) in sorted.iter().enumerate() {
+                let want = -skew_scale(32, 4) * (1.0 + rank as f64).ln();
+                assert!((f64::from(*got) - want).abs() < 1e-5, "rank {rank}: {got} vs {want}");
+            }
+        }
+        // 128 experts follow the same curve over the share of experts: rank 4 of 128 is
+        // biased like rank 1 of 32.
+        let mut wide = skew_bias(128, 4, 0.5, 0, "x");
+        wide.sort_by(|x, y| y.total_cmp(x));
+        let want = -0.5 * skew_scale(128, 4) * 2f64.ln();
+        assert!((f64::from(wide[4]) - want).abs() < 1e-5, "{} vs {want}", wide[4]);
+        assert!(skew_bias(8, 4, 0.0, 0, "x").iter().all(|&v| v == 0.0));
+    }
+
+    #[test]
+    fn skew_scale_is_the_logit_spread_over_the_inverse_mills_ratio() {
+        // Q(z) from its tables: Q(0) = 0.5, Q(1.959964) = 0.025.
+        assert!((normal_tail(0.0) - 0.5).abs() < 1e-7);
+        assert!((normal_tail(1.959_964) - 0.025).abs() < 1e-6);
+        assert!((normal_tail(-1.0) - 0.841_344_7).abs() < 1e-6);
+        // The 20B (4 of 32) and 120B (4 of 128) widths.
+        assert!((skew_scale(32, 4) - 1.214_456).abs() < 1e-4, "{}", skew_scale(32, 4));
+        assert!((skew_scale(128, 4) - 0.888_015).abs() < 1e-4, "{}", skew_scale(128, 4));
+        // Half the experts chosen: z = 0, lambda = phi(0) / 0.5.
+        let half = 2.0 * 0.5 * (2.0 * std::f64::consts::PI).sqrt();
+        assert!((skew_scale(16, 8) - half).abs() < 1e-4);
+    }
+
+    #[test]
+    fn skewed_router_bias_adds_to_the_unskewed_draw() {
+        let spec = SynthSpec { routing_skew: 1.5, ..SynthSpec::of(SynthShape::Tiny) };
+        let name = "model.layers.2.mlp.router.bias";
+        let find = |s: &SynthSpec| s.tensors().into_iter().find(|t| t.name == name).unwrap();
+        let (plain, skewed) = (find(&SynthSpec { routing_skew: 0.0, ..spec.clone() }), find(&spec));
+        let draw = |t: &SynthTensor| {
+            let mut out = vec![0u8; t.bytes() as usize];
+            fill(t, &mut Rng::for_tensor(spec.seed, name), &mut out, 0);
+            out.chunks(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect::<Vec<_>>()
+        };
+        let add = skew_bias(spec.experts, spec.top_k, 1.5, spec.seed, name);
+        for ((p, s), a) in draw(&plain).iter().zip(draw(&skewed)).zip(add) {
+            // Each value is rounded to BF16 once, after the sum.
+            assert!((p + a - s).abs() <= 0.02 * (1.0 + a.abs()), "{p} + {a} vs {s}");
+        }
+        assert!(spec.config_json()["synthetic"]["routing_skew"] == 1.5);
+        assert!(SynthSpec::of(SynthShape::Tiny).config_json()["synthetic"].get("routing_skew").is_none());
+    }
 }

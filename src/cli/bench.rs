@@ -10,6 +10,7 @@ use picchio::bench::{
 };
 use picchio::constrain::{Grammar, Vocabulary};
 use picchio::experts::ExpertStats;
+use picchio::experts::routing::{Concentration, RouteCounts};
 use picchio::model::forward::PhaseTimes;
 use picchio::model::{LogitRows, NoObserver};
 use picchio::quant::kernels;
@@ -55,6 +56,55 @@ pub struct BenchArgs {
     #[arg(long, value_name = "N,N,...", value_delimiter = ',', conflicts_with = "json_schema",
           value_parser = clap::value_parser!(u64).range(1..=256))]
     streams: Vec<u64>,
+    /// Skip the untimed pass after the timing that re-runs the prompt and the generated
+    /// tokens (with `--streams`, those of every stream of the last count) to measure how
+    /// concentrated their routing is.
+    #[arg(long)]
+    no_routing: bool,
+}
+
+/// The routing concentration of `sequences` (each a run's prompt and generated tokens),
+/// measured in untimed passes from position 0 with the router's decisions observed. The
+/// passes go through the expert source like any other (their reads and a learned hot set's
+/// usage counts included), so they run after every timed counter has been taken.
+fn measure_routing(
+    session: &mut Session,
+    sequences: &[Vec<u32>],
+    experts: usize,
+) -> anyhow::Result<Concentration> {
+    let mut counts = RouteCounts::new(experts);
+    for ids in sequences {
+        session.rewind(0)?;
+        session.feed(ids, LogitRows::None, &mut counts)?;
+    }
+    Ok(counts.concentration())
+}
+
+/// Prints the routing line of the table.
+fn print_routing(c: &Concentration) {
+    println!(
+        "routing: the top 10% / 25% of each layer's experts got {:.1}% / {:.1}% of its {} choices \
+         (uniform routing of as many tokens: {:.1}% / {:.1}%; mean of {} layers, prompt and \
+         generated tokens re-run untimed)",
+        100.0 * c.top10,
+        100.0 * c.top25,
+        c.requests_per_layer,
+        100.0 * c.uniform_top10,
+        100.0 * c.uniform_top25,
+        c.layers
+    );
+}
+
+/// The routing concentration as JSON.
+fn routing_json(c: &Concentration) -> serde_json::Value {
+    json!({
+        "layers": c.layers,
+        "requests_per_layer": c.requests_per_layer,
+        "top10_share": c.top10,
+        "top25_share": c.top25,
+        "uniform_top10_share": c.uniform_top10,
+        "uniform_top25_share": c.uniform_top25,
+    })
 }
 
 fn delta_times(a: PhaseTimes, b: PhaseTimes) -> PhaseTimes {
@@ -240,6 +290,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         total_memory().map_or("unknown".into(), gib)
     );
     let report = session.runner().report();
+    let routing = if args.no_routing {
+        None
+    } else {
+        let ids: Vec<u32> = prompt.iter().chain(&generation.tokens).copied().collect();
+        Some(measure_routing(&mut session, &[ids], cfg.num_experts)?)
+    };
 
     if args.json {
         let out = json!({
@@ -259,6 +315,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             "decode_over_read_floor": ms_per_token / 1e3 / read_floor,
             "peak_rss_bytes": rss,
             "device_report": report,
+            "routing": routing.as_ref().map(routing_json),
             "grammar": grammar.map(|(masks, compute_ms, waited_ms, setup)| json!({
                 "masks": masks,
                 "mask_compute_ms_per_token": compute_ms,
@@ -336,6 +393,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         decode.tokens_per_s(),
         gib(rss)
     );
+    if let Some(c) = &routing {
+        print_routing(c);
+    }
     if let Some((masks, compute_ms, waited_ms, setup)) = grammar {
         println!(
             "grammar: {masks} masks, {compute_ms:.3} ms/token computing (beside the forward pass), \
@@ -364,7 +424,7 @@ mod streams {
     use picchio::slots::Slots;
     use serde_json::json;
 
-    use super::BenchArgs;
+    use super::{BenchArgs, measure_routing, print_routing, routing_json};
 
     /// The decode of one stream count.
     struct Row {
@@ -396,6 +456,8 @@ mod streams {
         let vocab = model.config.vocab_size;
         let mut rows = Vec::new();
         let mut description = String::new();
+        // The prompt and generated tokens of every stream of the last count.
+        let mut sequences = Vec::new();
         for &n in &args.streams {
             let n = usize::try_from(n)?;
             let runner = args.model.runner(model, ctx)?;
@@ -412,20 +474,20 @@ mod streams {
             let ready = Arc::new(Barrier::new(n + 1));
             let finished = Arc::new(Barrier::new(n + 1));
             let gen_tokens = args.decode_tokens;
-            let (before, t0, tokens) = std::thread::scope(|s| -> anyhow::Result<_> {
+            let (before, t0, generated) = std::thread::scope(|s| -> anyhow::Result<_> {
                 let handles: Vec<_> = sessions
                     .into_iter()
                     .zip(&prompts)
                     .map(|(mut session, prompt): (Session, &Vec<u32>)| {
                         let (ready, finished) = (Arc::clone(&ready), Arc::clone(&finished));
-                        s.spawn(move || -> anyhow::Result<usize> {
+                        s.spawn(move || -> anyhow::Result<Vec<u32>> {
                             let fed = session.feed(prompt, LogitRows::Last, &mut NoObserver);
                             ready.wait();
                             fed?;
                             let generated =
                                 session.generate(&[], gen_tokens, &mut Sampler::greedy(), &[], &mut |_| true);
                             finished.wait();
-                            Ok(generated?.tokens.len())
+                            Ok(generated?.tokens)
                         })
                     })
                     .collect();
@@ -433,13 +495,15 @@ mod streams {
                 let before = (slots.expert_stats(), steps(&slots));
                 let t0 = Instant::now();
                 finished.wait();
-                let tokens = handles
+                let generated = handles
                     .into_iter()
                     .map(|h| h.join().map_err(|_| anyhow::anyhow!("a stream panicked"))?)
-                    .sum::<anyhow::Result<usize>>()?;
-                Ok((before, t0, tokens))
+                    .collect::<anyhow::Result<Vec<Vec<u32>>>>()?;
+                Ok((before, t0, generated))
             })?;
             let wall = t0.elapsed();
+            let tokens = generated.iter().map(Vec::len).sum();
+            sequences = prompts.iter().zip(&generated).map(|(p, g)| [p.as_slice(), g].concat()).collect();
             let (steps_now, rows_now) = steps(&slots);
             rows.push(Row {
                 streams: n,
@@ -451,6 +515,12 @@ mod streams {
             });
             slots.join();
         }
+        let routing = if args.no_routing {
+            None
+        } else {
+            let mut session = Session::new(args.model.runner(model, ctx)?);
+            Some(measure_routing(&mut session, &sequences, model.config.num_experts)?)
+        };
         if args.json {
             let out: Vec<_> = rows
                 .iter()
@@ -469,7 +539,8 @@ mod streams {
                 })
                 .collect();
             let doc = json!({"model": model.dir.display().to_string(), "backend": description,
-                             "prompt": args.prompt, "gen": args.decode_tokens, "streams": out});
+                             "prompt": args.prompt, "gen": args.decode_tokens, "streams": out,
+                             "routing": routing.as_ref().map(routing_json)});
             println!("{}", serde_json::to_string_pretty(&doc)?);
             return Ok(());
         }
@@ -489,6 +560,9 @@ mod streams {
                 picchio::system::gib(r.per_token(r.experts.bytes_read) as u64),
                 100.0 * r.experts.hit_rate(),
             );
+        }
+        if let Some(c) = &routing {
+            print_routing(c);
         }
         Ok(())
     }

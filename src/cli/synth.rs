@@ -1,4 +1,4 @@
-//! `picchio synth`: write a random GPT-OSS checkpoint of exact shape.
+//! `picchio synth`: write a random GPT-OSS or Qwen3-MoE checkpoint of exact shape.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -53,6 +53,13 @@ pub struct SynthArgs {
     /// Largest shard, in GiB.
     #[arg(long, default_value_t = 4.0)]
     shard_gb: f64,
+    /// Skew of the routing, 0 to 16 (GPT-OSS only): some experts of every layer get more
+    /// tokens than others, in a per-layer random order, through a router bias that makes an
+    /// expert's chance fall about as `(1 + 32 * rank / experts)^-S` (formula in
+    /// docs/perf.md, "Skewed synthetic routing"). 0 (the default) is the near-uniform
+    /// routing of random router weights; 1 is the skewed option of the perf records.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true, value_name = "S")]
+    routing_skew: f64,
 }
 
 /// Refuses an output directory that exists and is not empty: synth writes gigabytes of
@@ -96,6 +103,7 @@ pub fn run(a: SynthArgs) -> anyhow::Result<()> {
     set(&mut s.vocab, a.vocab);
     set(&mut s.window, a.window);
     s.seed = a.seed;
+    s.routing_skew = a.routing_skew;
     anyhow::ensure!(a.shard_gb > 0.0, "--shard-gb must be positive");
     s.shard_bytes = (a.shard_gb * (1u64 << 30) as f64) as u64;
     let bar = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
@@ -115,13 +123,14 @@ pub fn run(a: SynthArgs) -> anyhow::Result<()> {
     .with_context(|| format!("writing {}", a.out.display()))?;
     bar.finish_and_clear();
     tracing::info!(
-        "{}: {} layers x {} experts (top-{}), hidden {}, vocab {}: {} in {} shards, {:.1} s",
+        "{}: {} layers x {} experts (top-{}), hidden {}, vocab {}, routing skew {}: {} in {} shards, {:.1} s",
         a.out.display(),
         s.layers,
         s.experts,
         s.top_k,
         s.hidden,
         s.vocab,
+        s.routing_skew,
         gib(r.bytes),
         r.shards,
         t0.elapsed().as_secs_f64()

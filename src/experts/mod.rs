@@ -6,6 +6,7 @@ pub mod buffers;
 pub mod cache;
 pub mod policy;
 pub mod resident;
+pub mod routing;
 pub mod store;
 
 use std::sync::Arc;
