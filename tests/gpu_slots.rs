@@ -20,12 +20,15 @@ use picchio::backend::gpu::{GpuBackend, GpuOptions};
 use picchio::backend::{Backend, SeqPos};
 use picchio::engine::{self, Device, LoadedModel, OpenOptions, RunOptions, Runner};
 use picchio::error::Error;
+use picchio::fallback::FallbackRunner;
+use picchio::format::container::{DenseFormat, ExpertFormat, Formats};
 use picchio::model::{Forward, LogitRows, NoObserver};
 use picchio::serve::http::{HttpOptions, serve};
 use picchio::session::Session;
 use serde_json::json;
 
 const CTX: usize = 96;
+const MXFP4: Formats = Formats { experts: ExpertFormat::Mxfp4, dense: DenseFormat::F32 };
 /// Decode steps after each prompt.
 const STEPS: usize = 10;
 
@@ -93,37 +96,52 @@ fn solo(r: &mut dyn Runner, prompt: &[u32], tokens: &[u32]) -> Vec<Vec<f32>> {
     rows
 }
 
-#[test]
-fn batched_gpu_rows_have_the_cpu_top1_and_the_solo_gpu_logits_on_every_fixture() {
-    let Some(opts) = gpu_options("batched decode") else { return };
-    for name in ["tiny-f32", "alt-f32", "qwen3-tiny-f32", "qwen3-alt-f32"] {
-        let model = engine::load_hf(&fixture(name)).unwrap();
-        let vocab = model.config.vocab_size;
-        for n in 1..=4 {
-            let ps = prompts(n, 17 * n as u64 + name.len() as u64, vocab);
-            // The CPU's batched step picks greedy tokens; the GPU runs consume the same ones,
-            // so every row is compared at the same positions and inputs.
-            let mut cpu =
-                engine::cpu_runner(&model, &RunOptions { ctx: CTX, max_batch: 16, ..Default::default() })
-                    .unwrap();
-            let mut tokens = vec![Vec::new(); n];
-            let cpu_rows = batched(cpu.as_mut(), &ps, &mut |s, _, l| {
-                let t = common::argmax(l) as u32;
-                tokens[s].push(t);
-                t
-            });
-            let mut gpu = Forward::new(gpu_backend(&model, &opts), 16);
-            let gpu_rows = batched(&mut gpu, &ps, &mut |s, step, _| tokens[s][step]);
-            for s in 0..n {
-                let alone = solo(&mut Forward::new(gpu_backend(&model, &opts), 16), &ps[s], &tokens[s]);
-                for (step, ((g, c), a)) in gpu_rows[s].iter().zip(&cpu_rows[s]).zip(&alone).enumerate() {
-                    let what = format!("{name}, {n} sequences, sequence {s}, step {step}");
-                    assert_eq!(common::argmax(g), common::argmax(c), "top-1 differs from the CPU: {what}");
-                    assert!(g == a, "batched row differs from the solo GPU run: {what}");
-                }
+/// The batched-step checks on `model` for 1 to 4 sequences with prompts of different
+/// lengths: each GPU row's top-1 equals the CPU's, and its logits those of a solo GPU run.
+fn check_batched(label: &str, model: &LoadedModel, opts: &GpuOptions) {
+    let vocab = model.config.vocab_size;
+    for n in 1..=4 {
+        let ps = prompts(n, 17 * n as u64 + label.len() as u64, vocab);
+        // The CPU's batched step picks greedy tokens; the GPU runs consume the same ones, so
+        // every row is compared at the same positions and inputs.
+        let mut cpu =
+            engine::cpu_runner(model, &RunOptions { ctx: CTX, max_batch: 16, ..Default::default() }).unwrap();
+        let mut tokens = vec![Vec::new(); n];
+        let cpu_rows = batched(cpu.as_mut(), &ps, &mut |s, _, l| {
+            let t = common::argmax(l) as u32;
+            tokens[s].push(t);
+            t
+        });
+        let mut gpu = Forward::new(gpu_backend(model, opts), 16);
+        let gpu_rows = batched(&mut gpu, &ps, &mut |s, step, _| tokens[s][step]);
+        for s in 0..n {
+            let alone = solo(&mut Forward::new(gpu_backend(model, opts), 16), &ps[s], &tokens[s]);
+            for (step, ((g, c), a)) in gpu_rows[s].iter().zip(&cpu_rows[s]).zip(&alone).enumerate() {
+                let what = format!("{label}, {n} sequences, sequence {s}, step {step}");
+                assert_eq!(common::argmax(g), common::argmax(c), "top-1 differs from the CPU: {what}");
+                assert!(g == a, "batched row differs from the solo GPU run: {what}");
             }
         }
     }
+}
+
+#[test]
+fn batched_gpu_rows_have_the_cpu_top1_and_the_solo_gpu_logits_on_every_fixture() {
+    let Some(opts) = gpu_options("batched decode") else { return };
+    // GPT-OSS (sliding windows of 8 and 5 that the later positions pass, sinks) and
+    // Qwen3-MoE (QK-norm, no sinks; a dense layer and renormalized top-3 in qwen3-tiny,
+    // tied embeddings and top-2 in qwen3-alt).
+    for name in ["tiny-f32", "alt-f32", "qwen3-tiny-f32", "qwen3-alt-f32"] {
+        check_batched(name, &engine::load_hf(&fixture(name)).unwrap(), &opts);
+    }
+    // The smallest VRAM expert cache: each layer reads back the routing of all rows and
+    // makes the union resident a chunk at a time.
+    let model = engine::load_hf(&fixture("tiny-f32")).unwrap();
+    check_batched("tiny-f32, smallest expert cache", &model, &GpuOptions { vram_bytes: Some(1), ..opts.clone() });
+    // MXFP4 experts in a container.
+    let dir = common::convert_fixture("tiny-mxfp4", MXFP4);
+    let model = engine::load_container(dir.path(), &OpenOptions { ctx: CTX, ..Default::default() }).unwrap();
+    check_batched("tiny-mxfp4 as MXFP4", &model, &opts);
 }
 
 #[test]
@@ -146,6 +164,37 @@ fn a_sequence_beyond_the_vram_left_for_caches_is_refused_with_the_sizes() {
     let mut f = Forward::new(b, 16);
     let step = f.step(&[SeqPos { seq: 0, pos: 0 }, SeqPos { seq: 1, pos: 0 }], &[3, 5]).unwrap();
     assert_eq!(step.len(), 2 * cfg.vocab_size);
+}
+
+#[test]
+fn a_device_failure_during_batched_steps_continues_every_sequence_on_the_cpu() {
+    let Some(opts) = gpu_options("fallback of batched steps") else { return };
+    let model = engine::load_hf(&fixture("tiny-f32")).unwrap();
+    let ps = prompts(3, 5, model.config.vocab_size);
+    let run = RunOptions { ctx: CTX, max_batch: 16, ..Default::default() };
+    let mut cpu = engine::cpu_runner(&model, &run).unwrap();
+    let mut tokens = vec![Vec::new(); ps.len()];
+    let want = batched(cpu.as_mut(), &ps, &mut |s, _, l| {
+        let t = common::argmax(l) as u32;
+        tokens[s].push(t);
+        t
+    });
+    // Every expert is resident: one readback per prefill and per step, so the sixth, the
+    // third step's, fails as a lost device would.
+    let gpu = engine::gpu_runner(&model, &run, &GpuOptions { fail_at_readback: Some(6), ..opts }).unwrap();
+    let mut r = FallbackRunner::new(gpu, model.clone(), run);
+    let got = batched(&mut r, &ps, &mut |s, step, _| tokens[s][step]);
+    assert!(r.report().iter().any(|l| l.contains("fell back to the CPU")), "{:?}", r.report());
+    for s in 0..ps.len() {
+        for (i, (g, w)) in got[s].iter().zip(&want[s]).enumerate() {
+            assert_eq!(common::argmax(g), common::argmax(w), "sequence {s}, row {i}");
+            // Rows from the failed step on come from the CPU, which replayed each
+            // sequence's cached positions: the CPU's own numbers.
+            if i >= 3 {
+                assert!(g == w, "sequence {s}, row {i} after the fallback differs from the CPU");
+            }
+        }
+    }
 }
 
 #[test]
