@@ -33,8 +33,8 @@ const MXFP4: Formats = Formats { experts: ExpertFormat::Mxfp4, dense: DenseForma
 const STEPS: usize = 10;
 
 fn gpu_backend(model: &LoadedModel, opts: &GpuOptions) -> GpuBackend {
-    let b = GpuBackend::new(model.config.clone(), model.dense.clone(), model.experts.clone(), CTX, opts)
-        .unwrap();
+    let b =
+        GpuBackend::new(model.config.clone(), model.dense.clone(), model.experts.clone(), CTX, opts).unwrap();
     check_pinned_backend(b.adapter());
     b
 }
@@ -137,11 +137,39 @@ fn batched_gpu_rows_have_the_cpu_top1_and_the_solo_gpu_logits_on_every_fixture()
     // The smallest VRAM expert cache: each layer reads back the routing of all rows and
     // makes the union resident a chunk at a time.
     let model = engine::load_hf(&fixture("tiny-f32")).unwrap();
-    check_batched("tiny-f32, smallest expert cache", &model, &GpuOptions { vram_bytes: Some(1), ..opts.clone() });
+    check_batched(
+        "tiny-f32, smallest expert cache",
+        &model,
+        &GpuOptions { vram_bytes: Some(1), ..opts.clone() },
+    );
     // MXFP4 experts in a container.
     let dir = common::convert_fixture("tiny-mxfp4", MXFP4);
     let model = engine::load_container(dir.path(), &OpenOptions { ctx: CTX, ..Default::default() }).unwrap();
     check_batched("tiny-mxfp4 as MXFP4", &model, &opts);
+}
+
+#[test]
+fn a_batched_step_is_one_submission_and_one_readback_with_every_expert_resident() {
+    let Some(opts) = gpu_options("batched step submissions") else { return };
+    let model = engine::load_hf(&fixture("tiny-f32")).unwrap();
+    let ps = prompts(4, 3, model.config.vocab_size);
+    let mut f = Forward::new(gpu_backend(&model, &GpuOptions { kv_caches: 4, ..opts }), 16);
+    for (s, p) in ps.iter().enumerate() {
+        if s > 0 {
+            assert_eq!(f.backend_mut().add_sequence().unwrap(), s);
+        }
+        f.run_on(s, p, 0, LogitRows::Last, &mut NoObserver).unwrap();
+    }
+    assert!(f.backend().residency().3, "every expert is resident");
+    let before = f.backend().stats().device;
+    for step in 0..5 {
+        let at: Vec<SeqPos> =
+            ps.iter().enumerate().map(|(s, p)| SeqPos { seq: s, pos: p.len() + step }).collect();
+        f.step(&at, &[7, 8, 9, 10]).unwrap();
+    }
+    let after = f.backend().stats().device;
+    assert_eq!(after.readbacks - before.readbacks, 5, "one readback (the logits of all rows) per step");
+    assert_eq!(after.submissions - before.submissions, 5, "one submission per step");
 }
 
 #[test]
@@ -203,7 +231,8 @@ fn a_gpu_server_with_two_slots_serves_two_clients_at_once() {
     let dir = common::tiny_real_vocab();
     let model = engine::open(dir.path(), &OpenOptions { ctx: 256, ..Default::default() }).unwrap();
     let run = RunOptions { ctx: 256, max_batch: 16, ..Default::default() };
-    let runner = engine::runner(&model, &run, Device::Gpu, &GpuOptions { kv_caches: 2, ..opts }, false).unwrap();
+    let runner =
+        engine::runner(&model, &run, Device::Gpu, &GpuOptions { kv_caches: 2, ..opts }, false).unwrap();
     let mut options = HttpOptions::new("tiny");
     options.parallel = 2;
     let server = serve(listener(), Session::new(runner), options).unwrap();

@@ -1,7 +1,7 @@
 //! `GpuBackend`: the [`Backend`] ops as WGSL dispatches on one device.
 //!
-//! Everything a layer computes stays in VRAM: dense weights, every layer's router, the KV
-//! cache, the RoPE tables, the expert cache. Ops only record work; `read` and
+//! Everything a layer computes stays in VRAM: dense weights, every layer's router, a KV
+//! cache per sequence, the RoPE tables, the expert cache. Ops only record work; `read` and
 //! `read_routes` (and, in partial residency, the routing readback of each layer) are the
 //! only waits. With every expert resident a token is one submission and one readback.
 
@@ -324,9 +324,9 @@ impl GpuBackend {
         let vram = VramExperts::new(&mut gpu, &cfg, &experts, budget)?;
         let expert_bytes = vram.slots as u64 * vram.layout.bytes();
         let kv_room = opts.kv_vram_bytes.or_else(|| {
-            report.device_memory.map(|m| {
-                (m / 10 * 8).saturating_sub(dense_bytes + expert_bytes + rope_bytes + WORKING_BYTES)
-            })
+            report
+                .device_memory
+                .map(|m| (m / 10 * 8).saturating_sub(dense_bytes + expert_bytes + rope_bytes + WORKING_BYTES))
         });
         let predict = opts.predict.unwrap_or(!vram.is_full());
         let agree = gpu.buffer_init("prediction counters", &[0u8; 8])?;
@@ -792,8 +792,7 @@ impl GpuBackend {
         let (kc, vc) = self.kv[at.seq][layer].clone();
         let n = at.rows * cfg.kv_dim();
         let (nx, ny) = self.gpu.grid(n.div_ceil(64) as u64)?;
-        let params =
-            [n as u32, (at.start_pos * cfg.kv_dim()) as u32, nx, (at.row0 * cfg.kv_dim()) as u32];
+        let params = [n as u32, (at.start_pos * cfg.kv_dim()) as u32, nx, (at.row0 * cfg.kv_dim()) as u32];
         let var = self.variant(Op::KvStore);
         let binds = [k.bind(), v.bind(), Bind::whole(&kc), Bind::whole(&vc)];
         self.gpu.dispatch(Op::KvStore, var, &params, &binds, (nx, ny, 1))?;
@@ -878,7 +877,8 @@ impl GpuBackend {
 }
 
 /// The default VRAM budget for experts: 80% of the adapter's device-local memory minus
-/// the dense weights, the KV cache and 512 MiB of working space; 2 GiB when the API does
+/// the dense weights, the key/value caches (`kv_bytes`, all the slots asked for) and 512 MiB
+/// of working space; 2 GiB when the API does
 /// not report memory. Software adapters share the system's RAM: at most a quarter of it.
 pub fn default_expert_budget(report: &AdapterReport, dense_bytes: u64, kv_bytes: u64) -> u64 {
     let mut budget = match report.device_memory {
