@@ -1129,7 +1129,7 @@ impl Backend for GpuBackend {
         let need = 2 * layer_bytes * cfg.num_layers as u64;
         let seq = self.kv.len();
         if let Some(room) = self.kv_room {
-            let used = need * seq as u64;
+            let used = need.saturating_mul(seq as u64);
             if used.saturating_add(need) > room {
                 return Err(Error::Backend(format!(
                     "another key/value cache ({} positions x {} layers) needs {:.1} MiB of VRAM; {:.1} MiB of the {:.1} MiB left for key/value caches after the weights and the expert cache is free ({seq} sequence(s) hold {:.1} MiB); use a smaller --ctx, fewer --parallel slots or a smaller --vram-gb",
