@@ -1,6 +1,8 @@
 // attention.wgsl: attention with or without sinks, GQA and the sliding window over the KV
 // cache in VRAM, for a batch of query rows (decode: one row; prefill: many, each causal at
-// its own position start_pos + r). One workgroup per (row, query head). Keys are visited in
+// its own position start_pos + r). The dispatch covers query and output rows row0 .. row0 +
+// rows (a batched decode step attends each row over its own sequence's cache, one dispatch
+// per row). One workgroup per (row, query head). Keys are visited in
 // tiles of 64 with an online softmax. With sinks (has_sinks = 1) its running max starts at
 // the head's sink logit and its running denominator at exp(sink - max) = 1: the same
 // weights as model::math::softmax_with_sink (sink column included in the max and the sum,
@@ -23,7 +25,7 @@ struct Params {
     scale: f32,
     nx: u32,
     has_sinks: u32,
-    _pad1: u32,
+    row0: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -54,7 +56,7 @@ fn main(ids: Ids) {
         first = pos + 1u - p.window;
     }
     let kv_off = (h / p.group) * d;
-    let q_off = r * p.q_stride + h * d;
+    let q_off = (p.row0 + r) * p.q_stride + h * d;
     for (var i = ids.lid; i < d; i += WG) {
         qs[i] = q[q_off + i];
     }

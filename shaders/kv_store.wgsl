@@ -1,5 +1,7 @@
 // kv_store.wgsl: stores a batch's keys and values in a layer's KV cache in VRAM, row r at
-// position start_pos + r (cache layout [capacity, kv_dim]). A kernel rather than a buffer
+// position start_pos + r (cache layout [capacity, kv_dim]): n values from word src of the
+// batch to word offset of the cache (a batched decode step stores each row in its own
+// sequence's cache, one dispatch per row). A kernel rather than a buffer
 // copy, so that the write-after-compute ordering is a storage barrier on every backend
 // (wgpu's GL backend fences copies after compute writes more weakly). One invocation per
 // value.
@@ -8,7 +10,7 @@ struct Params {
     n: u32,
     offset: u32,
     nx: u32,
-    _pad: u32,
+    src: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -21,7 +23,7 @@ struct Params {
 fn main(ids: Ids) {
     let i = flat_wid(ids, p.nx) * WG + ids.lid;
     if i < p.n {
-        keys[p.offset + i] = k[i];
-        values[p.offset + i] = v[i];
+        keys[p.offset + i] = k[p.src + i];
+        values[p.offset + i] = v[p.src + i];
     }
 }

@@ -1,6 +1,7 @@
 // rope.wgsl: rotary embedding in place, NeoX style (the two contiguous halves of a head
-// form the pairs): x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin. Row r is at position
-// start_pos + r. cos/sin come from tables [capacity, head_dim / 2] computed on the CPU
+// form the pairs): x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin. The dispatch covers rows
+// row0 .. row0 + rows of x; row row0 + r is at position start_pos + r (a batched decode
+// step rotates each row by its own position, one dispatch per row). cos/sin come from tables [capacity, head_dim / 2] computed on the CPU
 // with the YaRN frequencies and attention factor (model::rope), so large angles are exact.
 // One invocation per (row, head, pair).
 
@@ -12,7 +13,7 @@ struct Params {
     width: u32,
     total: u32,
     nx: u32,
-    _pad: u32,
+    row0: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -30,7 +31,7 @@ fn main(ids: Ids) {
     let i = gid % half;
     let h = (gid / half) % p.heads;
     let r = gid / (half * p.heads);
-    let base = r * p.width + h * p.head_dim;
+    let base = (p.row0 + r) * p.width + h * p.head_dim;
     let t = (p.start_pos + r) * half + i;
     let c = cos_t[t];
     let s = sin_t[t];

@@ -305,6 +305,20 @@ pub fn default_parallel_for_memory(cfg: &ModelConfig, ctx: usize, total_memory: 
     }
 }
 
+/// How many key/value caches of `ctx` positions fit, each full, in a quarter of 80% of an
+/// adapter's `device_memory` (the rest is for the dense weights and the expert cache),
+/// between 1 and [`DEFAULT_PARALLEL_MAX`]: the slots a server on `--device gpu` runs without
+/// `--parallel`, whose caches live in VRAM.
+pub fn default_parallel_for_vram(cfg: &ModelConfig, ctx: usize, device_memory: u64) -> usize {
+    let kv_room = device_memory / 10 * 8 / 4;
+    match cfg.kv_bytes(ctx) {
+        Some(per_slot) if per_slot > 0 => {
+            usize::try_from(kv_room / per_slot).unwrap_or(usize::MAX).clamp(1, DEFAULT_PARALLEL_MAX)
+        }
+        _ => 1,
+    }
+}
+
 /// Options for opening a model directory.
 #[derive(Clone, Debug)]
 pub struct OpenOptions {
@@ -678,6 +692,21 @@ mod tests {
         // A short context leaves room for more.
         assert_eq!(default_parallel_for_memory(&cfg, 4096, 16 * GIB), DEFAULT_PARALLEL_MAX);
         assert_eq!(default_parallel_for_memory(&cfg, usize::MAX, 1 << 50), 1);
+    }
+
+    #[test]
+    fn the_default_gpu_slots_are_the_full_caches_that_fit_in_a_quarter_of_80_percent_of_vram() {
+        let cfg = config(SynthShape::GptOss20b);
+        // 3 GiB a cache at the target context. 80 GiB: a quarter of 64 GiB holds five; capped.
+        assert_eq!(default_parallel_for_vram(&cfg, DEFAULT_CTX_TARGET, 80 * GIB), DEFAULT_PARALLEL_MAX);
+        // 24 GiB: a quarter of 19.2 GiB is 4.8 GiB, one cache.
+        assert_eq!(default_parallel_for_vram(&cfg, DEFAULT_CTX_TARGET, 24 * GIB), 1);
+        // 40 GiB: 8 GiB of room, two caches.
+        assert_eq!(default_parallel_for_vram(&cfg, DEFAULT_CTX_TARGET, 40 * GIB), 2);
+        // A short context (384 MiB a cache) leaves room for more; too little memory, one.
+        assert_eq!(default_parallel_for_vram(&cfg, 4096, 24 * GIB), DEFAULT_PARALLEL_MAX);
+        assert_eq!(default_parallel_for_vram(&cfg, DEFAULT_CTX_TARGET, GIB), 1);
+        assert_eq!(default_parallel_for_vram(&cfg, usize::MAX, 1 << 50), 1);
     }
 
     #[test]

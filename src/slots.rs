@@ -89,7 +89,7 @@ impl Slots {
     /// Puts `runner` behind a scheduler thread with up to `slots` sequences and returns one
     /// session per slot. The first session starts with `history` (the tokens the runner's
     /// first cache already holds, e.g. from [`Session::into_parts`]); the others start
-    /// empty. A runner that keeps fewer caches (one, on the GPU) gives fewer slots: the log
+    /// empty. A runner that cannot add as many caches (VRAM or memory runs out) gives fewer slots: the log
     /// says so, and the result has as many sessions as there are slots.
     pub fn start(
         mut runner: Box<dyn Runner>,

@@ -460,7 +460,7 @@ mod streams {
         let mut sequences = Vec::new();
         for &n in &args.streams {
             let n = usize::try_from(n)?;
-            let runner = args.model.runner(model, ctx)?;
+            let runner = args.model.runner_for(model, ctx, n)?;
             description = runner.describe();
             let (slots, sessions) = Slots::start(runner, n, Vec::new())?;
             anyhow::ensure!(

@@ -264,6 +264,8 @@ impl ModelArgs {
             max_binding_bytes,
             predict: self.gpu_predict.then_some(true),
             fail_at_readback: None,
+            kv_caches: 1,
+            kv_vram_bytes: None,
         })
     }
 
@@ -273,6 +275,17 @@ impl ModelArgs {
         model: &picchio::engine::LoadedModel,
         ctx: usize,
     ) -> anyhow::Result<Box<dyn picchio::engine::Runner>> {
+        self.runner_for(model, ctx, 1)
+    }
+
+    /// [`runner`](Self::runner) for `kv_caches` key/value caches (the slots of a server): on
+    /// the GPU the expert cache's default VRAM budget leaves room for all of them.
+    pub fn runner_for(
+        &self,
+        model: &picchio::engine::LoadedModel,
+        ctx: usize,
+        kv_caches: usize,
+    ) -> anyhow::Result<Box<dyn picchio::engine::Runner>> {
         anyhow::ensure!(self.prefill_block > 0, "--prefill-block must be at least 1");
         let opts = picchio::engine::RunOptions {
             ctx,
@@ -280,7 +293,8 @@ impl ModelArgs {
             prefetch: !self.no_prefetch,
             completion_driven: !self.no_async,
         };
-        Ok(picchio::engine::runner(model, &opts, self.device, &self.gpu_options()?, self.verify)?)
+        let gpu = picchio::backend::gpu::GpuOptions { kv_caches, ..self.gpu_options()? };
+        Ok(picchio::engine::runner(model, &opts, self.device, &gpu, self.verify)?)
     }
 
     fn quiet_progress(&self) -> bool {

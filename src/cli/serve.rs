@@ -66,7 +66,7 @@ pub struct ServeArgs {
     no_tool_grammar: bool,
     /// HTTP: slots, the conversations served at once (each its own key/value cache, their
     /// decode steps batched; more requests queue). Default: as many full caches as fit in
-    /// memory, at most 4. One on the GPU.
+    /// memory (in VRAM with --device gpu; in both with auto on a GPU), at most 4.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=256))]
     parallel: Option<u64>,
 }
@@ -85,7 +85,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
 fn load_session(model_args: &ModelArgs, slots: usize) -> anyhow::Result<Session> {
     let model = model_args.open_for(model_args.ctx, slots)?;
     let ctx = model_args.ctx.unwrap_or_else(|| engine::default_ctx(&model.config));
-    let runner = model_args.runner(&model, ctx)?;
+    let runner = model_args.runner_for(&model, ctx, slots)?;
     tracing::info!("{}: {}", model.dir.display(), runner.describe());
     Ok(Session::new(runner))
 }
@@ -154,13 +154,37 @@ fn chat_format(args: &ServeArgs) -> anyhow::Result<picchio::chat::ChatFormat> {
 }
 
 /// The slots a server gets without `--parallel`: [`engine::default_parallel`] for the
-/// model's config and context (1 when config.json cannot be read here; loading reports why).
+/// model's config and context (1 when config.json cannot be read here; loading reports why);
+/// with `--device gpu`, whose key/value caches live in VRAM,
+/// [`engine::default_parallel_for_vram`] for the adapter's memory (1 when the adapter
+/// reports none or cannot be opened; loading reports why); with `auto`, the smaller of the
+/// two when a hardware adapter is present (its caches live in VRAM, and in RAM after a
+/// fallback to the CPU).
 fn default_parallel(model: &ModelArgs) -> usize {
     let Ok(cfg) = picchio::ModelConfig::from_dir(&model.model_dir()) else {
         return 1;
     };
     let ctx = model.ctx.unwrap_or_else(|| engine::default_ctx(&cfg));
-    engine::default_parallel(&cfg, ctx)
+    match model.device {
+        engine::Device::Gpu => {
+            let memory = model.gpu_options().ok().and_then(|opts| {
+                let opts = picchio::backend::gpu::GpuOptions { allow_software: true, ..opts };
+                picchio::backend::gpu::probe(&opts).ok()?.device_memory
+            });
+            memory.map_or(1, |m| engine::default_parallel_for_vram(&cfg, ctx, m))
+        }
+        // On a hardware GPU the caches live in VRAM, and in RAM if the CPU takes over.
+        engine::Device::Auto => {
+            let ram = engine::default_parallel(&cfg, ctx);
+            let vram = model
+                .gpu_options()
+                .ok()
+                .and_then(|opts| picchio::backend::gpu::probe(&opts).ok()?.device_memory)
+                .map_or(ram, |m| engine::default_parallel_for_vram(&cfg, ctx, m));
+            ram.min(vram)
+        }
+        engine::Device::Cpu => engine::default_parallel(&cfg, ctx),
+    }
 }
 
 /// Serves HTTP: binds and answers (`/health` 503 "loading") while the model loads or

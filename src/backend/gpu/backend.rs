@@ -1,13 +1,13 @@
 //! `GpuBackend`: the [`Backend`] ops as WGSL dispatches on one device.
 //!
-//! Everything a layer computes stays in VRAM: dense weights, every layer's router, the KV
-//! cache, the RoPE tables, the expert cache. Ops only record work; `read` and
+//! Everything a layer computes stays in VRAM: dense weights, every layer's router, a KV
+//! cache per sequence, the RoPE tables, the expert cache. Ops only record work; `read` and
 //! `read_routes` (and, in partial residency, the routing readback of each layer) are the
 //! only waits. With every expert resident a token is one submission and one readback.
 
 use std::sync::Arc;
 
-use crate::backend::{Backend, LinearId, NormId, RouteTable};
+use crate::backend::{Backend, LinearId, NormId, RouteTable, SeqPos};
 use crate::config::{Activation, ModelConfig, Routing};
 use crate::error::{Error, Result};
 use crate::experts::{ExpertSource, ExpertStats};
@@ -28,6 +28,9 @@ const TOKENS_PER_GROUP: usize = 4;
 const MAX_TOP_K: usize = 16;
 /// Largest head width attention.wgsl handles.
 const MAX_HEAD_DIM: usize = 256;
+/// VRAM left for activations, scratch buffers and the driver when budgeting the expert
+/// cache and the key/value caches.
+const WORKING_BYTES: u64 = 512 << 20;
 
 struct GpuLinear {
     m: GpuMatrix,
@@ -86,6 +89,16 @@ struct Prediction {
     valid_for: Option<usize>,
 }
 
+/// Where the rows of an attention dispatch sit: `rows` rows of the activations from row
+/// `row0`, in the cache of sequence `seq` from position `start_pos`.
+#[derive(Clone, Copy)]
+struct Placed {
+    seq: usize,
+    row0: usize,
+    rows: usize,
+    start_pos: usize,
+}
+
 /// Counters of a GPU run (what `--stats` prints).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct GpuStats {
@@ -134,7 +147,15 @@ pub struct GpuBackend {
     head: Arc<GpuMatrix>,
     rope_cos: GBuf,
     rope_sin: GBuf,
-    kv: Vec<(GBuf, GBuf)>,
+    /// One key/value cache per sequence ([`Backend::add_sequence`]): `kv[seq][layer]` is
+    /// that layer's (keys, values), each `[capacity, kv_dim]` and its own buffer, so a
+    /// cache never exceeds one binding however many sequences there are.
+    kv: Vec<Vec<(GBuf, GBuf)>>,
+    /// The sequence `rope` and `attention` use ([`Backend::select_sequence`]).
+    current: usize,
+    /// VRAM all key/value caches together may take; `None` when the adapter reports no
+    /// memory size (then only an allocation failure stops [`Backend::add_sequence`]).
+    kv_room: Option<u64>,
     capacity: usize,
     vram: VramExperts,
     pool: BufferPool,
@@ -197,8 +218,11 @@ impl GpuBackend {
                 cfg.head_dim
             )));
         }
-        // Parameter ring: every dispatch of a decode step, with room to spare.
-        let ring = 64 + 32 * cfg.num_layers + 8 * 16;
+        // Parameter ring: every dispatch of a decode step, with room to spare; a batched
+        // step over the reserved sequences adds four dispatches per row and layer (RoPE of
+        // the query and the key, the key/value store, attention).
+        let sequences = opts.kv_caches.max(1);
+        let ring = 64 + (32 + 4 * sequences) * cfg.num_layers + 8 * 16;
         let mut gpu = Gpu::new(open, opts.max_binding_bytes, ring)?;
 
         let lin = |gpu: &mut Gpu, name: &str, l: &crate::model::weights::Linear| -> Result<GpuLinear> {
@@ -283,14 +307,9 @@ impl GpuBackend {
                 gpu.max_binding / (cfg.kv_dim() as u64 * 4)
             )));
         }
-        let mut kv = Vec::with_capacity(cfg.num_layers);
-        let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
-        for l in 0..cfg.num_layers {
-            kv.push((
-                gpu.buffer(&format!("keys {l}"), kv_bytes, usage)?,
-                gpu.buffer(&format!("values {l}"), kv_bytes, usage)?,
-            ));
-        }
+        let kv = vec![kv_cache(&mut gpu, 0, cfg.num_layers, kv_bytes)?];
+        let seq_kv_bytes = 2 * kv_bytes * cfg.num_layers as u64;
+        let rope_bytes = rope_cos.size + rope_sin.size;
 
         let dense_bytes: u64 = layers
             .iter()
@@ -300,9 +319,15 @@ impl GpuBackend {
             + head.byte_len();
         let budget = match opts.vram_bytes {
             Some(b) => b,
-            None => default_expert_budget(&report, dense_bytes, 2 * kv_bytes * cfg.num_layers as u64),
+            None => default_expert_budget(&report, dense_bytes, sequences as u64 * seq_kv_bytes),
         };
         let vram = VramExperts::new(&mut gpu, &cfg, &experts, budget)?;
+        let expert_bytes = vram.slots as u64 * vram.layout.bytes();
+        let kv_room = opts.kv_vram_bytes.or_else(|| {
+            report
+                .device_memory
+                .map(|m| (m / 10 * 8).saturating_sub(dense_bytes + expert_bytes + rope_bytes + WORKING_BYTES))
+        });
         let predict = opts.predict.unwrap_or(!vram.is_full());
         let agree = gpu.buffer_init("prediction counters", &[0u8; 8])?;
 
@@ -319,6 +344,8 @@ impl GpuBackend {
             rope_cos,
             rope_sin,
             kv,
+            current: 0,
+            kv_room,
             capacity,
             vram,
             pool: BufferPool::default(),
@@ -688,6 +715,108 @@ impl GpuBackend {
         Ok(())
     }
 
+    /// An error unless `seq` names a key/value cache of this backend.
+    fn check_sequence(&self, seq: usize) -> Result<()> {
+        if seq < self.kv.len() {
+            return Ok(());
+        }
+        Err(Error::Backend(format!("sequence {seq} does not exist ({} key/value caches)", self.kv.len())))
+    }
+
+    /// An error unless `rows` places each of `n` rows of a batched step in a distinct,
+    /// existing sequence at a position the cache holds.
+    fn check_step_rows(&self, n: usize, rows: &[SeqPos]) -> Result<()> {
+        if rows.len() != n {
+            return Err(Error::Backend(format!("batched step: {n} rows but {} placements", rows.len())));
+        }
+        for (i, at) in rows.iter().enumerate() {
+            self.check_sequence(at.seq)?;
+            if at.pos >= self.capacity {
+                return Err(Error::ContextFull { needed: at.pos + 1, capacity: self.capacity });
+            }
+            if rows[..i].iter().any(|other| other.seq == at.seq) {
+                return Err(Error::Backend(format!("batched step: sequence {} has two rows", at.seq)));
+            }
+        }
+        Ok(())
+    }
+
+    /// An error unless keys, values and output fit `rows` query rows.
+    fn check_attention_shapes(&self, rows: usize, k: &GpuAct, v: &GpuAct, out: &GpuAct) -> Result<()> {
+        check_shape("attention out", out, rows, self.cfg.q_dim())?;
+        check_shape("attention keys", k, rows, self.cfg.kv_dim())?;
+        check_shape("attention values", v, rows, self.cfg.kv_dim())
+    }
+
+    /// rope.wgsl over `rows` rows of `x` from row `row0`, the first at position `start_pos`
+    /// (the caller has checked the positions against the capacity).
+    fn rope_dispatch(&mut self, x: &GpuAct, row0: usize, rows: usize, start_pos: usize) -> Result<()> {
+        let d = self.cfg.head_dim;
+        if !x.width().is_multiple_of(d) {
+            return Err(Error::Backend(format!(
+                "rope: width {} is not a multiple of head_dim {d}",
+                x.width()
+            )));
+        }
+        let heads = x.width() / d;
+        let total = rows * heads * (d / 2);
+        let (nx, ny) = self.gpu.grid(total.div_ceil(64) as u64)?;
+        let params = [
+            rows as u32,
+            heads as u32,
+            d as u32,
+            start_pos as u32,
+            x.width() as u32,
+            total as u32,
+            nx,
+            row0 as u32,
+        ];
+        let v = self.variant(Op::Rope);
+        let (c, s) = (self.rope_cos.clone(), self.rope_sin.clone());
+        self.gpu.dispatch(Op::Rope, v, &params, &[x.bind(), Bind::whole(&c), Bind::whole(&s)], (nx, ny, 1))
+    }
+
+    /// kv_store.wgsl then attention.wgsl for the rows `at` places: their keys and values
+    /// into the cache of `at.seq` from position `at.start_pos`, then each query row over its
+    /// visible window there (the caller has checked shapes, sequence and capacity).
+    fn attention_dispatch(
+        &mut self,
+        layer: usize,
+        at: Placed,
+        q: &GpuAct,
+        k: &GpuAct,
+        v: &GpuAct,
+        out: &GpuAct,
+    ) -> Result<()> {
+        let cfg = Arc::clone(&self.cfg);
+        let (kc, vc) = self.kv[at.seq][layer].clone();
+        let n = at.rows * cfg.kv_dim();
+        let (nx, ny) = self.gpu.grid(n.div_ceil(64) as u64)?;
+        let params = [n as u32, (at.start_pos * cfg.kv_dim()) as u32, nx, (at.row0 * cfg.kv_dim()) as u32];
+        let var = self.variant(Op::KvStore);
+        let binds = [k.bind(), v.bind(), Bind::whole(&kc), Bind::whole(&vc)];
+        self.gpu.dispatch(Op::KvStore, var, &params, &binds, (nx, ny, 1))?;
+        let (nx, ny) = self.gpu.grid((at.rows * cfg.num_heads) as u64)?;
+        let params = [
+            at.rows as u32,
+            at.start_pos as u32,
+            cfg.num_heads as u32,
+            cfg.head_dim as u32,
+            cfg.window(layer).unwrap_or(0) as u32,
+            cfg.q_dim() as u32,
+            cfg.kv_dim() as u32,
+            (cfg.num_heads / cfg.num_kv_heads) as u32,
+            bits(1.0 / (cfg.head_dim as f32).sqrt()),
+            nx,
+            self.layers[layer].sinks.is_some() as u32,
+            at.row0 as u32,
+        ];
+        let sinks = self.layers[layer].sinks.clone().unwrap_or_else(|| self.gpu.dummy.clone());
+        let var = self.variant(Op::Attention);
+        let binds = [q.bind(), Bind::whole(&kc), Bind::whole(&vc), Bind::whole(&sinks), out.bind()];
+        self.gpu.dispatch(Op::Attention, var, &params, &binds, (nx, ny, 1))
+    }
+
     fn report_lines(&self) -> Vec<String> {
         let s = self.stats();
         let d = s.device;
@@ -748,11 +877,12 @@ impl GpuBackend {
 }
 
 /// The default VRAM budget for experts: 80% of the adapter's device-local memory minus
-/// the dense weights, the KV cache and 512 MiB of working space; 2 GiB when the API does
+/// the dense weights, the key/value caches (`kv_bytes`, all the slots asked for) and 512 MiB
+/// of working space; 2 GiB when the API does
 /// not report memory. Software adapters share the system's RAM: at most a quarter of it.
 pub fn default_expert_budget(report: &AdapterReport, dense_bytes: u64, kv_bytes: u64) -> u64 {
     let mut budget = match report.device_memory {
-        Some(m) => (m / 10 * 8).saturating_sub(dense_bytes + kv_bytes + (512 << 20)),
+        Some(m) => (m / 10 * 8).saturating_sub(dense_bytes + kv_bytes + WORKING_BYTES),
         None => 2 << 30,
     };
     if report.is_software() {
@@ -941,32 +1071,18 @@ impl Backend for GpuBackend {
     }
 
     fn rope(&mut self, x: &mut GpuAct, start_pos: usize) -> Result<()> {
-        let d = self.cfg.head_dim;
         if start_pos + x.rows() > self.capacity {
             return Err(Error::ContextFull { needed: start_pos + x.rows(), capacity: self.capacity });
         }
-        if !x.width().is_multiple_of(d) {
-            return Err(Error::Backend(format!(
-                "rope: width {} is not a multiple of head_dim {d}",
-                x.width()
-            )));
+        self.rope_dispatch(x, 0, x.rows(), start_pos)
+    }
+
+    fn rope_rows(&mut self, x: &mut GpuAct, rows: &[SeqPos]) -> Result<()> {
+        self.check_step_rows(x.rows(), rows)?;
+        for (i, at) in rows.iter().enumerate() {
+            self.rope_dispatch(x, i, 1, at.pos)?;
         }
-        let heads = x.width() / d;
-        let total = x.rows() * heads * (d / 2);
-        let (nx, ny) = self.gpu.grid(total.div_ceil(64) as u64)?;
-        let params = [
-            x.rows() as u32,
-            heads as u32,
-            d as u32,
-            start_pos as u32,
-            x.width() as u32,
-            total as u32,
-            nx,
-            0,
-        ];
-        let v = self.variant(Op::Rope);
-        let (c, s) = (self.rope_cos.clone(), self.rope_sin.clone());
-        self.gpu.dispatch(Op::Rope, v, &params, &[x.bind(), Bind::whole(&c), Bind::whole(&s)], (nx, ny, 1))
+        Ok(())
     }
 
     fn attention(
@@ -978,40 +1094,63 @@ impl Backend for GpuBackend {
         v: &GpuAct,
         out: &mut GpuAct,
     ) -> Result<()> {
-        let cfg = Arc::clone(&self.cfg);
         let rows = q.rows();
-        check_shape("attention out", out, rows, cfg.q_dim())?;
-        check_shape("attention keys", k, rows, cfg.kv_dim())?;
-        check_shape("attention values", v, rows, cfg.kv_dim())?;
+        self.check_attention_shapes(rows, k, v, out)?;
         if start_pos + rows > self.capacity {
             return Err(Error::ContextFull { needed: start_pos + rows, capacity: self.capacity });
         }
-        let (kc, vc) = self.kv[layer].clone();
-        let n = rows * cfg.kv_dim();
-        let (nx, ny) = self.gpu.grid(n.div_ceil(64) as u64)?;
-        let params = [n as u32, (start_pos * cfg.kv_dim()) as u32, nx, 0];
-        let var = self.variant(Op::KvStore);
-        let binds = [k.bind(), v.bind(), Bind::whole(&kc), Bind::whole(&vc)];
-        self.gpu.dispatch(Op::KvStore, var, &params, &binds, (nx, ny, 1))?;
-        let (nx, ny) = self.gpu.grid((rows * cfg.num_heads) as u64)?;
-        let params = [
-            rows as u32,
-            start_pos as u32,
-            cfg.num_heads as u32,
-            cfg.head_dim as u32,
-            cfg.window(layer).unwrap_or(0) as u32,
-            cfg.q_dim() as u32,
-            cfg.kv_dim() as u32,
-            (cfg.num_heads / cfg.num_kv_heads) as u32,
-            bits(1.0 / (cfg.head_dim as f32).sqrt()),
-            nx,
-            self.layers[layer].sinks.is_some() as u32,
-            0,
-        ];
-        let sinks = self.layers[layer].sinks.clone().unwrap_or_else(|| self.gpu.dummy.clone());
-        let var = self.variant(Op::Attention);
-        let binds = [q.bind(), Bind::whole(&kc), Bind::whole(&vc), Bind::whole(&sinks), out.bind()];
-        self.gpu.dispatch(Op::Attention, var, &params, &binds, (nx, ny, 1))
+        let at = Placed { seq: self.current, row0: 0, rows, start_pos };
+        self.attention_dispatch(layer, at, q, k, v, out)
+    }
+
+    fn attention_rows(
+        &mut self,
+        layer: usize,
+        rows: &[SeqPos],
+        q: &GpuAct,
+        k: &GpuAct,
+        v: &GpuAct,
+        out: &mut GpuAct,
+    ) -> Result<()> {
+        self.check_attention_shapes(q.rows(), k, v, out)?;
+        self.check_step_rows(q.rows(), rows)?;
+        // Each row's store and attention bind its own sequence's cache: two dispatches per
+        // row, recorded into the step's one submission (no wait between rows).
+        for (i, r) in rows.iter().enumerate() {
+            let at = Placed { seq: r.seq, row0: i, rows: 1, start_pos: r.pos };
+            self.attention_dispatch(layer, at, q, k, v, out)?;
+        }
+        Ok(())
+    }
+
+    fn add_sequence(&mut self) -> Result<usize> {
+        let cfg = Arc::clone(&self.cfg);
+        let layer_bytes = (self.capacity * cfg.kv_dim() * 4) as u64;
+        let need = 2 * layer_bytes * cfg.num_layers as u64;
+        let seq = self.kv.len();
+        if let Some(room) = self.kv_room {
+            let used = need.saturating_mul(seq as u64);
+            if used.saturating_add(need) > room {
+                return Err(Error::Backend(format!(
+                    "another key/value cache ({} positions x {} layers) needs {:.1} MiB of VRAM; {:.1} MiB of the {:.1} MiB left for key/value caches after the weights and the expert cache is free ({seq} sequence(s) hold {:.1} MiB); use a smaller --ctx, fewer --parallel slots or a smaller --vram-gb",
+                    self.capacity,
+                    cfg.num_layers,
+                    mib(need),
+                    mib(room.saturating_sub(used)),
+                    mib(room),
+                    mib(used)
+                )));
+            }
+        }
+        let cache = kv_cache(&mut self.gpu, seq, cfg.num_layers, layer_bytes)?;
+        self.kv.push(cache);
+        Ok(seq)
+    }
+
+    fn select_sequence(&mut self, seq: usize) -> Result<()> {
+        self.check_sequence(seq)?;
+        self.current = seq;
+        Ok(())
     }
 
     fn route(&mut self, layer: usize, x: &GpuAct, routes: &mut GpuRoutes) -> Result<()> {
@@ -1158,6 +1297,25 @@ impl Backend for GpuBackend {
     fn report(&self) -> Vec<String> {
         self.report_lines()
     }
+}
+
+/// The key/value cache of sequence `seq`: a (keys, values) pair of `layer_bytes` each for
+/// every one of `layers` layers.
+fn kv_cache(gpu: &mut Gpu, seq: usize, layers: usize, layer_bytes: u64) -> Result<Vec<(GBuf, GBuf)>> {
+    let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
+    (0..layers)
+        .map(|l| {
+            Ok((
+                gpu.buffer(&format!("keys {seq}.{l}"), layer_bytes, usage)?,
+                gpu.buffer(&format!("values {seq}.{l}"), layer_bytes, usage)?,
+            ))
+        })
+        .collect()
+}
+
+/// Bytes as MiB, for messages.
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1u64 << 20) as f64
 }
 
 /// The error for a part of a layer that the recipe asks for and the weights lack.

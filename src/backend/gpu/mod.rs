@@ -42,6 +42,14 @@ pub struct GpuOptions {
     pub predict: Option<bool>,
     /// Testing: fail as a lost device would at this readback (exercises the CPU fallback).
     pub fail_at_readback: Option<u64>,
+    /// Key/value caches (sequences, the slots of a server) the default expert budget and
+    /// the parameter ring leave room for; 0 counts as 1. More can still be added while
+    /// VRAM lasts ([`crate::backend::Backend::add_sequence`]).
+    pub kv_caches: usize,
+    /// VRAM all key/value caches together may take, in bytes; `None`: what the adapter's
+    /// memory leaves after the weights, the expert cache and working space (no limit when
+    /// the API reports no memory size). Tests use it to exercise the refusal.
+    pub kv_vram_bytes: Option<u64>,
 }
 
 /// Opens the adapter `opts` would use and describes it (no model needed): for tests and

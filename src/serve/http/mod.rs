@@ -116,7 +116,7 @@ pub struct HttpOptions {
     pub chat_format: ChatFormat,
     /// Slots: conversations served at once, each with its own key/value cache, their
     /// decode steps batched ([`crate::slots`]); requests beyond them queue. A runner that
-    /// keeps one cache (the GPU) serves one slot whatever this says.
+    /// cannot add that many caches (VRAM or memory runs out) serves fewer, and logs why.
     pub parallel: usize,
 }
 
