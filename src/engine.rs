@@ -347,6 +347,9 @@ pub struct OpenOptions {
     pub verify_reads: bool,
     /// What the RAM expert cache evicts when room is needed.
     pub cache_policy: crate::experts::CachePolicy,
+    /// Record every request the expert cache sees in this file (for replaying them through
+    /// other policies); `None`: not recorded.
+    pub expert_trace: Option<PathBuf>,
 }
 
 impl Default for OpenOptions {
@@ -363,6 +366,7 @@ impl Default for OpenOptions {
             hot_set: true,
             verify_reads: true,
             cache_policy: crate::experts::CachePolicy::default(),
+            expert_trace: None,
         }
     }
 }
@@ -469,6 +473,7 @@ pub fn load_container(dir: &Path, opts: &OpenOptions) -> Result<LoadedModel> {
             usage_file,
             verify_reads: opts.verify_reads,
             policy: opts.cache_policy,
+            trace: opts.expert_trace.clone(),
         },
     )?;
     Ok(LoadedModel { config, dense: Arc::new(dense), experts: Arc::new(cache), dir: dir.to_path_buf() })

@@ -275,3 +275,45 @@ fn the_frequency_policy_keeps_popular_experts_through_a_scan() {
         "the frequency policy keeps all eight through the sweep; LRU keeps none"
     );
 }
+
+#[test]
+fn the_request_trace_records_every_request() {
+    let name = "tiny-mxfp4";
+    let r = Reference::load(&fixture(name));
+    let dir = convert_fixture(name, Formats::default());
+    let cfg = picchio::ModelConfig::from_dir(dir.path()).unwrap();
+    let trace = dir.path().join("requests.txt");
+    let opts = OpenOptions {
+        ram_bytes: Some(6 * expert_bytes(dir.path())),
+        hot_set: false,
+        ctx: 128,
+        expert_trace: Some(trace.clone()),
+        ..Default::default()
+    };
+    let stats = {
+        let model = engine::load_container(dir.path(), &opts).unwrap();
+        let mut s =
+            Session::new(engine::cpu_runner(&model, &RunOptions { ctx: 128, ..Default::default() }).unwrap());
+        s.generate(&r.prompt, 4, &mut Sampler::greedy(), &[], &mut |_| true).unwrap();
+        model.experts.stats()
+    };
+    let text = std::fs::read_to_string(&trace).unwrap();
+    let mut demanded = 0u64;
+    let mut predictions = 0u64;
+    for line in text.lines() {
+        let parts: Vec<&str> = line.split(' ').collect();
+        assert_eq!(parts.len(), 3, "line {line:?}");
+        let layer: usize = parts[1].parse().unwrap();
+        assert!(layer < cfg.num_layers, "line {line:?}");
+        let ids: Vec<usize> = parts[2].split(',').map(|e| e.parse().unwrap()).collect();
+        assert!(ids.iter().all(|&e| e < cfg.num_experts), "line {line:?}");
+        match parts[0] {
+            "D" => demanded += ids.len() as u64,
+            "P" => predictions += 1,
+            "A" => {}
+            other => panic!("unknown record {other:?} in {line:?}"),
+        }
+    }
+    assert_eq!(demanded, stats.hits + stats.misses, "every request is recorded once");
+    assert!(predictions > 0, "decode predictions are recorded");
+}

@@ -12,12 +12,19 @@ union of the streams' top-k) through three policies with the same capacity:
 
 Routing is modelled as independent draws per token and layer: uniform (what the synthetic
 checkpoints do, `--skew 0`) or Zipf-skewed over a random per-layer order of experts
-(`--skew S`: expert of popularity rank r drawn with weight 1/(1+r)^S). Hit rates are
-counted over the decode steps only, as `bench` counts them. Only the standard library.
+(`--skew S`: expert of popularity rank r drawn with weight 1/(1+r)^S). Or `--trace FILE`
+replays the requests a real run made, one line per request: `D LAYER ID,ID,...` (other
+lines are ignored); the decode steps are the requests after the last one larger than
+top-k x streams. `--usage FILE` (an `expert-usage.json`) protects the learned hot set in the
+online policies, as the cache does. Hit rates are counted over the decode steps only, as
+`bench` counts them. Only the standard library.
 
     python3 benches/cache-sim/cache_sim.py --layers 24 --experts 32 --top-k 4 --capacity 324 \
         --streams 1,2,4,8 --skew 0 --record-mb 13.0
+    python3 benches/cache-sim/cache_sim.py --trace trace4.txt --streams 4 --capacity 324 \
+        --usage expert-usage.json
 """
+import json
 import argparse
 import bisect
 import random
@@ -58,15 +65,39 @@ def model_trace(layers, experts, top_k, streams, prompt, gen, skew, seed):
     return calls
 
 
+def read_trace(path, top_k, streams):
+    """[(phase, layer, ids)] from a recorded trace."""
+    calls = []
+    for line in open(path):
+        parts = line.split()
+        if len(parts) == 3 and parts[0] == "D":
+            calls.append(["prefill", int(parts[1]), [int(x) for x in parts[2].split(",")]])
+    last_big = max((i for i, c in enumerate(calls) if len(c[2]) > top_k * streams), default=-1)
+    for c in calls[last_big + 1:]:
+        c[0] = "decode"
+    return [tuple(c) for c in calls]
+
+
+def hot_set(usage_path, experts, capacity):
+    """The protected hot set the cache loads: the most used experts, at most half of it."""
+    if not usage_path:
+        return set()
+    counts = json.load(open(usage_path))["counts"]
+    ranked = sorted((-c, i) for i, c in enumerate(counts) if c > 0)
+    return {(i // experts, i % experts) for _, i in ranked[: capacity // 2]}
+
+
 class Lru:
-    def __init__(self, capacity):
-        self.capacity, self.entries = capacity, OrderedDict()
+    def __init__(self, capacity, hot=()):
+        self.capacity, self.entries, self.hot = capacity - len(hot), OrderedDict(), set(hot)
 
     def request(self, layer, ids):
         keys = [(layer, e) for e in ids]
         hits = 0
         for k in keys:
-            if k in self.entries:
+            if k in self.hot:
+                hits += 1
+            elif k in self.entries:
                 hits += 1
                 self.entries.move_to_end(k)
             else:
@@ -84,8 +115,9 @@ class Frequency:
     """W-TinyLFU as src/experts/policy.rs: window of capacity/16, counts halved every
     10 x capacity requests."""
 
-    def __init__(self, capacity):
-        self.capacity = capacity
+    def __init__(self, capacity, hot=()):
+        self.hot = set(hot)
+        self.capacity = capacity - len(self.hot)
         self.window_cap = max(1, capacity // 16)
         self.window, self.main, self.counts = OrderedDict(), {}, {}
         self.sample, self.since_reset, self.clock = 10 * capacity, 0, 0
@@ -103,7 +135,9 @@ class Frequency:
         hits = 0
         for k in keys:
             self.record(k)
-            if k in self.main:
+            if k in self.hot:
+                hits += 1
+            elif k in self.main:
                 hits += 1
                 self.main[k] = self.clock
             elif k in self.window:
@@ -181,18 +215,28 @@ def main():
     ap.add_argument("--skew", type=float, default=0.0)
     ap.add_argument("--record-mb", type=float, default=13.0, help="MB read per expert miss")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--trace", help="replay this recorded trace instead of the model")
+    ap.add_argument("--usage", help="expert-usage.json whose hot set the online policies protect")
     a = ap.parse_args()
+    hot = hot_set(a.usage, a.experts, a.capacity)
     # A forward pass asks for at most half the cache at once (ExpertSource::batch_limit).
     group = max(1, a.capacity // 2)
-    print(f"{a.layers} layers x {a.experts} experts, top-{a.top_k}, cache {a.capacity}, skew {a.skew}")
+    source = f"trace {a.trace}" if a.trace else f"{a.layers} layers, skew {a.skew}"
+    print(f"{source}: {a.experts} experts, top-{a.top_k}, cache {a.capacity}, hot set {len(hot)}")
     print("streams | requests/token | hit rate and MB read per token: lru | frequency | optimal")
     for n in [int(s) for s in a.streams.split(",")]:
-        calls = model_trace(a.layers, a.experts, a.top_k, n, a.prompt, a.gen, a.skew, a.seed)
-        tokens = a.gen * n
+        if a.trace:
+            calls = read_trace(a.trace, a.top_k, n)
+            decode_layers = sum(1 for c in calls if c[0] == "decode")
+            layers = len({c[1] for c in calls})
+            tokens = decode_layers // layers * n
+        else:
+            calls = model_trace(a.layers, a.experts, a.top_k, n, a.prompt, a.gen, a.skew, a.seed)
+            tokens = a.gen * n
         row = []
         for name, (h, r) in [
-            ("lru", online_hits(calls, Lru(a.capacity), group)),
-            ("frequency", online_hits(calls, Frequency(a.capacity), group)),
+            ("lru", online_hits(calls, Lru(a.capacity, hot), group)),
+            ("frequency", online_hits(calls, Frequency(a.capacity, hot), group)),
             ("optimal", optimal_hits(calls, a.capacity)),
         ]:
             row.append(f"{name} {h / r:.3f} {(r - h) / tokens * a.record_mb:.0f} MB")

@@ -141,6 +141,11 @@ pub struct ModelArgs {
     /// least recently used.
     #[arg(long, value_enum, default_value_t = picchio::experts::CachePolicy::Frequency)]
     pub cache_policy: picchio::experts::CachePolicy,
+    /// Record every request the RAM expert cache sees in FILE, one line each (`D LAYER IDS`
+    /// demanded, `P` predicted, `A` loaded ahead), to replay through other policies with
+    /// `benches/cache-sim/cache_sim.py --trace FILE`.
+    #[arg(long, value_name = "FILE")]
+    pub expert_trace: Option<std::path::PathBuf>,
     /// Use expert records read from disk without checking them against their manifest
     /// hashes (the check runs on the reader threads; this flag exists to measure its cost).
     #[arg(long)]
@@ -222,6 +227,7 @@ impl ModelArgs {
             hot_set: !self.no_hot_set,
             verify_reads: !self.no_verify_reads,
             cache_policy: self.cache_policy,
+            expert_trace: self.expert_trace.clone(),
         };
         picchio::engine::open(&dir, &opts).with_context(|| format!("loading model {}", dir.display()))
     }

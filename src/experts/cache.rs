@@ -38,6 +38,35 @@ pub struct CacheOptions {
     pub verify_reads: bool,
     /// What goes when room is needed.
     pub policy: CachePolicy,
+    /// Where to record every request (`None`: not recorded); see [`RequestTrace`].
+    pub trace: Option<PathBuf>,
+}
+
+/// A record of the requests the cache sees, one line each, for replaying them through other
+/// policies (`benches/cache-sim/cache_sim.py --trace`): `D LAYER IDS` for the experts a
+/// computation asks for, `P LAYER IDS` for a prediction, `A LAYER IDS` for a load ahead
+/// (IDS comma-separated). Writing stops at the first error, which is logged once.
+struct RequestTrace {
+    out: Mutex<Option<std::io::BufWriter<std::fs::File>>>,
+    path: PathBuf,
+}
+
+impl RequestTrace {
+    fn create(path: &std::path::Path) -> Result<Self> {
+        let file = std::fs::File::create(path).map_err(|e| Error::io(path, e))?;
+        Ok(RequestTrace { out: Mutex::new(Some(std::io::BufWriter::new(file))), path: path.to_path_buf() })
+    }
+
+    fn record(&self, kind: char, layer: usize, ids: &[usize]) {
+        use std::io::Write;
+        let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(w) = out.as_mut() else { return };
+        let ids: Vec<String> = ids.iter().map(|e| e.to_string()).collect();
+        if let Err(e) = writeln!(w, "{kind} {layer} {}", ids.join(",")) {
+            tracing::warn!("expert request trace {} stopped: {e}", self.path.display());
+            *out = None;
+        }
+    }
 }
 
 enum Slot {
@@ -101,6 +130,7 @@ struct Shared {
     policy: CachePolicy,
     /// Experts the policy's window of recent arrivals holds.
     window: usize,
+    trace: Option<RequestTrace>,
     num_experts: usize,
 }
 
@@ -127,6 +157,7 @@ impl CachedExperts {
     /// Fails when a reader thread cannot be started (the threads started are stopped).
     pub fn with_options(mut store: ExpertStore, opts: CacheOptions) -> Result<Self> {
         store.set_verify_reads(opts.verify_reads);
+        let trace = opts.trace.as_deref().map(RequestTrace::create).transpose()?;
         let expert_bytes = store.read_bytes().max(1);
         let total = store.len();
         let capacity = ((opts.capacity_bytes / expert_bytes) as usize).min(total);
@@ -152,6 +183,7 @@ impl CachedExperts {
             capacity,
             policy: opts.policy,
             window: window_size(capacity),
+            trace,
             num_experts,
         });
         let (tx, rx) = channel::<(usize, usize)>();
@@ -385,6 +417,9 @@ impl ExpertSource for CachedExperts {
         if layer >= self.shared.store.num_layers() || ids.iter().any(|&e| e >= self.shared.num_experts) {
             return Err(Error::invalid(format!("no such experts in layer {layer}: {ids:?}")));
         }
+        if let Some(t) = &self.shared.trace {
+            t.record('D', layer, ids);
+        }
         let mut to_read = Vec::new();
         {
             let mut st = self.shared.lock();
@@ -538,6 +573,9 @@ impl CachedExperts {
     fn start_loads(&self, layer: usize, ids: &[usize], prediction: bool) {
         if layer >= self.shared.store.num_layers() {
             return;
+        }
+        if let Some(t) = &self.shared.trace {
+            t.record(if prediction { 'P' } else { 'A' }, layer, ids);
         }
         let mut submit = Vec::new();
         {
