@@ -10,7 +10,7 @@ use std::path::Path;
 use common::{Reference, convert_fixture, fixture};
 use picchio::engine::{self, OpenOptions, RunOptions};
 use picchio::experts::CachePolicy;
-use picchio::format::container::{Container, ConvertOptions, Formats};
+use picchio::format::container::{Container, Formats};
 use picchio::model::{LogitRows, NoObserver};
 use picchio::sample::Sampler;
 use picchio::session::Session;
@@ -72,12 +72,7 @@ fn small_synthetic() -> tempfile::TempDir {
         seed: 7,
         ..SynthSpec::of(SynthShape::Tiny)
     };
-    let src = tempfile::tempdir().unwrap();
-    picchio::synth::synth(&spec, src.path(), &mut |_, _| {}).unwrap();
-    let out = tempfile::tempdir().unwrap();
-    let opts = ConvertOptions { formats: Formats::default(), progress: false, interrupt_after: None };
-    picchio::format::container::convert(src.path(), out.path(), &opts).unwrap();
-    out
+    common::synth_container(&spec)
 }
 
 #[test]

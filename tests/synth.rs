@@ -127,15 +127,7 @@ fn unskewed_checkpoint_is_byte_identical_to_the_generator_before_skew() {
 /// The routing concentration of 64 random tokens on `spec`'s checkpoint, converted to a
 /// container with the default formats and run on the CPU.
 fn measured_concentration(spec: &SynthSpec) -> Concentration {
-    let src = tempfile::tempdir().unwrap();
-    synth(spec, src.path(), &mut |_, _| {}).unwrap();
-    let out = tempfile::tempdir().unwrap();
-    let opts = picchio::format::container::ConvertOptions {
-        formats: Default::default(),
-        progress: false,
-        interrupt_after: None,
-    };
-    picchio::format::container::convert(src.path(), out.path(), &opts).unwrap();
+    let out = common::synth_container(spec);
     let model = engine::open(out.path(), &OpenOptions { ctx: 128, ..Default::default() }).unwrap();
     let mut s = Session::new(
         engine::cpu_runner(&model, &RunOptions { ctx: 128, max_batch: 64, ..Default::default() }).unwrap(),

@@ -233,3 +233,35 @@ pub(crate) fn check_shape(
         have.0, have.1, want.0, want.1
     )))
 }
+
+/// An error unless `seq` is one of a backend's `sequences` key/value caches.
+pub(crate) fn check_sequence(seq: usize, sequences: usize) -> crate::error::Result<()> {
+    if seq < sequences {
+        return Ok(());
+    }
+    Err(crate::error::Error::Backend(format!("sequence {seq} does not exist ({sequences} key/value caches)")))
+}
+
+/// An error unless `rows` places `n` rows of a batched step: distinct sequences among the
+/// backend's `sequences`, each position within the cache `capacity`.
+pub(crate) fn check_step_rows(
+    n: usize,
+    rows: &[SeqPos],
+    sequences: usize,
+    capacity: usize,
+) -> crate::error::Result<()> {
+    use crate::error::Error;
+    if rows.len() != n {
+        return Err(Error::Backend(format!("batched step: {n} rows but {} placements", rows.len())));
+    }
+    for (i, at) in rows.iter().enumerate() {
+        check_sequence(at.seq, sequences)?;
+        if at.pos >= capacity {
+            return Err(Error::ContextFull { needed: at.pos + 1, capacity });
+        }
+        if rows[..i].iter().any(|other| other.seq == at.seq) {
+            return Err(Error::Backend(format!("batched step: sequence {} has two rows", at.seq)));
+        }
+    }
+    Ok(())
+}

@@ -106,9 +106,14 @@ pub fn argmax(v: &[f32]) -> usize {
 /// A synthetic tiny GPT-OSS with the real 201088-token vocabulary, converted to a container
 /// with the default formats.
 pub fn tiny_real_vocab() -> tempfile::TempDir {
+    synth_container(&picchio::synth::SynthSpec::of(picchio::synth::SynthShape::Tiny))
+}
+
+/// A `picchio synth` checkpoint of `spec`, converted with the default formats (the
+/// checkpoint itself is deleted).
+pub fn synth_container(spec: &picchio::synth::SynthSpec) -> tempfile::TempDir {
     let src = tempfile::tempdir().unwrap();
-    let spec = picchio::synth::SynthSpec::of(picchio::synth::SynthShape::Tiny);
-    picchio::synth::synth(&spec, src.path(), &mut |_, _| {}).unwrap();
+    picchio::synth::synth(spec, src.path(), &mut |_, _| {}).unwrap();
     let out = tempfile::tempdir().unwrap();
     let opts = picchio::format::container::ConvertOptions {
         formats: Default::default(),

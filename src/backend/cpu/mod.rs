@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use crate::backend::{Backend, LinearId, NormId, RouteTable, SeqPos};
+use crate::backend::{Backend, LinearId, NormId, RouteTable, SeqPos, check_sequence, check_step_rows};
 use crate::config::{ModelConfig, Routing};
 use crate::error::{Error, Result};
 use crate::experts::{ExpertSource, ExpertStats};
@@ -132,33 +132,6 @@ impl CpuBackend {
         self.predict = predict;
         self.completion_driven = completion_driven;
         self
-    }
-
-    /// An error unless `seq` is one of the backend's sequences.
-    fn check_sequence(&self, seq: usize) -> Result<()> {
-        if seq < self.kv.len() {
-            return Ok(());
-        }
-        Err(Error::Backend(format!("sequence {seq} does not exist ({} key/value caches)", self.kv.len())))
-    }
-
-    /// An error unless `rows` places `n` rows of a batched step: distinct existing
-    /// sequences, each position within the capacity.
-    fn check_step_rows(&self, n: usize, rows: &[SeqPos]) -> Result<()> {
-        if rows.len() != n {
-            return Err(Error::Backend(format!("batched step: {n} rows but {} placements", rows.len())));
-        }
-        let capacity = self.capacity();
-        for (i, at) in rows.iter().enumerate() {
-            self.check_sequence(at.seq)?;
-            if at.pos >= capacity {
-                return Err(Error::ContextFull { needed: at.pos + 1, capacity });
-            }
-            if rows[..i].iter().any(|other| other.seq == at.seq) {
-                return Err(Error::Backend(format!("batched step: sequence {} has two rows", at.seq)));
-            }
-        }
-        Ok(())
     }
 
     /// The attention geometry of `layer`.
@@ -335,7 +308,7 @@ impl Backend for CpuBackend {
     }
 
     fn rope_rows(&mut self, x: &mut CpuAct, rows: &[SeqPos]) -> Result<()> {
-        self.check_step_rows(x.rows, rows)?;
+        check_step_rows(x.rows, rows, self.kv.len(), self.capacity())?;
         let d = self.cfg.head_dim;
         let half = d / 2;
         let width = x.width;
@@ -358,7 +331,7 @@ impl Backend for CpuBackend {
     }
 
     fn select_sequence(&mut self, seq: usize) -> Result<()> {
-        self.check_sequence(seq)?;
+        check_sequence(seq, self.kv.len())?;
         self.current = seq;
         Ok(())
     }
@@ -374,7 +347,7 @@ impl Backend for CpuBackend {
     ) -> Result<()> {
         let cfg = &self.cfg;
         check_shape("attention out", out, q.rows, cfg.q_dim())?;
-        self.check_step_rows(q.rows, rows)?;
+        check_step_rows(q.rows, rows, self.kv.len(), self.capacity())?;
         for (r, at) in rows.iter().enumerate() {
             self.kv[at.seq].write(layer, at.pos, k.row(r), v.row(r));
         }

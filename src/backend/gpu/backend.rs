@@ -7,7 +7,7 @@
 
 use std::sync::Arc;
 
-use crate::backend::{Backend, LinearId, NormId, RouteTable, SeqPos};
+use crate::backend::{Backend, LinearId, NormId, RouteTable, SeqPos, check_sequence, check_step_rows};
 use crate::config::{Activation, ModelConfig, Routing};
 use crate::error::{Error, Result};
 use crate::experts::{ExpertSource, ExpertStats};
@@ -715,32 +715,6 @@ impl GpuBackend {
         Ok(())
     }
 
-    /// An error unless `seq` names a key/value cache of this backend.
-    fn check_sequence(&self, seq: usize) -> Result<()> {
-        if seq < self.kv.len() {
-            return Ok(());
-        }
-        Err(Error::Backend(format!("sequence {seq} does not exist ({} key/value caches)", self.kv.len())))
-    }
-
-    /// An error unless `rows` places each of `n` rows of a batched step in a distinct,
-    /// existing sequence at a position the cache holds.
-    fn check_step_rows(&self, n: usize, rows: &[SeqPos]) -> Result<()> {
-        if rows.len() != n {
-            return Err(Error::Backend(format!("batched step: {n} rows but {} placements", rows.len())));
-        }
-        for (i, at) in rows.iter().enumerate() {
-            self.check_sequence(at.seq)?;
-            if at.pos >= self.capacity {
-                return Err(Error::ContextFull { needed: at.pos + 1, capacity: self.capacity });
-            }
-            if rows[..i].iter().any(|other| other.seq == at.seq) {
-                return Err(Error::Backend(format!("batched step: sequence {} has two rows", at.seq)));
-            }
-        }
-        Ok(())
-    }
-
     /// An error unless keys, values and output fit `rows` query rows.
     fn check_attention_shapes(&self, rows: usize, k: &GpuAct, v: &GpuAct, out: &GpuAct) -> Result<()> {
         check_shape("attention out", out, rows, self.cfg.q_dim())?;
@@ -1078,7 +1052,7 @@ impl Backend for GpuBackend {
     }
 
     fn rope_rows(&mut self, x: &mut GpuAct, rows: &[SeqPos]) -> Result<()> {
-        self.check_step_rows(x.rows(), rows)?;
+        check_step_rows(x.rows(), rows, self.kv.len(), self.capacity)?;
         for (i, at) in rows.iter().enumerate() {
             self.rope_dispatch(x, i, 1, at.pos)?;
         }
@@ -1113,7 +1087,7 @@ impl Backend for GpuBackend {
         out: &mut GpuAct,
     ) -> Result<()> {
         self.check_attention_shapes(q.rows(), k, v, out)?;
-        self.check_step_rows(q.rows(), rows)?;
+        check_step_rows(q.rows(), rows, self.kv.len(), self.capacity)?;
         // Each row's store and attention bind its own sequence's cache: two dispatches per
         // row, recorded into the step's one submission (no wait between rows).
         for (i, r) in rows.iter().enumerate() {
@@ -1148,7 +1122,7 @@ impl Backend for GpuBackend {
     }
 
     fn select_sequence(&mut self, seq: usize) -> Result<()> {
-        self.check_sequence(seq)?;
+        check_sequence(seq, self.kv.len())?;
         self.current = seq;
         Ok(())
     }
