@@ -61,8 +61,14 @@ impl RequestTrace {
         use std::io::Write;
         let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
         let Some(w) = out.as_mut() else { return };
-        let ids: Vec<String> = ids.iter().map(|e| e.to_string()).collect();
-        if let Err(e) = writeln!(w, "{kind} {layer} {}", ids.join(",")) {
+        let line = (|| {
+            write!(w, "{kind} {layer} ")?;
+            for (i, e) in ids.iter().enumerate() {
+                write!(w, "{}{e}", if i == 0 { "" } else { "," })?;
+            }
+            writeln!(w)
+        })();
+        if let Err(e) = line {
             tracing::warn!("expert request trace {} stopped: {e}", self.path.display());
             *out = None;
         }
