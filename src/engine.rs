@@ -350,6 +350,9 @@ pub struct OpenOptions {
     /// Record every request the expert cache sees in this file (for replaying them through
     /// other policies); `None`: not recorded.
     pub expert_trace: Option<PathBuf>,
+    /// Bytes of the pieces expert records are split into across the reader threads (a
+    /// multiple of 4 KiB); see [`crate::experts::readers`].
+    pub read_piece_bytes: usize,
 }
 
 impl Default for OpenOptions {
@@ -367,6 +370,7 @@ impl Default for OpenOptions {
             verify_reads: true,
             cache_policy: crate::experts::CachePolicy::default(),
             expert_trace: None,
+            read_piece_bytes: crate::experts::store::HASHED_READ_CHUNK,
         }
     }
 }
@@ -474,6 +478,7 @@ pub fn load_container(dir: &Path, opts: &OpenOptions) -> Result<LoadedModel> {
             verify_reads: opts.verify_reads,
             policy: opts.cache_policy,
             trace: opts.expert_trace.clone(),
+            read_piece_bytes: opts.read_piece_bytes,
         },
     )?;
     Ok(LoadedModel { config, dense: Arc::new(dense), experts: Arc::new(cache), dir: dir.to_path_buf() })

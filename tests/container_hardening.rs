@@ -270,12 +270,23 @@ fn a_damaged_record_read_through_the_library_names_layer_and_expert() {
     let mut bytes = std::fs::read(&path).unwrap();
     bytes[rec.offset as usize + 7] ^= 1;
     std::fs::write(&path, bytes).unwrap();
-    let model = engine::load_container(dir.path(), &opts()).unwrap();
-    let e = error_of(model.experts.expert(2, 5), "a damaged record was accepted");
-    assert!(e.contains("experts.bin") && e.contains("layer 2 expert 5") && e.contains("BLAKE3"), "{e}");
-    // The error is not sticky for other experts, and the same expert fails again.
-    model.experts.expert(2, 4).unwrap();
-    assert!(model.experts.expert(2, 5).is_err());
+    // Whole records on one reader, and records split into 4 KiB pieces across readers (the
+    // damaged byte is then in the first piece, hashed before the others).
+    for piece in [picchio::experts::store::HASHED_READ_CHUNK, 4096, 8192] {
+        let model =
+            engine::load_container(dir.path(), &OpenOptions { read_piece_bytes: piece, ..opts() }).unwrap();
+        let e = error_of(model.experts.expert(2, 5), "a damaged record was accepted");
+        assert!(
+            e.contains("experts.bin") && e.contains("layer 2 expert 5") && e.contains("BLAKE3"),
+            "{piece}: {e}"
+        );
+        // The error is not sticky for other experts, and the same expert fails again.
+        model.experts.expert(2, 4).unwrap();
+        assert!(model.experts.expert(2, 5).is_err());
+    }
+    let bad = engine::load_container(dir.path(), &OpenOptions { read_piece_bytes: 1000, ..opts() });
+    let e = error_of(bad.map(|_| ()), "a piece size that is no multiple of 4 KiB was accepted");
+    assert!(e.contains("1000") && e.contains("4096"), "{e}");
 }
 
 #[test]

@@ -18,6 +18,7 @@ SKEWS="0 1"
 PROMPT=64
 GEN=16
 THREADS=2
+ROUNDS=1
 LLAMA=0
 ANCHOR_WORK="${ANCHOR_WORK:-/work/anchor}"
 READ_AHEAD_KB=""
@@ -38,6 +39,8 @@ usage: $0 --picchio BIN [options]
   --prompt N           prompt tokens (default 64)
   --gen N              decoded tokens (default 16)
   --threads T          threads (default 2)
+  --rounds R           rounds (default 1): every row runs R times, interleaved (Picchio, llama.cpp,
+                       next machine, ...), and the table gives the median and range of each figure
   --llama              also run llama.cpp's llama-bench in the same limits (benches/anchor/anchor.sh
                        --prepare-only builds it and the GGUF in \$ANCHOR_WORK, default /work/anchor)
   --read-ahead-kb K    set the disk's read-ahead for the runs (restored afterwards); the value in
@@ -59,6 +62,7 @@ while [[ $# -gt 0 ]]; do
     --prompt) PROMPT="$2"; shift 2 ;;
     --gen) GEN="$2"; shift 2 ;;
     --threads) THREADS="$2"; shift 2 ;;
+    --rounds) ROUNDS="$2"; shift 2 ;;
     --llama) LLAMA=1; shift ;;
     --read-ahead-kb) READ_AHEAD_KB="$2"; shift 2 ;;
     --no-in-ram) IN_RAM=0; shift ;;
@@ -82,6 +86,7 @@ for n in "$LAYERS" "$PROMPT" "$GEN" "$THREADS"; do
   [[ "$n" =~ ^[1-9][0-9]*$ ]] || die "'$n' is not a positive integer"
 done
 (( LAYERS <= FULL_LAYERS )) || die "--layers $LAYERS: the $SHAPE has $FULL_LAYERS layers"
+[[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || die "--rounds: '$ROUNDS' is not a count >= 1"
 for m in $MACHINES; do [[ "$m" =~ ^[1-9][0-9]*$ ]] || die "--machines: '$m' is not a size in GB"; done
 for s in $SKEWS; do [[ "$s" =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "--skews: '$s' is not a number >= 0"; done
 [[ -z "$READ_AHEAD_KB" || "$READ_AHEAD_KB" =~ ^[0-9]+$ ]] || die "--read-ahead-kb: '$READ_AHEAD_KB' is not a size"
@@ -156,7 +161,8 @@ LLAMA_BENCH="$(ls "$ANCHOR_WORK"/build/llama.cpp-*/bin/llama-bench 2>/dev/null |
   echo "disk=$DEV read_ahead_kb=$RA_NOW (before the run: $RA_BEFORE)"
   echo "picchio=$PICCHIO"
   echo "shape=$SHAPE layers=$LAYERS of $FULL_LAYERS machines=$MACHINES skews=$SKEWS"
-  echo "prompt=$PROMPT gen=$GEN threads=$THREADS"
+  echo "prompt=$PROMPT gen=$GEN threads=$THREADS rounds=$ROUNDS"
+  echo "hot_set=none (every Picchio run starts without a learned hot set: expert-usage.json is removed first)"
 } >"$OUT/machine.txt"
 : >"$OUT/commands.txt"
 
@@ -165,6 +171,8 @@ measure() { # name limit-bytes|"" command...
   local name="$1" limit="$2"
   shift 2
   echo "[$name] limit=${limit:-none} $*" >>"$OUT/commands.txt"
+  # Every run starts from the same state: no hot set learned by the run before it.
+  rm -f "$CONTAINER/expert-usage.json"
   drop_caches
   if [[ -n "$limit" ]]; then
     cg_limit "$limit"
@@ -190,15 +198,21 @@ for s in $SKEWS; do
       || die "plan.py failed for $CONTAINER"
     eval "$plan"
     echo "plan_s${s}_m$m $(echo $plan)" >>"$OUT/machine.txt"
-    log "skew $s, $m GB machine: $SHARE of the experts in RAM (--ram-gb $RAM_GB), cgroup $((CGROUP_BYTES >> 20)) MiB"
-    measure "picchio-s$s-m$m" "$CGROUP_BYTES" "${pic[@]}" --ram-gb "$RAM_GB"
-    if [[ ${#lla[@]} -gt 0 ]]; then measure "llama-s$s-m$m" "$CGROUP_BYTES" "${lla[@]}"; fi
+    eval "RAM_GB_m$m=$RAM_GB CGROUP_m$m=$CGROUP_BYTES"
   done
-  if [[ "$IN_RAM" == 1 ]]; then
-    log "skew $s, every expert in RAM (no cgroup)"
-    measure "picchio-s$s-ram" "" "${pic[@]}"
-    if [[ ${#lla[@]} -gt 0 ]]; then measure "llama-s$s-ram" "" "${lla[@]}"; fi
-  fi
+  for r in $(seq 1 "$ROUNDS"); do
+    for m in $MACHINES; do
+      eval "RAM_GB=\$RAM_GB_m$m CGROUP_BYTES=\$CGROUP_m$m"
+      log "round $r, skew $s, $m GB machine: --ram-gb $RAM_GB, cgroup $((CGROUP_BYTES >> 20)) MiB"
+      measure "picchio-s$s-m$m-r$r" "$CGROUP_BYTES" "${pic[@]}" --ram-gb "$RAM_GB"
+      if [[ ${#lla[@]} -gt 0 ]]; then measure "llama-s$s-m$m-r$r" "$CGROUP_BYTES" "${lla[@]}"; fi
+    done
+    if [[ "$IN_RAM" == 1 ]]; then
+      log "round $r, skew $s, every expert in RAM (no cgroup)"
+      measure "picchio-s$s-ram-r$r" "" "${pic[@]}"
+      if [[ ${#lla[@]} -gt 0 ]]; then measure "llama-s$s-ram-r$r" "" "${lla[@]}"; fi
+    fi
+  done
 done
 
 python3 "$HERE/summarize.py" "$OUT" | tee "$OUT/table.md"

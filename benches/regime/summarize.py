@@ -3,19 +3,22 @@
 machine (and every expert in RAM), Picchio's prefill and decode tokens/s with each phase's wall
 time over its floor (`bench`: max(bytes of the reads used / the disk bandwidth it measured,
 compute)), the expert bytes read per decoded token, and llama.cpp in the same limits with the
-ratios Picchio / llama.cpp. Standard library only.
+ratios Picchio / llama.cpp. With several rounds (`regime.sh --rounds R`) each cell is the
+median of the rounds with their range, and the ratios are those of the medians. Standard
+library only.
 
 Usage: summarize.py RESULTS_DIR
 """
 import json
 import re
+import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "anchor"))
 from summarize import llama_figures  # noqa: E402  (benches/anchor/summarize.py)
 
-RUN = re.compile(r"^picchio-s([0-9.]+)-(m(\d+)|ram)\.json$")
+RUN = re.compile(r"^picchio-s([0-9.]+)-(m(\d+)|ram)(-r\d+)?\.json$")
 PLAN = re.compile(r"^plan_s([0-9.]+)_m(\d+) .*SHARE=([0-9.]+)")
 
 
@@ -38,6 +41,14 @@ def picchio(path):
         fail(f"{path}: {e!r}")
 
 
+def cell(values, fmt, suffix=""):
+    """The median of `values`, with their range when there are several."""
+    med = statistics.median(values)
+    if len(values) == 1:
+        return f"{med:{fmt}}{suffix}"
+    return f"{med:{fmt}}{suffix} ({min(values):{fmt}}-{max(values):{fmt}})"
+
+
 def main():
     if len(sys.argv) != 2:
         fail("usage: summarize.py RESULTS_DIR")
@@ -54,26 +65,29 @@ def main():
         llama = out / f.name.replace("picchio-", "llama-")
         if llama.exists():
             fig["llama"] = llama_figures(llama)
-        rows.setdefault(skew, []).append((int(gb) if gb else 10**9, gb, fig))
+        rows.setdefault(skew, {}).setdefault(gb, []).append(fig)
     if not rows:
         fail(f"{out}: no picchio-*.json results")
     print(machine.strip().replace("\n", "  \n"))
     for skew in sorted(rows, key=float):
         print(f"\n**Routing skew {skew}** ({'uniform' if float(skew) == 0 else 'skewed'})\n")
-        print("| machine | experts in RAM | Picchio prefill tok/s (over floor) | decode tok/s (over floor) "
+        print("| machine | experts in RAM | rounds | Picchio prefill tok/s | over floor | decode tok/s | over floor "
               "| MB read / decoded token | llama.cpp prefill | decode | prefill ratio | decode ratio |")
-        print("|---|---:|---|---|---:|---:|---:|---:|---:|")
-        for _, gb, fig in sorted(rows[skew], key=lambda r: r[0]):
+        print("|---|---:|---:|---|---|---|---|---:|---|---|---:|---:|")
+        for gb, figs in sorted(rows[skew].items(), key=lambda r: int(r[0]) if r[0] else 10**9):
             name = f"{gb} GB" if gb else "every expert in RAM"
             share = f"{shares.get((skew, gb), 0) * 100:.0f}%" if gb else "100%"
-            l = fig.get("llama")
-            cells = [name, share,
-                     f"{fig['prefill']:.2f} ({fig['prefill_floor']:.2f}x)",
-                     f"{fig['decode']:.2f} ({fig['decode_floor']:.2f}x)",
-                     f"{fig['mb_per_token']:.0f}"]
-            if l:
-                cells += [f"{l['prefill']:.2f}", f"{l['decode']:.2f}",
-                          f"{fig['prefill'] / l['prefill']:.2f}x", f"{fig['decode'] / l['decode']:.2f}x"]
+            col = lambda k: [f[k] for f in figs]  # noqa: E731
+            cells = [name, share, str(len(figs)),
+                     cell(col("prefill"), ".2f"), cell(col("prefill_floor"), ".2f", "x"),
+                     cell(col("decode"), ".2f"), cell(col("decode_floor"), ".2f", "x"),
+                     f"{statistics.median(col('mb_per_token')):.0f}"]
+            llamas = [f["llama"] for f in figs if "llama" in f]
+            if llamas:
+                lp, ld = [l["prefill"] for l in llamas], [l["decode"] for l in llamas]
+                cells += [cell(lp, ".2f"), cell(ld, ".2f"),
+                          f"{statistics.median(col('prefill')) / statistics.median(lp):.2f}x",
+                          f"{statistics.median(col('decode')) / statistics.median(ld):.2f}x"]
             else:
                 cells += ["-"] * 4
             print("| " + " | ".join(cells) + " |")

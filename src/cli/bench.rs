@@ -166,6 +166,11 @@ impl Phase {
             "prefetch_useful": e.prefetch_useful,
             "prefetch_wasted": e.prefetch_wasted,
             "prefetch_pending": e.prefetch_pending,
+            "prefetch_cancelled": e.prefetch_cancelled,
+            "promoted": e.promoted,
+            "prediction_gated": e.prediction_gated,
+            "prefetch_hidden_s": e.prefetch_hidden.as_secs_f64(),
+            "prefetch_cost_s": e.prefetch_cost.as_secs_f64(),
             "useful_bytes_read": self.useful_bytes(),
             "floor_s": self.floor(disk_bw),
             "over_floor": self.wall.as_secs_f64() / self.floor(disk_bw).max(1e-9),
@@ -379,12 +384,19 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     );
     if let Some(acc) = decode.experts.prediction_accuracy() {
         println!(
-            "prediction: {:.1}% of routed experts predicted; {} prefetch reads, {} useful, {} wasted, {} unused so far",
+            "prediction: {:.1}% of routed experts predicted; {} prefetch reads, {} useful, {} wasted, {} unused so far, \
+             {} cancelled unread; {} background reads promoted on demand; {} predictions not read (not paying); \
+             {:.2} s of reads hidden, {:.2} s wasted",
             100.0 * acc,
             decode.experts.prefetch_reads,
             decode.experts.prefetch_useful,
             decode.experts.prefetch_wasted,
-            decode.experts.prefetch_pending
+            decode.experts.prefetch_pending,
+            decode.experts.prefetch_cancelled,
+            decode.experts.promoted,
+            decode.experts.prediction_gated,
+            decode.experts.prefetch_hidden.as_secs_f64(),
+            decode.experts.prefetch_cost.as_secs_f64()
         );
     }
     println!(

@@ -150,6 +150,12 @@ pub struct ModelArgs {
     /// hashes (the check runs on the reader threads; this flag exists to measure its cost).
     #[arg(long)]
     pub no_verify_reads: bool,
+    /// Size of the pieces an expert record is split into for the reader threads, in KiB (a
+    /// multiple of 4): every reader takes the next piece of the most urgent record, so one
+    /// record is read with the whole queue depth and the first expert of a layer arrives
+    /// early. A size of at least the record reads each record on one thread.
+    #[arg(long, default_value_t = (picchio::experts::store::HASHED_READ_CHUNK >> 10) as u64, value_name = "KIB")]
+    pub read_piece_kib: u64,
     /// Quantize activations to int8 for the AVX-512 VNNI integer kernels: faster, but no
     /// longer implementation-exact against the F32 oracle (an error of about 0.3% per
     /// product on top of the INT4 weights').
@@ -228,6 +234,7 @@ impl ModelArgs {
             verify_reads: !self.no_verify_reads,
             cache_policy: self.cache_policy,
             expert_trace: self.expert_trace.clone(),
+            read_piece_bytes: read_piece_bytes(self.read_piece_kib)?,
         };
         picchio::engine::open(&dir, &opts).with_context(|| format!("loading model {}", dir.display()))
     }
@@ -419,14 +426,47 @@ pub fn print_stats(
         picchio::system::gib(e.bytes_read),
         e.evictions
     );
+    if e.predicted > 0 || e.prediction_gated > 0 {
+        eprintln!(
+            "  prediction: {:.1}% right; {} reads ({} useful, {} wasted, {} cancelled unread); {} not read \
+             (not paying); {:.3} s of reads hidden, {:.3} s wasted; {} background reads promoted on demand",
+            100.0 * e.prediction_accuracy().unwrap_or(0.0),
+            e.prefetch_reads,
+            e.prefetch_useful,
+            e.prefetch_wasted,
+            e.prefetch_cancelled,
+            e.prediction_gated,
+            e.prefetch_hidden.as_secs_f64(),
+            e.prefetch_cost.as_secs_f64(),
+            e.promoted
+        );
+    }
     for line in runner.report() {
         eprintln!("  {line}");
     }
 }
 
+/// `--read-piece-kib` in bytes: a multiple of 4 KiB (direct I/O), at most 1 GiB.
+fn read_piece_bytes(kib: u64) -> anyhow::Result<usize> {
+    if kib == 0 || !kib.is_multiple_of(4) || kib > 1 << 20 {
+        anyhow::bail!("--read-piece-kib {kib}: must be a multiple of 4 between 4 and 1048576 (1 GiB)");
+    }
+    usize::try_from(kib << 10)
+        .map_err(|_| anyhow::anyhow!("--read-piece-kib {kib} is too large for this machine"))
+}
+
 #[cfg(test)]
 mod tests {
     use clap::CommandFactory;
+
+    #[test]
+    fn read_pieces_are_whole_4_kib_pages() {
+        assert_eq!(super::read_piece_bytes(2048).unwrap(), 2 << 20);
+        for kib in [0, 6, 1025 * 1024] {
+            let e = super::read_piece_bytes(kib).unwrap_err().to_string();
+            assert!(e.contains(&format!("--read-piece-kib {kib}")), "{e}");
+        }
+    }
 
     #[test]
     fn numeric_flags_are_bounded() {

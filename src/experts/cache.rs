@@ -2,8 +2,11 @@
 //! store, fed by a pool of reader threads. It decides only which experts are in memory and
 //! when they arrive, never what they compute.
 //!
-//! - Misses are submitted to the readers at once (queue depth = `io_threads`), and callers
-//!   can consume experts in completion order ([`ExpertSource::for_each_loaded`]).
+//! - Misses are submitted to the readers at once, and callers can consume experts in
+//!   completion order ([`ExpertSource::for_each_loaded`]). The readers serve demand before
+//!   loads ahead before predictions, split each record across all of them, and drop queued
+//!   predictions the routing did not confirm ([`crate::experts::readers`]).
+//! - Predictions are acted on only while they pay ([`crate::experts::prediction`]).
 //! - Experts a caller is using are pinned; nothing pinned is evicted.
 //! - [`ExpertSource::prefetch`] loads predicted experts in the background into free or
 //!   evictable slots, never past the budget and never evicting what is pinned or hot; the
@@ -13,15 +16,18 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
 use crate::experts::buffers::BufferPool;
 use crate::experts::policy::{CachePolicy, Candidate, Eviction, Occupancy, Popularity};
+use crate::experts::prediction::PredictionGate;
+use crate::experts::readers::{ReadQueue, RecordRead, Urgency};
 use crate::experts::store::ExpertStore;
+#[cfg(doc)]
+use crate::experts::store::HASHED_READ_CHUNK;
 use crate::experts::{ExpertSource, ExpertStats};
 use crate::model::weights::ExpertWeights;
 
@@ -40,6 +46,9 @@ pub struct CacheOptions {
     pub policy: CachePolicy,
     /// Where to record every request (`None`: not recorded); see [`RequestTrace`].
     pub trace: Option<PathBuf>,
+    /// Bytes of the pieces a record is split into across the readers: a multiple of 4 KiB
+    /// (direct I/O reads at piece offsets); [`HASHED_READ_CHUNK`] is the default.
+    pub read_piece_bytes: usize,
 }
 
 /// A record of the requests the cache sees, one line each, for replaying them through other
@@ -93,6 +102,10 @@ struct Entry {
     speculative: bool,
     /// In the policy's window of recent arrivals, not yet admitted to its main part.
     in_window: bool,
+    /// The read in progress while loading.
+    read: Option<Arc<RecordRead>>,
+    /// How long its read took, once loaded.
+    read_time: Option<Duration>,
 }
 
 impl Entry {
@@ -106,6 +119,8 @@ impl Entry {
             protected: false,
             speculative: false,
             in_window: true,
+            read: None,
+            read_time: None,
         }
     }
 }
@@ -122,6 +137,10 @@ struct State {
     /// The last prediction for each layer (empty: none), scored and cleared when the layer's
     /// real routing arrives. The vectors are reused from token to token.
     predicted: Vec<Vec<usize>>,
+    /// Whether acting on predictions pays.
+    gate: PredictionGate,
+    /// Recent time of one record read (seconds, exponentially weighted; 0: none yet).
+    read_secs: f64,
 }
 
 struct Shared {
@@ -138,6 +157,10 @@ struct Shared {
     window: usize,
     trace: Option<RequestTrace>,
     num_experts: usize,
+    /// The reads waiting for the reader threads.
+    queue: ReadQueue,
+    /// Bytes of one piece of a record read.
+    piece_bytes: usize,
 }
 
 impl Shared {
@@ -146,12 +169,29 @@ impl Shared {
         // leave it half-done, so a poisoned lock is still consistent.
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// Queues the read of `key`, whose entry is in `st` and loading, with `urgency`. A record
+    /// that cannot be planned fails its entry at once (its caller gets the error).
+    fn start_read(&self, st: &mut State, key: (usize, usize), urgency: Urgency) {
+        let plan = self.store.plan(key.0, key.1);
+        let Some(entry) = st.entries.get_mut(&key) else { return };
+        match plan {
+            Ok(plan) => {
+                let read = RecordRead::new(plan, self.buffers.take(), self.piece_bytes);
+                entry.read = Some(Arc::clone(&read));
+                self.queue.push(urgency, read);
+            }
+            Err(e) => {
+                entry.slot = Slot::Failed(e);
+                self.arrived.notify_all();
+            }
+        }
+    }
 }
 
 /// Experts read from disk on demand and kept in a byte-bounded LRU cache.
 pub struct CachedExperts {
     shared: Arc<Shared>,
-    jobs: Mutex<Option<Sender<(usize, usize)>>>,
     workers: Vec<JoinHandle<()>>,
     usage_file: Option<PathBuf>,
     io_threads: usize,
@@ -162,6 +202,12 @@ impl CachedExperts {
     /// experts pinned by the current call may exceed the bound briefly.
     /// Fails when a reader thread cannot be started (the threads started are stopped).
     pub fn with_options(mut store: ExpertStore, opts: CacheOptions) -> Result<Self> {
+        if opts.read_piece_bytes == 0 || !opts.read_piece_bytes.is_multiple_of(4096) {
+            return Err(Error::invalid(format!(
+                "expert read pieces of {} bytes: must be a positive multiple of 4096 (--read-piece-kib)",
+                opts.read_piece_bytes
+            )));
+        }
         store.set_verify_reads(opts.verify_reads);
         let trace = opts.trace.as_deref().map(RequestTrace::create).transpose()?;
         let expert_bytes = store.read_bytes().max(1);
@@ -191,20 +237,20 @@ impl CachedExperts {
             window: window_size(capacity),
             trace,
             num_experts,
+            queue: ReadQueue::new(),
+            piece_bytes: opts.read_piece_bytes,
         });
-        let (tx, rx) = channel::<(usize, usize)>();
-        let rx = Arc::new(Mutex::new(rx));
         let mut workers = Vec::new();
         for i in 0..opts.io_threads.max(1) {
-            let (shared, rx) = (Arc::clone(&shared), Arc::clone(&rx));
+            let reader = Arc::clone(&shared);
             let spawned = std::thread::Builder::new()
                 .name(format!("picchio-io-{i}"))
-                .spawn(move || reader_loop(&shared, &rx));
+                .spawn(move || reader_loop(&reader));
             match spawned {
                 Ok(w) => workers.push(w),
                 Err(e) => {
-                    // Closing the job channel ends the readers already started.
-                    drop(tx);
+                    // Closing the queue ends the readers already started.
+                    shared.queue.close();
                     for w in workers {
                         let _ = w.join();
                     }
@@ -218,7 +264,6 @@ impl CachedExperts {
         }
         let cache = CachedExperts {
             shared,
-            jobs: Mutex::new(Some(tx)),
             workers,
             usage_file: opts.usage_file,
             io_threads: opts.io_threads.max(1),
@@ -232,14 +277,6 @@ impl CachedExperts {
         self.shared.store.is_direct()
     }
 
-    fn submit(&self, layer: usize, expert: usize) {
-        let jobs = self.jobs.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(tx) = jobs.as_ref() {
-            // The readers outlive every sender use; a send can only fail after shutdown.
-            let _ = tx.send((layer, expert));
-        }
-    }
-
     /// Loads the most used experts of earlier sessions (at most half the budget) and
     /// protects them from eviction.
     fn load_hot_set(&self) {
@@ -250,23 +287,14 @@ impl CachedExperts {
         let hot: Vec<usize> = ranked.into_iter().take(self.shared.capacity / 2).map(|(_, i)| i).collect();
         let e = self.shared.num_experts;
         for &i in &hot {
+            let key = (i / e, i % e);
             st.entries.insert(
-                (i / e, i % e),
-                Entry {
-                    slot: Slot::Loading,
-                    last_use: 0,
-                    pins: 0,
-                    protected: true,
-                    speculative: false,
-                    in_window: false,
-                },
+                key,
+                Entry { protected: true, pins: 0, last_use: 0, in_window: false, ..Entry::demanded(0) },
             );
+            self.shared.start_read(&mut st, key, Urgency::Ahead);
         }
         st.stats.hot_set = hot.len() as u64;
-        drop(st);
-        for i in hot {
-            self.submit(i / e, i % e);
-        }
     }
 
     /// Writes the usage counts (history plus this session) for the next session.
@@ -348,42 +376,56 @@ impl CachedExperts {
     }
 }
 
-/// A reader thread: takes (layer, expert) jobs, reads them, publishes the result.
-fn reader_loop(shared: &Shared, rx: &Mutex<std::sync::mpsc::Receiver<(usize, usize)>>) {
-    loop {
-        let job = {
-            let rx = rx.lock().unwrap_or_else(|p| p.into_inner());
-            rx.recv()
-        };
-        let Ok((layer, expert)) = job else { return };
-        // A panic while reading must not leave the slot loading forever (its caller would
+/// A reader thread: reads the next piece of the most urgent record; whoever completes a
+/// record checks and decodes it and publishes the result.
+fn reader_loop(shared: &Shared) {
+    while let Some(piece) = shared.queue.next() {
+        let read = Arc::clone(piece.record());
+        let Some(bytes) = piece.read(|offset, dst| shared.store.read_raw(dst, offset)) else { continue };
+        let plan = *read.plan();
+        let (layer, expert) = plan.key;
+        // A panic while decoding must not leave the slot loading forever (its caller would
         // wait for ever): it becomes that read's error.
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            shared.store.read_into(layer, expert, shared.buffers.take())
+            let (buf, hash) = bytes.map_err(|e| shared.store.read_error(&plan, e))?;
+            shared.store.finish(&plan, buf, hash)
         }))
         .unwrap_or_else(|panic| {
-            let why = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "unknown panic".into());
             Err(Error::format(
                 shared.store.path(),
-                format!("reading layer {layer} expert {expert} failed: {why}"),
+                format!("reading layer {layer} expert {expert} failed: {}", panic_text(&*panic)),
             ))
         });
+        let took = read.started().map(|t| t.elapsed());
         let mut st = shared.lock();
         st.stats.reads += 1;
         st.stats.bytes_read += shared.store.read_bytes();
-        match (result, st.entries.get_mut(&(layer, expert))) {
-            (Ok(w), Some(entry)) => entry.slot = Slot::Ready(Arc::new(w)),
-            (Err(e), Some(entry)) => entry.slot = Slot::Failed(e),
-            // Nobody waits for it any more (cannot happen: loading entries are not evicted).
-            (_, None) => {}
+        if let Some(d) = took {
+            let secs = d.as_secs_f64();
+            st.read_secs = if st.read_secs == 0.0 { secs } else { 0.9 * st.read_secs + 0.1 * secs };
+        }
+        // No entry: nobody waits for it any more (cannot happen: loading entries are not
+        // evicted, and cancelled reads never complete).
+        if let Some(entry) = st.entries.get_mut(&(layer, expert)) {
+            entry.read = None;
+            entry.read_time = took;
+            entry.slot = match result {
+                Ok(w) => Slot::Ready(Arc::new(w)),
+                Err(e) => Slot::Failed(e),
+            };
         }
         drop(st);
         shared.arrived.notify_all();
     }
+}
+
+/// What a caught panic says.
+fn panic_text(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
 }
 
 impl Drop for CachedExperts {
@@ -391,8 +433,8 @@ impl Drop for CachedExperts {
         if let Err(e) = self.save_usage() {
             tracing::debug!("expert usage not saved: {e}");
         }
-        // Closing the job channel ends the readers.
-        self.jobs.lock().unwrap_or_else(|p| p.into_inner()).take();
+        // Closing the queue ends the readers (reads in flight finish first).
+        self.shared.queue.close();
         for w in self.workers.drain(..) {
             let _ = w.join();
         }
@@ -435,14 +477,8 @@ impl ExpertSource for CachedExperts {
             if !predicted.is_empty() {
                 st.stats.predicted += ids.len() as u64;
                 st.stats.predicted_right += ids.iter().filter(|e| predicted.contains(e)).count() as u64;
-                // Predicted experts the routing did not choose are dead weight now: they go
-                // first when room is needed, before anything that was used.
                 for &e in predicted.iter().filter(|e| !ids.contains(e)) {
-                    if let Some(entry) = st.entries.get_mut(&(layer, e))
-                        && entry.speculative
-                    {
-                        entry.last_use = 0;
-                    }
+                    self.drop_wrong_guess(&mut st, (layer, e));
                 }
                 predicted.clear();
             }
@@ -451,29 +487,43 @@ impl ExpertSource for CachedExperts {
             for &e in ids {
                 st.usage[layer * e_count + e] += 1;
                 st.popularity.record(layer * e_count + e);
-                let (hit, was_speculative) = match st.entries.get_mut(&(layer, e)) {
-                    Some(entry) => {
-                        entry.pins += 1;
-                        entry.last_use = now;
-                        (true, std::mem::take(&mut entry.speculative))
+                let found = st.entries.get_mut(&(layer, e)).map(|entry| {
+                    entry.pins += 1;
+                    entry.last_use = now;
+                    let guess = std::mem::take(&mut entry.speculative);
+                    // How far a background read had got: done (its whole read time is behind
+                    // us), under way (the time since it started), or still queued.
+                    let progress = match &entry.slot {
+                        Slot::Ready(_) => entry.read_time.map(|d| (d, true)),
+                        _ => entry.read.as_ref().and_then(|r| r.started()).map(|t| (t.elapsed(), false)),
+                    };
+                    (guess, progress, matches!(entry.slot, Slot::Loading))
+                });
+                match found {
+                    Some((guess, progress, loading)) => {
+                        st.stats.hits += 1;
+                        if guess {
+                            st.stats.prefetch_useful += 1;
+                            let cap = if st.read_secs > 0.0 { st.read_secs } else { f64::INFINITY };
+                            let hidden = progress.map_or(0.0, |(d, _)| d.as_secs_f64().min(cap));
+                            st.gate.hid(hidden);
+                            st.stats.prefetch_hidden += Duration::from_secs_f64(hidden);
+                        }
+                        if loading && self.shared.queue.promote((layer, e), Urgency::Demand) {
+                            st.stats.promoted += 1;
+                        }
                     }
-                    None => (false, false),
-                };
-                if was_speculative {
-                    st.stats.prefetch_useful += 1;
-                }
-                if hit {
-                    st.stats.hits += 1;
-                } else {
-                    st.stats.misses += 1;
-                    st.entries.insert((layer, e), Entry::demanded(now));
-                    to_read.push(e);
+                    None => {
+                        st.stats.misses += 1;
+                        st.entries.insert((layer, e), Entry::demanded(now));
+                        to_read.push(e);
+                    }
                 }
             }
             self.evict_to_fit(&mut st, 0);
-        }
-        for &e in &to_read {
-            self.submit(layer, e);
+            for &e in &to_read {
+                self.shared.start_read(&mut st, (layer, e), Urgency::Demand);
+            }
         }
         // These are pinned now, so loading the next ones cannot push them out.
         if !ahead.is_empty() {
@@ -552,7 +602,7 @@ impl CachedExperts {
                                 // Another caller took this expert's error; read it again.
                                 let now = st.clock;
                                 st.entries.insert(key, Entry::demanded(now));
-                                self.submit(layer, ids[i]);
+                                self.shared.start_read(&mut st, key, Urgency::Demand);
                             }
                         }
                     }
@@ -583,14 +633,19 @@ impl CachedExperts {
         if let Some(t) = &self.shared.trace {
             t.record(if prediction { 'P' } else { 'A' }, layer, ids);
         }
-        let mut submit = Vec::new();
-        {
-            let mut st = self.shared.lock();
-            if prediction {
-                let predicted = &mut st.predicted[layer];
-                predicted.clear();
-                predicted.extend_from_slice(ids);
+        let mut st = self.shared.lock();
+        if prediction {
+            let predicted = &mut st.predicted[layer];
+            predicted.clear();
+            predicted.extend_from_slice(ids);
+            // The prediction is scored either way (its accuracy is reported), but read only
+            // while predictions pay.
+            if !st.gate.admit() {
+                st.stats.prediction_gated += 1;
+                return;
             }
+        }
+        {
             for &e in ids {
                 if e >= self.shared.num_experts || st.entries.contains_key(&(layer, e)) {
                     continue;
@@ -602,26 +657,35 @@ impl CachedExperts {
                     continue;
                 }
                 let now = st.clock;
-                st.entries.insert(
-                    (layer, e),
-                    Entry {
-                        slot: Slot::Loading,
-                        last_use: now,
-                        pins: 0,
-                        protected: false,
-                        speculative: prediction,
-                        in_window: true,
-                    },
-                );
+                st.entries
+                    .insert((layer, e), Entry { pins: 0, speculative: prediction, ..Entry::demanded(now) });
                 if prediction {
                     st.stats.prefetch_reads += 1;
                 }
-                submit.push(e);
+                let urgency = if prediction { Urgency::Predicted } else { Urgency::Ahead };
+                self.shared.start_read(&mut st, (layer, e), urgency);
             }
         }
-        for e in submit {
-            self.submit(layer, e);
+    }
+
+    /// A predicted expert the routing did not choose: cancelled if its read has not
+    /// started (the disk never reads it), else charged to the prediction gate and left to go
+    /// first when room is needed, before anything that was used.
+    fn drop_wrong_guess(&self, st: &mut State, key: (usize, usize)) {
+        let Some(entry) = st.entries.get_mut(&key) else { return };
+        if !entry.speculative {
+            return;
         }
+        entry.last_use = 0;
+        let queued = matches!(entry.slot, Slot::Loading) && entry.pins == 0;
+        if queued && self.shared.queue.cancel(key) {
+            st.entries.remove(&key);
+            st.stats.prefetch_cancelled += 1;
+            return;
+        }
+        let cost = st.read_secs;
+        st.gate.wasted(cost);
+        st.stats.prefetch_cost += Duration::from_secs_f64(cost);
     }
 }
 

@@ -5,6 +5,8 @@
 pub mod buffers;
 pub mod cache;
 pub mod policy;
+pub mod prediction;
+pub mod readers;
 pub mod resident;
 pub mod routing;
 pub mod store;
@@ -51,6 +53,19 @@ pub struct ExpertStats {
     pub hot_set: u64,
     /// Prefetched experts still in the cache that nobody has asked for yet.
     pub prefetch_pending: u64,
+    /// Predicted reads dropped from the read queue before they started, because the
+    /// layer's routing did not choose them (counted in `prefetch_reads`, never read).
+    pub prefetch_cancelled: u64,
+    /// Background reads (predicted or ahead) still queued when a computation asked for
+    /// them, moved to the front.
+    pub promoted: u64,
+    /// Predictions not acted on because prediction did not pay (see
+    /// [`prediction::PredictionGate`]).
+    pub prediction_gated: u64,
+    /// Read time that right predictions had put behind them when they were asked for.
+    pub prefetch_hidden: Duration,
+    /// Read time spent on wrong predictions that could not be cancelled.
+    pub prefetch_cost: Duration,
 }
 
 impl ExpertStats {
@@ -76,6 +91,11 @@ impl ExpertStats {
             predicted_right: self.predicted_right - earlier.predicted_right,
             hot_set: self.hot_set,
             prefetch_pending: self.prefetch_pending,
+            prefetch_cancelled: self.prefetch_cancelled - earlier.prefetch_cancelled,
+            promoted: self.promoted - earlier.promoted,
+            prediction_gated: self.prediction_gated - earlier.prediction_gated,
+            prefetch_hidden: self.prefetch_hidden.saturating_sub(earlier.prefetch_hidden),
+            prefetch_cost: self.prefetch_cost.saturating_sub(earlier.prefetch_cost),
         }
     }
 

@@ -26,6 +26,7 @@ use crate::io::read_exact_at;
 /// Bytes of a record read (and hashed) at a time when reads are checked: a multiple of 4 KiB
 /// (direct I/O), large enough to keep the disk's requests big.
 pub const HASHED_READ_CHUNK: usize = 2 << 20;
+use crate::experts::readers::RecordPlan;
 use crate::model::weights::ExpertWeights;
 use crate::quant::buffer::ByteRegion;
 use crate::quant::format::WeightFormat;
@@ -212,56 +213,91 @@ impl ExpertStore {
         self.info.records.is_empty()
     }
 
-    /// Reads and decodes the record of `expert` in `layer` into `buf` (4 KiB-aligned, at
-    /// least [`read_bytes`](Self::read_bytes) long; its old contents are overwritten), which
-    /// the expert's matrices then view.
-    pub fn read_into<B>(&self, layer: usize, expert: usize, mut buf: B) -> Result<ExpertWeights>
-    where
-        B: ByteRegion + AsMut<[u8]> + 'static,
-    {
+    /// Where the record of `expert` in `layer` lies and what its check covers, for readers
+    /// that read it in pieces ([`crate::experts::readers`]).
+    pub fn plan(&self, layer: usize, expert: usize) -> Result<RecordPlan> {
         let index = self.cfg.expert_record(layer, expert);
-        let Some((rec, want_hash)) = index.and_then(|n| self.info.records.get(n).zip(self.hashes.get(n)))
-        else {
+        let Some(rec) = index.and_then(|n| self.info.records.get(n)) else {
             return Err(Error::invalid(format!("no expert {expert} in layer {layer}")));
         };
         let len = usize::try_from(self.read_bytes())
             .map_err(|_| Error::format(&self.path, "expert records are too large for this machine"))?;
-        let dst = buf.as_mut();
-        if dst.len() < len {
-            return Err(Error::invalid(format!(
-                "a {}-byte buffer cannot hold a {len}-byte expert record",
-                dst.len()
-            )));
-        }
-        let read_error = |e: std::io::Error| {
-            Error::format(
-                &self.path,
-                format!("reading layer {layer} expert {expert} at offset {}: {e}", rec.offset),
-            )
-        };
-        if !self.verify_reads {
-            self.read_raw(&mut dst[..len], rec.offset).map_err(read_error)?;
-        } else {
+        let hashed = if self.verify_reads {
             let payload = usize::try_from(rec.bytes).ok().filter(|&b| b <= len).ok_or_else(|| {
                 Error::format(
                     &self.path,
                     format!("layer {layer} expert {expert}: payload exceeds its record"),
                 )
             })?;
-            let got = self.read_hashed(&mut dst[..len], rec.offset, payload).map_err(read_error)?;
-            if got != *want_hash {
+            Some(payload)
+        } else {
+            None
+        };
+        Ok(RecordPlan { key: (layer, expert), offset: rec.offset, len, hashed })
+    }
+
+    /// The error for a failed read of `plan`'s record, naming it and its offset.
+    pub fn read_error(&self, plan: &RecordPlan, e: std::io::Error) -> Error {
+        let (layer, expert) = plan.key;
+        Error::format(
+            &self.path,
+            format!("reading layer {layer} expert {expert} at offset {}: {e}", plan.offset),
+        )
+    }
+
+    /// Checks a record read by `plan` against its manifest hash (`got`: the hash of its
+    /// payload, `None` when reads are not checked) and decodes it into the expert's matrices,
+    /// which view `buf`.
+    pub fn finish<B>(&self, plan: &RecordPlan, buf: B, got: Option<blake3::Hash>) -> Result<ExpertWeights>
+    where
+        B: ByteRegion + 'static,
+    {
+        let (layer, expert) = plan.key;
+        if plan.hashed.is_some() {
+            let want = self.cfg.expert_record(layer, expert).and_then(|n| self.hashes.get(n));
+            if got.is_none() || got.as_ref() != want {
                 return Err(Error::format(
                     &self.path,
                     format!(
                         "layer {layer} expert {expert}: the record at offset {} fails its BLAKE3 check \
                          (the file was damaged or changed after conversion); {}",
-                        rec.offset, self.repair
+                        plan.offset, self.repair
                     ),
                 ));
             }
         }
         let region: Arc<dyn ByteRegion> = Arc::new(buf);
         self.decode(&region, layer, expert)
+    }
+
+    /// Reads and decodes the record of `expert` in `layer` into `buf` (4 KiB-aligned, at
+    /// least [`read_bytes`](Self::read_bytes) long; its old contents are overwritten), which
+    /// the expert's matrices then view. One caller reads the whole record; the RAM cache
+    /// instead splits records across its readers ([`crate::experts::readers`]).
+    pub fn read_into<B>(&self, layer: usize, expert: usize, mut buf: B) -> Result<ExpertWeights>
+    where
+        B: ByteRegion + AsMut<[u8]> + 'static,
+    {
+        let plan = self.plan(layer, expert)?;
+        let dst = buf.as_mut();
+        if dst.len() < plan.len {
+            return Err(Error::invalid(format!(
+                "a {}-byte buffer cannot hold a {}-byte expert record",
+                dst.len(),
+                plan.len
+            )));
+        }
+        let got = match plan.hashed {
+            None => {
+                self.read_raw(&mut dst[..plan.len], plan.offset).map_err(|e| self.read_error(&plan, e))?;
+                None
+            }
+            Some(payload) => Some(
+                self.read_hashed(&mut dst[..plan.len], plan.offset, payload)
+                    .map_err(|e| self.read_error(&plan, e))?,
+            ),
+        };
+        self.finish(&plan, buf, got)
     }
 
     /// Builds an expert's matrices as views into its record bytes.
