@@ -72,6 +72,52 @@ impl RouteTable {
     }
 }
 
+/// When the next layer's experts are predicted and prefetched (`--predict`). A prediction
+/// only starts background reads of layer L+1's experts; the real router of L+1 still decides,
+/// so no setting changes a number.
+///
+/// Both predictions run router L+1 over a residual normalized with L+1's pre-MoE norm; they
+/// differ in which residual and so in how long their reads have to land. `Early` is the
+/// default: on the synthetic 120B (docs/memory.md, "Predicted prefetch") it gets most of
+/// `Late`'s experts right, and its reads overlap all of layer L's expert reads and compute
+/// instead of only L+1's attention, which in decode (one token) is shorter than one record
+/// read, so `Late`'s reads mostly arrive after they are needed.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Predict {
+    /// Once layer L's routing is known (before its experts are read): from the residual
+    /// entering L's MoE block (after L's attention), so L's whole MoE block is missing from
+    /// the real input of L+1's router.
+    #[default]
+    Early,
+    /// After layer L: from the residual leaving L, so only L+1's attention is missing (more
+    /// accurate, but little time left to read).
+    Late,
+    /// No prediction (prefill blocks still load their exact unions ahead).
+    Off,
+}
+
+/// A point inside layer L at which the forward pass offers the residual stream for the
+/// prediction of layer L+1's experts ([`Backend::predict_next`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayerPoint {
+    /// The MLP block's input is known (after attention; on a MoE layer, after routing and
+    /// before the experts are read): where [`Predict::Early`] predicts.
+    BeforeMlp,
+    /// The layer is done (its MLP output added): where [`Predict::Late`] predicts.
+    AfterLayer,
+}
+
+/// What the rows of a forward block are, for the prediction: a prompt block's experts are
+/// known exactly (its routing's union, loaded ahead group by group), a decode step's next
+/// layer is not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowKind {
+    /// Consecutive positions of one sequence (a prefill block of two or more rows).
+    Prompt,
+    /// Each row one sequence's next token (a single decoded token, or a batched step).
+    Decode,
+}
+
 /// Where one row of a batched decode step sits: the sequence whose key/value cache it
 /// extends, and its position there. A step advances several sequences by one token each,
 /// so each row attends over its own sequence's cache.
@@ -157,11 +203,12 @@ pub trait Backend {
     /// Reads a routing decision back to the host (for observers and verification).
     fn read_routes(&mut self, routes: &Self::Routes) -> Result<RouteTable>;
 
-    /// Called after each layer with the residual stream leaving it: a backend may predict
-    /// the next layer's experts from it and start loading them. Must not change results.
-    fn prefetch_next(&mut self, _layer: usize, _x: &Self::Act) -> Result<()> {
-        Ok(())
-    }
+    /// Called twice in every layer, at each [`LayerPoint`], with the residual stream there:
+    /// a backend may predict layer `layer + 1`'s experts from it and start loading them
+    /// (which one it uses is its [`Predict`] setting). `rows` says whether the block is a
+    /// prompt block or a decode step. Must not change results. Required, so that each backend
+    /// says what it does.
+    fn predict_next(&mut self, layer: usize, at: LayerPoint, rows: RowKind, x: &Self::Act) -> Result<()>;
 
     /// Counters of the expert source behind the backend.
     fn expert_stats(&self) -> ExpertStats;
