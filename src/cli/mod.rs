@@ -126,9 +126,9 @@ pub struct ModelArgs {
     #[arg(long, value_enum)]
     pub direct_io: Option<Toggle>,
     /// When the next layer's experts are predicted and prefetched in decode (CPU backend):
-    /// `early` once a layer's routing is known, from the residual entering its MoE block (its
-    /// reads overlap that layer's expert reads and compute); `late` after the layer (more
-    /// accurate, but only the next layer's attention to hide behind); `off`.
+    /// `late` after each layer, from the state leaving it (the more accurate); `early` once a
+    /// layer's routing is known, from the residual entering its MoE block (its reads overlap
+    /// that layer's expert reads and compute, but fewer are right); `off`.
     #[arg(long, value_enum, default_value_t = picchio::backend::Predict::default())]
     pub predict: picchio::backend::Predict,
     /// The same as `--predict off`.
