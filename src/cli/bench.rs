@@ -179,17 +179,21 @@ impl Phase {
 /// The disk line of the table: the records' bandwidth (the floor's) and the sequential one.
 fn disk_line(records: Option<RecordReadSpeed>, seq_bw: f64, seq_direct: bool, readers: usize) -> String {
     let how = |direct: bool| if direct { "direct" } else { "through the page cache" };
+    // The sequential measurement needs 8 MiB per stream; smaller files give none.
+    let sequential = if seq_bw > 0.0 {
+        format!("{:.2} GB/s in {readers} sequential streams ({})", seq_bw / 1e9, how(seq_direct))
+    } else {
+        "sequential streams not measured (file too small)".to_string()
+    };
     match records {
         None => "disk: not measured (no expert file)".to_string(),
         Some(d) => format!(
             "disk: {:.2} GB/s reading {} records in {} MiB pieces shared by {readers} readers ({}; the floor's), \
-             {:.2} GB/s in {readers} sequential streams ({})",
+             {sequential}",
             d.bytes_per_s / 1e9,
             d.records,
             picchio::experts::store::HASHED_READ_CHUNK >> 20,
             how(d.direct),
-            seq_bw / 1e9,
-            how(seq_direct)
         ),
     }
 }
