@@ -89,6 +89,123 @@ pub fn disk_read_bandwidth(
     Ok(((per_stream * streams) as f64 / t0.elapsed().as_secs_f64(), direct))
 }
 
+/// What [`disk_record_bandwidth`] measured.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RecordReadSpeed {
+    /// Bytes per second over the whole measurement (0 when nothing was read).
+    pub bytes_per_s: f64,
+    /// Bytes read, counted as each request completes.
+    pub bytes: u64,
+    /// Records read.
+    pub records: usize,
+    /// Read requests issued (the records' pieces).
+    pub requests: usize,
+    /// Whether the reads bypassed the page cache.
+    pub direct: bool,
+}
+
+/// The requests [`disk_record_bandwidth`] issues, as `(offset, length)` in issue order: the
+/// records of `record_bytes` bytes at `offsets`, as many whole records as `budget` bytes
+/// hold (at least one, at most all), in a pseudo-random order fixed by `seed`, each split
+/// into pieces of at most `piece` bytes.
+pub fn record_read_plan(
+    offsets: &[u64],
+    record_bytes: u64,
+    budget: u64,
+    piece: u64,
+    seed: u64,
+) -> Vec<(u64, u64)> {
+    if offsets.is_empty() || record_bytes == 0 || piece == 0 {
+        return Vec::new();
+    }
+    let take = usize::try_from(budget / record_bytes).unwrap_or(usize::MAX).clamp(1, offsets.len());
+    // A partial Fisher-Yates shuffle (xorshift64) picks `take` distinct records.
+    let mut order: Vec<u64> = offsets.to_vec();
+    let mut s = seed ^ 0x9e37_79b9_7f4a_7c15;
+    for i in 0..take {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        let j = i + (s % (order.len() - i) as u64) as usize;
+        order.swap(i, j);
+    }
+    let mut plan = Vec::new();
+    for &start in &order[..take] {
+        let mut done = 0;
+        while done < record_bytes {
+            let n = piece.min(record_bytes - done);
+            plan.push((start + done, n));
+            done += n;
+        }
+    }
+    plan
+}
+
+/// Read bandwidth of `path` measured the way the expert readers read it: whole records of
+/// `record_bytes` bytes at `offsets` (a container's records), about `budget` bytes of them
+/// taken in a pseudo-random order ([`record_read_plan`], fixed `seed`), each split into
+/// [`HASHED_READ_CHUNK`](crate::experts::store::HASHED_READ_CHUNK) pieces, `readers` threads
+/// each pulling the next piece from one shared counter, so a record's pieces are read by
+/// several threads at once. Direct I/O where the platform and file system allow (offsets
+/// and `record_bytes` are multiples of 4 KiB in a container). A record past the end of the
+/// file, or a failed read, is an error naming the file.
+pub fn disk_record_bandwidth(
+    path: &std::path::Path,
+    offsets: &[u64],
+    record_bytes: u64,
+    budget: u64,
+    readers: usize,
+    seed: u64,
+) -> crate::error::Result<RecordReadSpeed> {
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+
+    use crate::error::Error;
+    use crate::quant::buffer::AlignedBytes;
+    let piece = crate::experts::store::HASHED_READ_CHUNK as u64;
+    let len = std::fs::metadata(path).map_err(|e| Error::io(path, e))?.len();
+    let plan = record_read_plan(offsets, record_bytes, budget, piece, seed);
+    let records = plan.len().div_ceil(record_bytes.div_ceil(piece).max(1) as usize);
+    if let Some(&(at, n)) = plan.iter().find(|&&(at, n)| at.checked_add(n).is_none_or(|end| end > len)) {
+        return Err(Error::format(
+            path,
+            format!("a record piece of {n} bytes at offset {at} runs past the end of the file ({len} bytes)"),
+        ));
+    }
+    let (file, direct) = match crate::experts::store::open_direct(path) {
+        Ok(f) => (f, true),
+        Err(_) => (std::fs::File::open(path).map_err(|e| Error::io(path, e))?, false),
+    };
+    let (next, read) = (AtomicUsize::new(0), AtomicU64::new(0));
+    let t0 = Instant::now();
+    std::thread::scope(|s| -> crate::error::Result<()> {
+        let handles: Vec<_> = (0..readers.clamp(1, plan.len().max(1)))
+            .map(|_| {
+                let (file, plan, next, read) = (&file, &plan, &next, &read);
+                s.spawn(move || -> std::io::Result<()> {
+                    let mut buf = AlignedBytes::zeroed(piece as usize);
+                    loop {
+                        let Some(&(at, n)) = plan.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                            return Ok(());
+                        };
+                        crate::io::read_exact_at(file, &mut buf.as_mut_slice()[..n as usize], at)?;
+                        read.fetch_add(n, Ordering::Relaxed);
+                    }
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join()
+                .map_err(|_| Error::invalid("a disk benchmark thread panicked"))?
+                .map_err(|e| Error::io(path, e))?;
+        }
+        Ok(())
+    })?;
+    let secs = t0.elapsed().as_secs_f64();
+    let bytes = read.into_inner();
+    let bytes_per_s = if bytes == 0 { 0.0 } else { bytes as f64 / secs.max(1e-9) };
+    Ok(RecordReadSpeed { bytes_per_s, bytes, records, requests: plan.len(), direct })
+}
+
 /// Weight bytes a decoded token reads: every attention and router matrix, the dense MLPs,
 /// the output head, one embedding row, and `experts_per_token` experts in every MoE layer.
 pub fn decode_bytes_per_token(model: &LoadedModel, expert_bytes: u64) -> u64 {
@@ -130,6 +247,64 @@ mod tests {
         assert_eq!(a, prompt_ids(100, 1000, 7));
         assert!(a.iter().all(|&i| i < 1000));
         assert!(a.iter().collect::<std::collections::HashSet<_>>().len() > 50);
+    }
+
+    /// A temporary file of `records` records of `record_bytes` bytes (plus a 4 KiB header, so
+    /// that offsets do not start at 0) and the records' offsets.
+    fn record_file(records: u64, record_bytes: u64) -> (tempfile::NamedTempFile, Vec<u64>) {
+        let f = tempfile::NamedTempFile::new().unwrap();
+        f.as_file().set_len(4096 + records * record_bytes).unwrap();
+        (f, (0..records).map(|r| 4096 + r * record_bytes).collect())
+    }
+
+    #[test]
+    fn the_record_plan_covers_each_chosen_record_once_in_pieces() {
+        let piece = crate::experts::store::HASHED_READ_CHUNK as u64;
+        let record = 2 * piece + 12288;
+        let offsets: Vec<u64> = (0..10).map(|r| r * record).collect();
+        let plan = record_read_plan(&offsets, record, 4 * record + 1, piece, 3);
+        assert_eq!(plan, record_read_plan(&offsets, record, 4 * record + 1, piece, 3), "deterministic");
+        assert_eq!(plan.len(), 4 * 3, "four records of three pieces");
+        assert!(plan.iter().all(|&(_, n)| n <= piece && n > 0));
+        let mut starts: Vec<u64> = plan.chunks(3).map(|p| p[0].0).collect();
+        for p in plan.chunks(3) {
+            assert_eq!(p[1].0, p[0].0 + piece);
+            assert_eq!(p[2], (p[0].0 + 2 * piece, 12288));
+        }
+        starts.sort_unstable();
+        starts.dedup();
+        assert_eq!(starts.len(), 4, "distinct records");
+        assert!(starts.iter().all(|s| offsets.contains(s)));
+        assert_ne!(plan.chunks(3).map(|p| p[0].0).collect::<Vec<_>>(), offsets[..4], "not in file order");
+        // At least one record, at most all of them.
+        assert_eq!(record_read_plan(&offsets, record, 1, piece, 3).len(), 3);
+        assert_eq!(record_read_plan(&offsets, record, u64::MAX, piece, 3).len(), 30);
+    }
+
+    #[test]
+    fn record_bandwidth_reads_exactly_the_bytes_it_reports() {
+        let piece = crate::experts::store::HASHED_READ_CHUNK as u64;
+        let record = piece + 8192;
+        let (f, offsets) = record_file(6, record);
+        let speed = disk_record_bandwidth(f.path(), &offsets, record, 4 * record, 3, 1).unwrap();
+        assert!(speed.bytes_per_s > 0.0, "{speed:?}");
+        assert_eq!(speed.bytes, 4 * record, "{speed:?}");
+        assert_eq!((speed.records, speed.requests), (4, 8), "{speed:?}");
+        // A budget larger than the file reads every record once.
+        let all = disk_record_bandwidth(f.path(), &offsets, record, 1 << 40, 8, 1).unwrap();
+        assert_eq!(all.bytes, 6 * record, "{all:?}");
+    }
+
+    #[test]
+    fn record_bandwidth_errors_name_the_file() {
+        let record = 8192;
+        let (f, mut offsets) = record_file(2, record);
+        offsets.push(4096 + 2 * record);
+        let err = disk_record_bandwidth(f.path(), &offsets, record, 1 << 30, 2, 1).unwrap_err().to_string();
+        assert!(err.contains(&f.path().display().to_string()) && err.contains("past the end"), "{err}");
+        let missing = f.path().with_extension("missing");
+        let err = disk_record_bandwidth(&missing, &offsets, record, 1 << 30, 2, 1).unwrap_err().to_string();
+        assert!(err.contains(&missing.display().to_string()), "{err}");
     }
 
     #[test]

@@ -233,15 +233,21 @@ pub struct RunOptions {
     pub ctx: usize,
     /// Most positions processed in one forward batch (the prefill block).
     pub max_batch: usize,
-    /// Predict each next layer's experts and prefetch them (CPU backend).
-    pub prefetch: bool,
+    /// When each next layer's experts are predicted and prefetched in decode (CPU backend;
+    /// the GPU backend's resident-router prediction is `GpuOptions::predict`).
+    pub predict: crate::backend::Predict,
     /// Compute each expert as soon as it arrives from disk, instead of waiting for all.
     pub completion_driven: bool,
 }
 
 impl Default for RunOptions {
     fn default() -> Self {
-        RunOptions { ctx: 4096, max_batch: 256, prefetch: true, completion_driven: true }
+        RunOptions {
+            ctx: 4096,
+            max_batch: 256,
+            predict: crate::backend::Predict::default(),
+            completion_driven: true,
+        }
     }
 }
 
@@ -588,7 +594,7 @@ pub fn cpu_runner(model: &LoadedModel, opts: &RunOptions) -> Result<Box<dyn Runn
         Arc::clone(&model.experts),
         opts.ctx,
     )?
-    .with_expert_pipeline(opts.prefetch, opts.completion_driven);
+    .with_expert_pipeline(opts.predict, opts.completion_driven);
     Ok(Box::new(Forward::new(backend, opts.max_batch)))
 }
 

@@ -265,3 +265,40 @@ fn logit_bias_and_stop_flags_of_generate() {
         stderr(&out)
     );
 }
+
+/// `bench --predict` reaches the CPU backend (`off` predicts nothing, `early` and `late` are
+/// scored in the JSON), `--no-prefetch` conflicts with an explicit `--predict`, and the JSON
+/// carries the floor's record-pattern disk bandwidth beside the sequential one.
+#[test]
+fn bench_predict_flag_and_both_disk_figures() {
+    let cache = tempfile::tempdir().unwrap();
+    let model = fixture("tiny-mxfp4");
+    let bench = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec!["-q", "bench", "--device", "cpu", "--prompt", "4", "--gen", "6", "--json"];
+        args.extend(["--no-routing", "--no-hot-set", "-m", model.to_str().unwrap()]);
+        args.extend(extra);
+        let out = picchio_cached(cache.path(), &args);
+        assert!(out.status.success(), "{}", stderr(&out));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    for predict in ["early", "late"] {
+        let doc = bench(&["--predict", predict]);
+        let d = &doc["decode"];
+        let (predicted, right) = (d["predicted"].as_u64().unwrap(), d["predicted_right"].as_u64().unwrap());
+        assert!(predicted > 0 && right <= predicted, "{predict}: {d}");
+        assert!(doc["disk_read_bandwidth_bytes_per_s"].as_f64().unwrap() > 0.0, "{doc}");
+        assert!(doc["disk_sequential_bandwidth_bytes_per_s"].is_number(), "{doc}");
+        let pattern = &doc["disk_read_pattern"];
+        assert_eq!(pattern["request_bytes"], 2 << 20, "{pattern}");
+        assert!(pattern["records"].as_u64().unwrap() > 0, "{pattern}");
+    }
+    for off in [&["--predict", "off"][..], &["--no-prefetch"][..]] {
+        assert_eq!(bench(off)["decode"]["predicted"], 0, "{off:?}");
+    }
+    let out = picchio_cached(
+        cache.path(),
+        &["bench", "--predict", "late", "--no-prefetch", "-m", model.to_str().unwrap()],
+    );
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("--no-prefetch") && stderr(&out).contains("--predict"), "{}", stderr(&out));
+}

@@ -1,13 +1,15 @@
 //! The expert I/O levers change speed only: outputs are bit-identical across RAM cache
 //! sizes, eviction policies, reader threads, direct I/O, prediction, completion-driven
 //! compute and prefill block sizes; a prefill block reads each expert of its union at most
-//! once; and the frequency policy keeps popular experts through a scan.
+//! once; the frequency policy keeps popular experts through a scan; and prediction (early,
+//! late or off) is issued in single and batched decode steps without changing a bit.
 
 mod common;
 
 use std::path::Path;
 
 use common::{Reference, convert_fixture, fixture};
+use picchio::backend::{Predict, SeqPos};
 use picchio::engine::{self, OpenOptions, RunOptions};
 use picchio::experts::CachePolicy;
 use picchio::format::container::{Container, Formats};
@@ -23,7 +25,7 @@ struct Setup {
     io_threads: usize,
     piece: usize,
     direct: bool,
-    prefetch: bool,
+    predict: Predict,
     completion_driven: bool,
     block: usize,
 }
@@ -34,6 +36,7 @@ fn expert_bytes(dir: &Path) -> u64 {
 
 /// Prompt logits and 16 greedy tokens under `s`.
 fn run(dir: &Path, prompt: &[u32], s: &Setup) -> (Vec<f32>, Vec<u32>) {
+    let ctx = (prompt.len() + 17).max(128);
     let opts = OpenOptions {
         ram_bytes: Some(s.ram_experts as u64 * expert_bytes(dir)),
         cache_policy: s.policy,
@@ -41,16 +44,12 @@ fn run(dir: &Path, prompt: &[u32], s: &Setup) -> (Vec<f32>, Vec<u32>) {
         read_piece_bytes: s.piece,
         direct_io: Some(s.direct),
         hot_set: false,
-        ctx: 128,
+        ctx,
         ..Default::default()
     };
     let model = engine::load_container(dir, &opts).unwrap();
-    let run_opts = RunOptions {
-        ctx: 128,
-        max_batch: s.block,
-        prefetch: s.prefetch,
-        completion_driven: s.completion_driven,
-    };
+    let run_opts =
+        RunOptions { ctx, max_batch: s.block, predict: s.predict, completion_driven: s.completion_driven };
     let mut a = Session::new(engine::cpu_runner(&model, &run_opts).unwrap());
     let logits = a.feed(prompt, LogitRows::All, &mut NoObserver).unwrap();
     let mut b = Session::new(engine::cpu_runner(&model, &run_opts).unwrap());
@@ -79,7 +78,7 @@ fn small_synthetic() -> tempfile::TempDir {
 
 #[test]
 fn every_lever_gives_bit_identical_output() {
-    let mut models: Vec<(String, tempfile::TempDir, Vec<u32>)> = ["tiny-mxfp4", "alt-f32"]
+    let mut models: Vec<(String, tempfile::TempDir, Vec<u32>)> = ["tiny-mxfp4", "alt-f32", "qwen3-tiny-f32"]
         .into_iter()
         .map(|name| {
             let prompt = Reference::load(&fixture(name)).prompt;
@@ -98,7 +97,7 @@ fn every_lever_gives_bit_identical_output() {
             io_threads: 4,
             piece: picchio::experts::store::HASHED_READ_CHUNK,
             direct: false,
-            prefetch: true,
+            predict: Predict::Early,
             completion_driven: true,
             block: 256,
         };
@@ -117,7 +116,13 @@ fn every_lever_gives_bit_identical_output() {
             Setup { piece: 12288, io_threads: 3, direct: true, ram_experts: 2, ..base.clone() },
             Setup { piece: 4096, io_threads: 1, prefetch: true, ram_experts: all / 3, ..base.clone() },
             Setup { direct: true, ram_experts: cfg.num_layers, ..base.clone() },
-            Setup { prefetch: false, ram_experts: cfg.num_layers, ..base.clone() },
+            Setup { predict: Predict::Off, ram_experts: cfg.num_layers, ..base.clone() },
+            Setup { predict: Predict::Late, ram_experts: cfg.num_layers, ..base.clone() },
+            Setup { predict: Predict::Late, ram_experts: all / 2, ..base.clone() },
+            Setup { predict: Predict::Late, ram_experts: 1, block: 1, ..base.clone() },
+            Setup { predict: Predict::Off, ram_experts: 1, block: 1, ..base.clone() },
+            Setup { predict: Predict::Early, ram_experts: 3, block: 1, ..base.clone() },
+            Setup { predict: Predict::Early, completion_driven: false, ram_experts: 3, ..base.clone() },
             Setup { completion_driven: false, ram_experts: cfg.num_layers, ..base.clone() },
             Setup { block: 1, ram_experts: cfg.num_layers, ..base.clone() },
             Setup { block: 7, ram_experts: 3, ..base.clone() },
@@ -159,7 +164,7 @@ fn a_prefill_block_reads_each_expert_at_most_once() {
 
     // Token by token the same prompt reads far more (the point of the union).
     let model = engine::load_container(dir.path(), &opts).unwrap();
-    let run_opts = RunOptions { ctx: 128, max_batch: 1, prefetch: false, ..Default::default() };
+    let run_opts = RunOptions { ctx: 128, max_batch: 1, predict: Predict::Off, ..Default::default() };
     let mut s = Session::new(engine::cpu_runner(&model, &run_opts).unwrap());
     s.feed(&r.prompt, LogitRows::Last, &mut NoObserver).unwrap();
     let token_by_token = model.experts.stats().reads;
@@ -318,4 +323,96 @@ fn the_request_trace_records_every_request() {
     }
     assert_eq!(demanded, stats.hits + stats.misses, "every request is recorded once");
     assert!(predictions > 0, "decode predictions are recorded");
+}
+
+/// What a run of several sequences decoding together gave: every logit row of the batched
+/// steps (bits), and the expert counters of those steps alone, and of a single-sequence
+/// decode before them.
+struct BatchedRun {
+    step_logits: Vec<u32>,
+    solo_decode: picchio::experts::ExpertStats,
+    steps: picchio::experts::ExpertStats,
+}
+
+/// Four prompts on one runner under `predict` with a cache of `ram_experts`: sequence 0 decodes
+/// two tokens alone, then six batched steps advance all four sequences (one drops out after
+/// three, so steps of four and three rows).
+fn batched_run(dir: &Path, predict: Predict, ram_experts: usize) -> BatchedRun {
+    let opts = OpenOptions {
+        ram_bytes: Some(ram_experts as u64 * expert_bytes(dir)),
+        hot_set: false,
+        ctx: 128,
+        ..Default::default()
+    };
+    let model = engine::load_container(dir, &opts).unwrap();
+    let vocab = model.config.vocab_size;
+    let run_opts = RunOptions { ctx: 128, max_batch: 8, predict, ..Default::default() };
+    let mut r = engine::cpu_runner(&model, &run_opts).unwrap();
+    let prompts: Vec<Vec<u32>> =
+        (0..4u32).map(|s| (0..5 + 3 * s).map(|i| (i * 37 + s * 101 + 3) % vocab as u32).collect()).collect();
+    let mut last = Vec::new();
+    for (seq, p) in prompts.iter().enumerate() {
+        if seq > 0 {
+            assert_eq!(r.add_sequence().unwrap(), seq);
+        }
+        last.push(r.forward_on(seq, p, 0, LogitRows::Last, &mut NoObserver).unwrap());
+    }
+    let mut pos: Vec<usize> = prompts.iter().map(Vec::len).collect();
+    let next = |logits: &[f32]| common::argmax(logits) as u32;
+    let before_solo = model.experts.stats();
+    for _ in 0..2 {
+        let t = next(&last[0]);
+        last[0] = r.forward_on(0, &[t], pos[0], LogitRows::Last, &mut NoObserver).unwrap();
+        pos[0] += 1;
+    }
+    let before_steps = model.experts.stats();
+    let mut step_logits = Vec::new();
+    for step in 0..6 {
+        let live: Vec<usize> = (0..4).filter(|&s| s != 3 || step < 3).collect();
+        let at: Vec<SeqPos> = live.iter().map(|&s| SeqPos { seq: s, pos: pos[s] }).collect();
+        let ids: Vec<u32> = live.iter().map(|&s| next(&last[s])).collect();
+        let logits = r.step(&at, &ids).unwrap();
+        for (&s, row) in live.iter().zip(logits.chunks_exact(vocab)) {
+            last[s] = row.to_vec();
+            pos[s] += 1;
+        }
+        step_logits.extend(logits.iter().map(|v| v.to_bits()));
+    }
+    BatchedRun {
+        step_logits,
+        solo_decode: before_steps.since(&before_solo),
+        steps: model.experts.stats().since(&before_steps),
+    }
+}
+
+#[test]
+fn prediction_is_issued_in_single_and_batched_decode_and_changes_no_bit() {
+    let gpt_oss = convert_fixture("tiny-mxfp4", Formats::default());
+    let qwen3 = convert_fixture("qwen3-tiny-f32", Formats::default());
+    for (name, dir) in [("tiny-mxfp4", &gpt_oss), ("qwen3-tiny-f32", &qwen3)] {
+        let cfg = picchio::ModelConfig::from_dir(dir.path()).unwrap();
+        // Room for a few layers' worth of experts, not all: predictions find room and misses.
+        let ram = 3 * cfg.experts_per_token + 2;
+        let off = batched_run(dir.path(), Predict::Off, ram);
+        assert_eq!(off.solo_decode.predicted, 0, "{name}: off predicts nothing");
+        assert_eq!(
+            off.steps.predicted + off.steps.prefetch_reads + off.solo_decode.prefetch_reads,
+            0,
+            "{name}"
+        );
+        for predict in [Predict::Early, Predict::Late] {
+            let on = batched_run(dir.path(), predict, ram);
+            assert!(on.step_logits == off.step_logits, "{name}: batched logits differ with {predict:?}");
+            for (what, st) in [("single-sequence decode", &on.solo_decode), ("batched steps", &on.steps)] {
+                eprintln!(
+                    "{name} {predict:?} {what}: {}/{} routed experts predicted, {} prefetch reads",
+                    st.predicted_right, st.predicted, st.prefetch_reads
+                );
+                assert!(st.predicted > 0, "{name}: {predict:?} made no prediction in {what}");
+                assert!(st.predicted_right <= st.predicted, "{name}");
+            }
+            let reads = on.solo_decode.prefetch_reads + on.steps.prefetch_reads;
+            assert!(reads > 0, "{name}: {predict:?} issued no prefetch read");
+        }
+    }
 }

@@ -125,8 +125,14 @@ pub struct ModelArgs {
     /// every expert].
     #[arg(long, value_enum)]
     pub direct_io: Option<Toggle>,
-    /// Do not predict and prefetch the next layer's experts (CPU backend).
-    #[arg(long)]
+    /// When the next layer's experts are predicted and prefetched in decode (CPU backend):
+    /// `late` after each layer, from the state leaving it (the more accurate); `early` once a
+    /// layer's routing is known, from the residual entering its MoE block (its reads overlap
+    /// that layer's expert reads and compute, but fewer are right); `off`.
+    #[arg(long, value_enum, default_value_t = picchio::backend::Predict::default())]
+    pub predict: picchio::backend::Predict,
+    /// The same as `--predict off`.
+    #[arg(long, conflicts_with = "predict")]
     pub no_prefetch: bool,
     /// Wait for all of a layer's experts before computing (instead of computing each as it
     /// arrives).
@@ -303,7 +309,7 @@ impl ModelArgs {
         let opts = picchio::engine::RunOptions {
             ctx,
             max_batch: self.prefill_block,
-            prefetch: !self.no_prefetch,
+            predict: if self.no_prefetch { picchio::backend::Predict::Off } else { self.predict },
             completion_driven: !self.no_async,
         };
         let gpu = picchio::backend::gpu::GpuOptions { kv_caches, ..self.gpu_options()? };

@@ -9,7 +9,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::backend::{Backend, LinearId, NormId, RouteTable, SeqPos};
+use crate::backend::{Backend, LayerPoint, LinearId, NormId, RouteTable, RowKind, SeqPos};
 use crate::config::MlpKind;
 use crate::error::{Error, Result};
 
@@ -244,6 +244,11 @@ fn layers<B: Backend>(
         Placement::Run { start_pos } => start_pos,
         Placement::Rows(_) => 0,
     };
+    // A one-row run is a decoded token; more rows of one run are a prompt block.
+    let row_kind = match placement {
+        Placement::Run { .. } if ids.len() > 1 => RowKind::Prompt,
+        Placement::Run { .. } | Placement::Rows(_) => RowKind::Decode,
+    };
     let observe = observer.enabled();
     let layers = b.config().num_layers;
     let qk_norm = b.config().recipe.qk_norm;
@@ -283,12 +288,16 @@ fn layers<B: Backend>(
                 if observe {
                     observer.routes(layer, start_pos, &b.read_routes(&s.routes)?);
                 }
+                b.predict_next(layer, LayerPoint::BeforeMlp, row_kind, &s.x)?;
                 b.experts(layer, &s.normed, &s.routes, &mut s.proj)?;
             }
-            MlpKind::Dense => b.dense_mlp(layer, &s.normed, &mut s.proj)?,
+            MlpKind::Dense => {
+                b.predict_next(layer, LayerPoint::BeforeMlp, row_kind, &s.x)?;
+                b.dense_mlp(layer, &s.normed, &mut s.proj)?
+            }
         }
         b.add(&mut s.x, &s.proj)?;
-        b.prefetch_next(layer, &s.x)?;
+        b.predict_next(layer, LayerPoint::AfterLayer, row_kind, &s.x)?;
         let t2 = Instant::now();
         times.attention += t1 - t0;
         times.experts += t2 - t1;

@@ -10,8 +10,11 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use crate::backend::{Backend, LinearId, NormId, RouteTable, SeqPos, check_sequence, check_step_rows};
-use crate::config::{ModelConfig, Routing};
+use crate::backend::{
+    Backend, LayerPoint, LinearId, NormId, Predict, RouteTable, RowKind, SeqPos, check_sequence,
+    check_step_rows,
+};
+use crate::config::{MlpKind, ModelConfig, Routing};
 use crate::error::{Error, Result};
 use crate::experts::{ExpertSource, ExpertStats};
 use crate::model::math::{rms_norm, rms_norm_in_place, route};
@@ -53,25 +56,33 @@ pub struct CpuBackend {
     kv: Vec<KvCache>,
     /// The sequence whose cache [`Backend::rope`] and [`Backend::attention`] use.
     current: usize,
-    /// Predict each next layer's experts from the current state and prefetch them.
-    predict: bool,
+    /// When each next layer's experts are predicted and prefetched in decode.
+    predict: Predict,
     /// Compute experts in arrival order rather than after all have arrived.
     completion_driven: bool,
     /// Router logits of one row (scratch of [`route_rows`]).
     router_logits: Vec<f32>,
     /// Scratch of the decode prediction, kept so that no token allocates: the state
-    /// normalized for the next layer, its routing, and the predicted experts.
-    prediction: Prediction,
+    /// normalized for the next layer, its routing, the predicted experts, and an early
+    /// prediction waiting to be issued.
+    prediction: PredictionScratch,
     /// Buffers of the MoE block, reused by every layer of every token.
     moe: moe::MoeScratch,
 }
 
-/// Reusable buffers of [`CpuBackend::prefetch_next`].
+/// Reusable buffers of [`CpuBackend::predict_next`].
 #[derive(Default)]
-struct Prediction {
+struct PredictionScratch {
+    /// Every row of the residual normalized with the next layer's pre-MoE norm.
     normed: Vec<f32>,
+    /// The next layer's router over `normed`.
     routes: RouteTable,
+    /// The union of the rows' predicted experts, each row's first choices first.
     experts: Vec<usize>,
+    /// The layer `experts` was predicted for when that prediction is still to be issued
+    /// (an early one, issued by [`Backend::experts`] once the current layer's experts are
+    /// secured).
+    pending: Option<usize>,
 }
 
 /// Routes each `width`-wide row of `x` through `router`: its top `k` experts and their weights
@@ -117,18 +128,18 @@ impl CpuBackend {
             rope_sin,
             kv,
             current: 0,
-            predict: false,
+            predict: Predict::Off,
             completion_driven: true,
             router_logits: Vec::new(),
-            prediction: Prediction::default(),
+            prediction: PredictionScratch::default(),
             moe: moe::MoeScratch::default(),
         })
     }
 
-    /// Sets how experts are fetched: `predict` prefetches each next layer's predicted
-    /// experts during decode; `completion_driven` computes experts as they arrive. Neither
-    /// changes any result.
-    pub fn with_expert_pipeline(mut self, predict: bool, completion_driven: bool) -> Self {
+    /// Sets how experts are fetched: `predict` says when each next layer's experts are
+    /// predicted and prefetched during decode (off until set); `completion_driven` computes
+    /// experts as they arrive. Neither changes any result.
+    pub fn with_expert_pipeline(mut self, predict: Predict, completion_driven: bool) -> Self {
         self.predict = predict;
         self.completion_driven = completion_driven;
         self
@@ -415,12 +426,18 @@ impl Backend for CpuBackend {
 
     fn experts(&mut self, layer: usize, x: &CpuAct, routes: &RouteTable, out: &mut CpuAct) -> Result<()> {
         check_shape("experts out", out, x.rows, self.cfg.hidden_size)?;
+        // An early prediction of the next layer, made for this layer's routing.
+        let next = match self.prediction.pending.take() {
+            Some(next) if next == layer + 1 => Some((next, self.prediction.experts.as_slice())),
+            Some(_) | None => None,
+        };
         moe::moe_forward(
             &self.cfg,
             self.experts.as_ref(),
             layer,
             &x.data,
             routes,
+            next,
             self.completion_driven,
             &mut self.moe,
             &mut out.data,
@@ -456,33 +473,59 @@ impl Backend for CpuBackend {
         self.experts.stats()
     }
 
-    fn prefetch_next(&mut self, layer: usize, x: &CpuAct) -> Result<()> {
-        // Decode only: a prefill block's union is known exactly when it is needed and is
-        // loaded ahead group by group instead.
-        if !self.predict || x.rows != 1 {
-            return Ok(());
+    fn predict_next(&mut self, layer: usize, at: LayerPoint, rows: RowKind, x: &CpuAct) -> Result<()> {
+        match rows {
+            // A prompt block's union is known exactly when it is needed and is loaded ahead
+            // group by group instead.
+            RowKind::Prompt => return Ok(()),
+            RowKind::Decode => {}
         }
-        // The state after layer L, normalized with L+1's pre-MoE norm, through L+1's router:
-        // only L+1's attention is missing from the real input (95 % of experts right on the
-        // synthetic 20B). Predicting L+2 as well was measured to waste five times as many
-        // reads for no gain (docs/perf.md), so the prediction looks one layer ahead.
+        let due = match (self.predict, at) {
+            (Predict::Early, LayerPoint::BeforeMlp) | (Predict::Late, LayerPoint::AfterLayer) => true,
+            (Predict::Early, LayerPoint::AfterLayer)
+            | (Predict::Late, LayerPoint::BeforeMlp)
+            | (Predict::Off, _) => false,
+        };
+        // Predicting L+2 as well was measured to waste five times as many reads for no gain
+        // (docs/perf.md), so the prediction looks one layer ahead.
         let next = layer + 1;
-        if next >= self.cfg.num_layers {
+        if !due || next >= self.cfg.num_layers {
             return Ok(());
         }
         let l = &self.dense.layers[next];
         let Some(router) = l.router() else {
             return Ok(());
         };
-        let p = &mut self.prediction;
-        p.normed.resize(self.cfg.hidden_size, 0.0);
-        rms_norm(&x.data, &l.mlp_norm, self.cfg.rms_norm_eps, &mut p.normed);
+        // Each row's residual (before this layer's MLP block, or after it), normalized with
+        // L+1's pre-MoE norm, through L+1's router.
         let (k, width) = (self.cfg.experts_per_token, self.cfg.hidden_size);
+        check_shape("prediction input", x, x.rows, width)?;
+        let p = &mut self.prediction;
+        p.normed.resize(x.data.len(), 0.0);
+        for (row, normed) in x.data.chunks_exact(width).zip(p.normed.chunks_exact_mut(width)) {
+            rms_norm(row, &l.mlp_norm, self.cfg.rms_norm_eps, normed);
+        }
         let routing = self.cfg.recipe.routing;
         route_rows(router, k, routing, &p.normed, width, &mut self.router_logits, &mut p.routes);
+        // The union over the rows (a batched step's sequences), deduplicated, every row's
+        // first choice before any row's second, so the likeliest are read first.
         p.experts.clear();
-        p.experts.extend(p.routes.experts.iter().map(|&e| e as usize));
-        self.experts.prefetch(next, &p.experts);
+        for j in 0..k {
+            for r in 0..x.rows {
+                let e = p.routes.experts[r * k + j] as usize;
+                if !p.experts.contains(&e) {
+                    p.experts.push(e);
+                }
+            }
+        }
+        match (at, self.cfg.mlp_kinds[layer]) {
+            // This layer's experts are not secured yet: issued by `experts` once they are, so
+            // that the prediction's reads cannot take their room first.
+            (LayerPoint::BeforeMlp, MlpKind::Moe) => p.pending = Some(next),
+            (LayerPoint::BeforeMlp, MlpKind::Dense) | (LayerPoint::AfterLayer, _) => {
+                self.experts.prefetch(next, &p.experts)
+            }
+        }
         Ok(())
     }
 

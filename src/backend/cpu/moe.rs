@@ -91,7 +91,10 @@ pub fn dense_forward(
 /// `completion_driven` each expert is computed as soon as it arrives. Every (row, slot)
 /// contribution is kept apart and the sum is taken in routing order at the end, so neither
 /// the grouping nor the arrival order changes a bit of the result. `scratch` holds the
-/// intermediate buffers, reused across calls.
+/// intermediate buffers, reused across calls. `then_prefetch` (a layer and experts) is
+/// handed to [`ExpertSource::prefetch`] as soon as every expert this call needs is secured in
+/// the source (at the first arrival of the last group): a prediction of the next layer whose
+/// reads then overlap this layer's reads and compute without evicting what it is about to use.
 #[allow(clippy::too_many_arguments)]
 pub fn moe_forward(
     cfg: &ModelConfig,
@@ -99,6 +102,7 @@ pub fn moe_forward(
     layer: usize,
     x: &[f32],
     routes: &RouteTable,
+    then_prefetch: Option<(usize, &[usize])>,
     completion_driven: bool,
     scratch: &mut MoeScratch,
     out: &mut [f32],
@@ -127,21 +131,35 @@ pub fn moe_forward(
             contrib[p * h..(p + 1) * h].copy_from_slice(y);
         }
     };
+    let mut then_prefetch = then_prefetch;
     let mut groups = ids.chunks(source.batch_limit().max(1)).peekable();
     while let Some(group) = groups.next() {
         let next: &[usize] = groups.peek().copied().unwrap_or(&[]);
+        let last = next.is_empty();
+        // Once the last group is secured (pinned, or reading), every expert of this layer
+        // is: the predicted reads go in behind them and cannot take their room.
+        let mut secured = || {
+            if last && let Some((l, experts)) = then_prefetch.take() {
+                source.prefetch(l, experts);
+            }
+        };
         if completion_driven {
             source.for_each_loaded(layer, group, next, &mut |i, w| {
+                secured();
                 apply(group[i], &w);
                 Ok(())
             })?;
         } else {
             let weights = source.experts(layer, group)?;
             source.load_ahead(layer, next);
+            secured();
             for (e, w) in group.iter().zip(weights) {
                 apply(*e, &w);
             }
         }
+    }
+    if let Some((l, experts)) = then_prefetch {
+        source.prefetch(l, experts);
     }
 
     for r in 0..rows {

@@ -7,7 +7,9 @@
 
 use std::sync::Arc;
 
-use crate::backend::{Backend, LinearId, NormId, RouteTable, SeqPos, check_sequence, check_step_rows};
+use crate::backend::{
+    Backend, LayerPoint, LinearId, NormId, RouteTable, RowKind, SeqPos, check_sequence, check_step_rows,
+};
 use crate::config::{Activation, ModelConfig, Routing};
 use crate::error::{Error, Result};
 use crate::experts::{ExpertSource, ExpertStats};
@@ -1262,6 +1264,13 @@ impl Backend for GpuBackend {
     fn read_routes(&mut self, routes: &GpuRoutes) -> Result<RouteTable> {
         let bytes = self.read_back(&[(routes.buf(), 0, routes.bytes())])?;
         Ok(decode_routes(&bytes, routes.rows(), routes.k()))
+    }
+
+    /// Nothing: this backend predicts inside [`route`](Backend::route), with router L+1 on
+    /// the device over layer L's normalized MoE input, and starts the predicted reads when
+    /// it reads layer L's routing back (`GpuOptions::predict` decides whether it runs).
+    fn predict_next(&mut self, _layer: usize, _at: LayerPoint, _rows: RowKind, _x: &GpuAct) -> Result<()> {
+        Ok(())
     }
 
     fn expert_stats(&self) -> ExpertStats {
