@@ -114,7 +114,13 @@ fn every_lever_gives_bit_identical_output() {
             // Records split into pieces across the readers, whole or with a short last piece.
             Setup { piece: 4096, ram_experts: cfg.num_layers, ..base.clone() },
             Setup { piece: 12288, io_threads: 3, direct: true, ram_experts: 2, ..base.clone() },
-            Setup { piece: 4096, io_threads: 1, prefetch: true, ram_experts: all / 3, ..base.clone() },
+            Setup {
+                piece: 4096,
+                io_threads: 1,
+                predict: Predict::Late,
+                ram_experts: all / 3,
+                ..base.clone()
+            },
             Setup { direct: true, ram_experts: cfg.num_layers, ..base.clone() },
             Setup { predict: Predict::Off, ram_experts: cfg.num_layers, ..base.clone() },
             Setup { predict: Predict::Late, ram_experts: cfg.num_layers, ..base.clone() },
