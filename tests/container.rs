@@ -321,3 +321,31 @@ fn a_state_from_other_options_restarts_cleanly() {
     let model = open(out.path(), None);
     assert_eq!(model.experts.expert(0, 0).unwrap().gate_up.format_name(), "int4-gs64");
 }
+
+#[test]
+fn the_dense_weights_every_token_reads_are_prefaulted_but_not_the_embedding() {
+    use picchio::format::container::{Container, Manifest};
+    for name in ["tiny-mxfp4", "qwen3-tiny-f32"] {
+        let dir = convert_fixture(name, DEFAULT);
+        let c = Container::open(dir.path()).unwrap();
+        let m = Manifest::read(dir.path()).unwrap();
+        let ranges = c.per_token_ranges();
+        let covered = |t: &str| {
+            let rec = m.tensor(t).unwrap_or_else(|| panic!("{name}: no {t}"));
+            rec.parts.iter().all(|p| ranges.iter().any(|r| r.start == p.offset as usize && r.len() == p.bytes as usize))
+        };
+        assert!(!covered("model.embed_tokens.weight"), "{name}: the embedding is prefaulted");
+        assert!(covered("lm_head.weight"), "{name}: the head is not prefaulted");
+        assert!(covered("model.layers.0.self_attn.q_proj.weight"), "{name}: attention is not prefaulted");
+        let embed: u64 = m.tensor("model.embed_tokens.weight").unwrap().parts.iter().map(|p| p.bytes).sum();
+        let total: u64 = ranges.iter().map(|r| r.len() as u64).sum();
+        assert_eq!(total + embed, c.dense_bytes() - padding(&m), "{name}: every other dense byte is covered");
+    }
+}
+
+/// Bytes of `dense.bin` between parts (alignment padding).
+fn padding(m: &picchio::format::container::Manifest) -> u64 {
+    let parts: u64 =
+        m.tensors.iter().flat_map(|t| t.parts.iter()).filter(|p| p.file == "dense.bin").map(|p| p.bytes).sum();
+    m.files.dense - parts
+}

@@ -12,7 +12,14 @@ where dense_full and experts_full are computed from the container's manifest: th
 its non-layer tensors plus FULL_LAYERS times the mean bytes of one layer's dense tensors, and
 FULL_LAYERS x experts-per-layer x record bytes. The container's own cache budget is that
 share of the experts it holds, and its memory cgroup the budget plus its own dense weights
-plus SLACK GB (key/value cache, buffers, the process).
+plus SLACK GB (key/value cache, read buffers, the process: Picchio's peak RSS stays below
+budget + dense weights, since only the embedding rows used are touched).
+
+The cgroup is the memory both engines get. Picchio uses its budget and leaves the margin
+unused; llama.cpp's page cache takes the margin as extra expert cache (at 16 GB on the 6-layer
+120B, 1.5 GiB lets it hold about twice the experts Picchio's budget does). A margin of 0.5 GiB
+was tried: llama.cpp then thrashes at 16 GB, and at 64 GB the cgroup reclaims Picchio's mapped
+dense weights (prefill 2.9 tok/s against 36 in RAM), so it models neither engine fairly.
 
 Usage: plan.py CONTAINER --full-layers 36 --machine-gb 16 [--reserve-gb 4] [--slack-gb 1.5]
 Prints shell assignments: RAM_GB, CGROUP_BYTES, SHARE, EXPERTS_FULL_GB, DENSE_FULL_GB.

@@ -23,6 +23,8 @@ LLAMA=0
 ANCHOR_WORK="${ANCHOR_WORK:-/work/anchor}"
 READ_AHEAD_KB=""
 IN_RAM=1
+SLACK_GB=1.5
+DROP_CHECKPOINT=0
 EXTRA_PICCHIO=()
 
 usage() {
@@ -46,6 +48,10 @@ usage: $0 --picchio BIN [options]
   --read-ahead-kb K    set the disk's read-ahead for the runs (restored afterwards); the value in
                        force is recorded either way
   --no-in-ram          skip the every-expert-in-RAM row
+  --slack-gb G         working margin of the memory cgroup above Picchio's budget and dense
+                       weights (default 1.5; plan.py says why)
+  --drop-checkpoint    delete each synthetic checkpoint once its container (and GGUF) exist, to
+                       save disk (a later run reuses the container and GGUF)
   --picchio-arg ARG    one more argument for picchio bench (repeatable)
 EOF
   exit 2
@@ -66,6 +72,8 @@ while [[ $# -gt 0 ]]; do
     --llama) LLAMA=1; shift ;;
     --read-ahead-kb) READ_AHEAD_KB="$2"; shift 2 ;;
     --no-in-ram) IN_RAM=0; shift ;;
+    --slack-gb) SLACK_GB="$2"; shift 2 ;;
+    --drop-checkpoint) DROP_CHECKPOINT=1; shift ;;
     --picchio-arg) EXTRA_PICCHIO+=("$2"); shift 2 ;;
     -h|--help) usage ;;
     *) echo "regime: unknown argument '$1'" >&2; usage ;;
@@ -86,6 +94,7 @@ for n in "$LAYERS" "$PROMPT" "$GEN" "$THREADS"; do
   [[ "$n" =~ ^[1-9][0-9]*$ ]] || die "'$n' is not a positive integer"
 done
 (( LAYERS <= FULL_LAYERS )) || die "--layers $LAYERS: the $SHAPE has $FULL_LAYERS layers"
+[[ "$SLACK_GB" =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "--slack-gb: '$SLACK_GB' is not a size in GB"
 [[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || die "--rounds: '$ROUNDS' is not a count >= 1"
 for m in $MACHINES; do [[ "$m" =~ ^[1-9][0-9]*$ ]] || die "--machines: '$m' is not a size in GB"; done
 for s in $SKEWS; do [[ "$s" =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "--skews: '$s' is not a number >= 0"; done
@@ -128,6 +137,12 @@ prepare() { # skew -> sets SYNTH, CONTAINER, GGUF
   local s="$1"
   SYNTH="$WORK/synth-$SHAPE-l$LAYERS-s$s"
   CONTAINER="$WORK/c-$SHAPE-l$LAYERS-s$s"
+  GGUF=""
+  [[ "$LLAMA" == 1 ]] && GGUF="$ANCHOR_WORK/$(basename "$SYNTH")-mxfp4-bf16.gguf"
+  # Everything already made from this checkpoint: nothing to synthesize.
+  if [[ -f "$CONTAINER/.regime-ok" ]] && [[ -z "$GGUF" || ( -f "$GGUF.done" && -n "$LLAMA_BENCH" ) ]]; then
+    return
+  fi
   if [[ ! -f "$SYNTH/.regime-ok" ]]; then
     log "picchio synth --shape $SHAPE --layers $LAYERS --routing-skew $s -> $SYNTH"
     rm -rf "$SYNTH"
@@ -140,12 +155,15 @@ prepare() { # skew -> sets SYNTH, CONTAINER, GGUF
     "$PICCHIO" -q convert "$SYNTH" "$CONTAINER"
     touch "$CONTAINER/.regime-ok"
   fi
-  GGUF=""
   if [[ "$LLAMA" == 1 ]]; then
     log "llama.cpp and the GGUF (benches/anchor/anchor.sh --prepare-only)"
     "$HERE/../anchor/anchor.sh" --prepare-only --synth "$SYNTH" --work "$ANCHOR_WORK" >&2
-    GGUF="$ANCHOR_WORK/$(basename "$SYNTH")-mxfp4-bf16.gguf"
     [[ -f "$GGUF" ]] || die "anchor.sh made no $GGUF"
+    LLAMA_BENCH="$(ls "$ANCHOR_WORK"/build/llama.cpp-*/bin/llama-bench 2>/dev/null | head -n1 || true)"
+  fi
+  if [[ "$DROP_CHECKPOINT" == 1 ]]; then
+    log "dropping the checkpoint $SYNTH (--drop-checkpoint)"
+    rm -rf "$SYNTH"
   fi
 }
 
@@ -161,10 +179,15 @@ LLAMA_BENCH="$(ls "$ANCHOR_WORK"/build/llama.cpp-*/bin/llama-bench 2>/dev/null |
   echo "disk=$DEV read_ahead_kb=$RA_NOW (before the run: $RA_BEFORE)"
   echo "picchio=$PICCHIO"
   echo "shape=$SHAPE layers=$LAYERS of $FULL_LAYERS machines=$MACHINES skews=$SKEWS"
-  echo "prompt=$PROMPT gen=$GEN threads=$THREADS rounds=$ROUNDS"
+  echo "prompt=$PROMPT gen=$GEN threads=$THREADS rounds=$ROUNDS cgroup_margin_gb=$SLACK_GB"
   echo "hot_set=none (every Picchio run starts without a learned hot set: expert-usage.json is removed first)"
 } >"$OUT/machine.txt"
 : >"$OUT/commands.txt"
+
+# What the whole process did (GNU time): blocks read from the file system (512 B, direct reads
+# included), major page faults, peak RSS in KiB, wall seconds.
+TIME_FORMAT="fs_read_blocks=%I major_faults=%F max_rss_kib=%M wall_s=%e"
+[[ -x /usr/bin/time ]] || die "needs GNU time (/usr/bin/time) to count the bytes each engine reads"
 
 # One measured command, after dropping the page cache, in the cgroup when a limit is given.
 measure() { # name limit-bytes|"" command...
@@ -176,9 +199,11 @@ measure() { # name limit-bytes|"" command...
   drop_caches
   if [[ -n "$limit" ]]; then
     cg_limit "$limit"
-    ( cg_enter; exec "$@" ) >"$OUT/$name.json" 2>"$OUT/$name.log" || die "$name failed: $OUT/$name.log"
+    ( cg_enter; exec /usr/bin/time -f "$TIME_FORMAT" -o "$OUT/$name.time" "$@" ) >"$OUT/$name.json" 2>"$OUT/$name.log" \
+      || die "$name failed: $OUT/$name.log"
   else
-    "$@" >"$OUT/$name.json" 2>"$OUT/$name.log" || die "$name failed: $OUT/$name.log"
+    /usr/bin/time -f "$TIME_FORMAT" -o "$OUT/$name.time" "$@" >"$OUT/$name.json" 2>"$OUT/$name.log" \
+      || die "$name failed: $OUT/$name.log"
   fi
 }
 
@@ -194,7 +219,7 @@ for s in $SKEWS; do
     lla=("$LLAMA_BENCH" -m "$GGUF" -p "$PROMPT" -n "$GEN" -t "$THREADS" -r 1 --repack 0 -o json)
   fi
   for m in $MACHINES; do
-    plan="$(python3 "$HERE/plan.py" "$CONTAINER" --full-layers "$FULL_LAYERS" --machine-gb "$m")" \
+    plan="$(python3 "$HERE/plan.py" "$CONTAINER" --full-layers "$FULL_LAYERS" --machine-gb "$m" --slack-gb "$SLACK_GB")" \
       || die "plan.py failed for $CONTAINER"
     eval "$plan"
     echo "plan_s${s}_m$m $(echo $plan)" >>"$OUT/machine.txt"

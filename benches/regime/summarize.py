@@ -41,6 +41,15 @@ def picchio(path):
         fail(f"{path}: {e!r}")
 
 
+def gb_read(path):
+    """GB the whole process read from the file system (GNU time's blocks of 512 B), if recorded."""
+    try:
+        fields = dict(kv.split("=", 1) for kv in path.read_text().split())
+        return int(fields["fs_read_blocks"]) * 512 / 1e9
+    except (OSError, KeyError, ValueError):
+        return None
+
+
 def cell(values, fmt, suffix=""):
     """The median of `values`, with their range when there are several."""
     med = statistics.median(values)
@@ -62,9 +71,11 @@ def main():
             continue
         skew, gb = m.group(1), m.group(3)
         fig = picchio(f)
+        fig["gb_read"] = gb_read(f.with_suffix(".time"))
         llama = out / f.name.replace("picchio-", "llama-")
         if llama.exists():
             fig["llama"] = llama_figures(llama)
+            fig["llama"]["gb_read"] = gb_read(llama.with_suffix(".time"))
         rows.setdefault(skew, {}).setdefault(gb, []).append(fig)
     if not rows:
         fail(f"{out}: no picchio-*.json results")
@@ -72,8 +83,9 @@ def main():
     for skew in sorted(rows, key=float):
         print(f"\n**Routing skew {skew}** ({'uniform' if float(skew) == 0 else 'skewed'})\n")
         print("| machine | experts in RAM | rounds | Picchio prefill tok/s | over floor | decode tok/s | over floor "
-              "| MB read / decoded token | llama.cpp prefill | decode | prefill ratio | decode ratio |")
-        print("|---|---:|---:|---|---|---|---|---:|---|---|---:|---:|")
+              "| MB read / decoded token | llama.cpp prefill | decode | prefill ratio | decode ratio "
+              "| GB read per run: Picchio / llama.cpp |")
+        print("|---|---:|---:|---|---|---|---|---:|---|---|---:|---:|---|")
         for gb, figs in sorted(rows[skew].items(), key=lambda r: int(r[0]) if r[0] else 10**9):
             name = f"{gb} GB" if gb else "every expert in RAM"
             share = f"{shares.get((skew, gb), 0) * 100:.0f}%" if gb else "100%"
@@ -90,6 +102,10 @@ def main():
                           f"{statistics.median(col('decode')) / statistics.median(ld):.2f}x"]
             else:
                 cells += ["-"] * 4
+            reads = lambda xs: cell(xs, ".1f") if xs else "-"  # noqa: E731
+            pic_gb = [f["gb_read"] for f in figs if f["gb_read"] is not None]
+            lla_gb = [l["gb_read"] for l in llamas if l.get("gb_read") is not None]
+            cells.append(f"{reads(pic_gb)} / {reads(lla_gb)}")
             print("| " + " | ".join(cells) + " |")
 
 

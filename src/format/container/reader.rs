@@ -67,6 +67,7 @@ impl Container {
                 ),
             ));
         }
+        prefault(&map, &self.per_token_ranges());
         let region: Arc<dyn ByteRegion> = Arc::new(map);
         let tensor = |name: &str| -> Result<&TensorRecord> {
             self.manifest
@@ -78,6 +79,23 @@ impl Container {
         DenseWeights::assemble(&self.config, &|name, _, _| matrix_from(tensor(name)?, &region), &|name, _| {
             vector_from(tensor(name)?, &region)
         })
+    }
+
+    /// Byte ranges of `dense.bin` that every token reads: every dense part except the
+    /// embedding's (a token reads one row of it), unless the head is the embedding.
+    pub fn per_token_ranges(&self) -> Vec<std::ops::Range<usize>> {
+        let skip_embedding = !self.config.tie_word_embeddings;
+        self.manifest
+            .tensors
+            .iter()
+            .filter(|t| !(skip_embedding && t.name == crate::model::names::EMBED))
+            .flat_map(|t| t.parts.iter())
+            .filter(|p| p.file == DENSE_FILE)
+            .filter_map(|p| {
+                let start = usize::try_from(p.offset).ok()?;
+                Some(start..start.checked_add(usize::try_from(p.bytes).ok()?)?)
+            })
+            .collect()
     }
 
     /// Bytes of dense weights.
@@ -213,4 +231,27 @@ pub fn first_non_finite_f16(bits: &[u16]) -> Option<usize> {
         return None;
     }
     bits.iter().position(bad)
+}
+
+/// Brings `ranges` of the mapped dense weights into memory now, at load, so the first prompt
+/// of a session does not pay for them as page faults in the middle of its prefill (on a cold
+/// start that is every attention matrix, router and the head: hundreds of MB read 4 KiB or
+/// one read-ahead window at a time). The kernel is asked to read the ranges ahead
+/// (`MADV_WILLNEED`, large requests), then one byte per page is touched to wait for them.
+/// Ranges outside the map are ignored (the manifest was validated against the file).
+fn prefault(map: &Mmap, ranges: &[std::ops::Range<usize>]) {
+    const PAGE: usize = 4096;
+    let ranges: Vec<_> = ranges.iter().filter(|r| r.start < r.end && r.end <= map.len()).cloned().collect();
+    #[cfg(unix)]
+    for r in &ranges {
+        // Only a hint: an error (e.g. an unaligned start on some platform) changes nothing.
+        let _ = map.advise_range(memmap2::Advice::WillNeed, r.start, r.end - r.start);
+    }
+    let mut sum = 0u8;
+    for r in &ranges {
+        for at in (r.start..r.end).step_by(PAGE) {
+            sum = sum.wrapping_add(map[at]);
+        }
+    }
+    std::hint::black_box(sum);
 }
