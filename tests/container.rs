@@ -332,7 +332,9 @@ fn the_dense_weights_every_token_reads_are_prefaulted_but_not_the_embedding() {
         let ranges = c.per_token_ranges();
         let covered = |t: &str| {
             let rec = m.tensor(t).unwrap_or_else(|| panic!("{name}: no {t}"));
-            rec.parts.iter().all(|p| ranges.iter().any(|r| r.start == p.offset as usize && r.len() == p.bytes as usize))
+            rec.parts
+                .iter()
+                .all(|p| ranges.iter().any(|r| r.start == p.offset as usize && r.len() == p.bytes as usize))
         };
         assert!(!covered("model.embed_tokens.weight"), "{name}: the embedding is prefaulted");
         assert!(covered("lm_head.weight"), "{name}: the head is not prefaulted");
@@ -345,7 +347,12 @@ fn the_dense_weights_every_token_reads_are_prefaulted_but_not_the_embedding() {
 
 /// Bytes of `dense.bin` between parts (alignment padding).
 fn padding(m: &picchio::format::container::Manifest) -> u64 {
-    let parts: u64 =
-        m.tensors.iter().flat_map(|t| t.parts.iter()).filter(|p| p.file == "dense.bin").map(|p| p.bytes).sum();
+    let parts: u64 = m
+        .tensors
+        .iter()
+        .flat_map(|t| t.parts.iter())
+        .filter(|p| p.file == "dense.bin")
+        .map(|p| p.bytes)
+        .sum();
     m.files.dense - parts
 }

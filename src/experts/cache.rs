@@ -219,9 +219,12 @@ impl CachedExperts {
         let slots = num_layers.saturating_mul(num_experts);
         let usage =
             opts.usage_file.as_deref().and_then(|p| read_usage(p, slots)).unwrap_or_else(|| vec![0; slots]);
-        // A few spare buffers are enough: an eviction normally makes room for a read that
-        // takes its buffer at once.
-        let buffers = BufferPool::new(store.read_bytes() as usize, opts.io_threads.max(1) + 2);
+        // Buffers freed by evictions are kept for the reads that caused them: a group of
+        // misses takes all its buffers when it is queued, and a buffer released to the
+        // system has to be mapped and faulted in again by the next read. Entries plus free
+        // buffers never exceed the most entries the cache has held, so keeping up to the
+        // capacity costs no memory beyond the budget.
+        let buffers = BufferPool::new(store.read_bytes() as usize, capacity.max(opts.io_threads.max(1) + 2));
         let shared = Arc::new(Shared {
             store,
             buffers,
