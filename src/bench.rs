@@ -79,14 +79,23 @@ pub fn disk_read_bandwidth(
                 })
             })
             .collect();
-        for h in handles {
-            h.join()
-                .map_err(|_| Error::invalid("a disk benchmark thread panicked"))?
-                .map_err(|e| Error::io(path, e))?;
-        }
-        Ok(())
+        join_readers(handles, path)
     })?;
     Ok(((per_stream * streams) as f64 / t0.elapsed().as_secs_f64(), direct))
+}
+
+/// Waits for the reader threads of a disk measurement; the first failure names `path`.
+fn join_readers(
+    handles: Vec<std::thread::ScopedJoinHandle<'_, std::io::Result<()>>>,
+    path: &std::path::Path,
+) -> crate::error::Result<()> {
+    use crate::error::Error;
+    for h in handles {
+        h.join()
+            .map_err(|_| Error::invalid("a disk benchmark thread panicked"))?
+            .map_err(|e| Error::io(path, e))?;
+    }
+    Ok(())
 }
 
 /// What [`disk_record_bandwidth`] measured.
@@ -193,12 +202,7 @@ pub fn disk_record_bandwidth(
                 })
             })
             .collect();
-        for h in handles {
-            h.join()
-                .map_err(|_| Error::invalid("a disk benchmark thread panicked"))?
-                .map_err(|e| Error::io(path, e))?;
-        }
-        Ok(())
+        join_readers(handles, path)
     })?;
     let secs = t0.elapsed().as_secs_f64();
     let bytes = read.into_inner();
