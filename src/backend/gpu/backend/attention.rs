@@ -1,0 +1,184 @@
+//! Attention on the device: RoPE, the key/value store and attention over each sequence's
+//! cache, for a run of positions or the rows of a batched decode step.
+
+use std::sync::Arc;
+
+use crate::backend::{SeqPos, check_step_rows};
+use crate::error::{Error, Result};
+
+use super::super::buffers::GpuAct;
+use super::super::context::{Bind, GBuf, Gpu};
+use super::super::shaders::Op;
+use super::{GpuBackend, bits, check_shape};
+
+/// Where the rows of an attention dispatch sit: `rows` rows of the activations from row
+/// `row0`, in the cache of sequence `seq` from position `start_pos`.
+#[derive(Clone, Copy)]
+pub(super) struct Placed {
+    pub(super) seq: usize,
+    pub(super) row0: usize,
+    pub(super) rows: usize,
+    pub(super) start_pos: usize,
+}
+
+impl GpuBackend {
+    /// An error unless keys, values and output fit `rows` query rows.
+    pub(super) fn check_attention_shapes(
+        &self,
+        rows: usize,
+        k: &GpuAct,
+        v: &GpuAct,
+        out: &GpuAct,
+    ) -> Result<()> {
+        check_shape("attention out", out, rows, self.cfg.q_dim())?;
+        check_shape("attention keys", k, rows, self.cfg.kv_dim())?;
+        check_shape("attention values", v, rows, self.cfg.kv_dim())
+    }
+
+    /// rope.wgsl over `rows` rows of `x` from row `row0`, the first at position `start_pos`
+    /// (the caller has checked the positions against the capacity).
+    pub(super) fn rope_dispatch(
+        &mut self,
+        x: &GpuAct,
+        row0: usize,
+        rows: usize,
+        start_pos: usize,
+    ) -> Result<()> {
+        let d = self.cfg.head_dim;
+        if !x.width().is_multiple_of(d) {
+            return Err(Error::Backend(format!(
+                "rope: width {} is not a multiple of head_dim {d}",
+                x.width()
+            )));
+        }
+        let heads = x.width() / d;
+        let total = rows * heads * (d / 2);
+        let (nx, ny) = self.gpu.grid(total.div_ceil(64) as u64)?;
+        let params = [
+            rows as u32,
+            heads as u32,
+            d as u32,
+            start_pos as u32,
+            x.width() as u32,
+            total as u32,
+            nx,
+            row0 as u32,
+        ];
+        let v = self.variant(Op::Rope);
+        let (c, s) = (self.rope_cos.clone(), self.rope_sin.clone());
+        self.gpu.dispatch(Op::Rope, v, &params, &[x.bind(), Bind::whole(&c), Bind::whole(&s)], (nx, ny, 1))
+    }
+
+    /// kv_store.wgsl then attention.wgsl for the rows `at` places: their keys and values
+    /// into the cache of `at.seq` from position `at.start_pos`, then each query row over its
+    /// visible window there (the caller has checked shapes, sequence and capacity).
+    pub(super) fn attention_dispatch(
+        &mut self,
+        layer: usize,
+        at: Placed,
+        q: &GpuAct,
+        k: &GpuAct,
+        v: &GpuAct,
+        out: &GpuAct,
+    ) -> Result<()> {
+        let cfg = Arc::clone(&self.cfg);
+        let (kc, vc) = self.kv[at.seq][layer].clone();
+        let n = at.rows * cfg.kv_dim();
+        let (nx, ny) = self.gpu.grid(n.div_ceil(64) as u64)?;
+        let params = [n as u32, (at.start_pos * cfg.kv_dim()) as u32, nx, (at.row0 * cfg.kv_dim()) as u32];
+        let var = self.variant(Op::KvStore);
+        let binds = [k.bind(), v.bind(), Bind::whole(&kc), Bind::whole(&vc)];
+        self.gpu.dispatch(Op::KvStore, var, &params, &binds, (nx, ny, 1))?;
+        let (nx, ny) = self.gpu.grid((at.rows * cfg.num_heads) as u64)?;
+        let params = [
+            at.rows as u32,
+            at.start_pos as u32,
+            cfg.num_heads as u32,
+            cfg.head_dim as u32,
+            cfg.window(layer).unwrap_or(0) as u32,
+            cfg.q_dim() as u32,
+            cfg.kv_dim() as u32,
+            (cfg.num_heads / cfg.num_kv_heads) as u32,
+            bits(1.0 / (cfg.head_dim as f32).sqrt()),
+            nx,
+            self.layers[layer].sinks.is_some() as u32,
+            at.row0 as u32,
+        ];
+        let sinks = self.layers[layer].sinks.clone().unwrap_or_else(|| self.gpu.dummy.clone());
+        let var = self.variant(Op::Attention);
+        let binds = [q.bind(), Bind::whole(&kc), Bind::whole(&vc), Bind::whole(&sinks), out.bind()];
+        self.gpu.dispatch(Op::Attention, var, &params, &binds, (nx, ny, 1))
+    }
+
+    pub(super) fn run_rope(&mut self, x: &mut GpuAct, start_pos: usize) -> Result<()> {
+        if start_pos + x.rows() > self.capacity {
+            return Err(Error::ContextFull { needed: start_pos + x.rows(), capacity: self.capacity });
+        }
+        self.rope_dispatch(x, 0, x.rows(), start_pos)
+    }
+
+    pub(super) fn run_rope_rows(&mut self, x: &mut GpuAct, rows: &[SeqPos]) -> Result<()> {
+        check_step_rows(x.rows(), rows, self.kv.len(), self.capacity)?;
+        for (i, at) in rows.iter().enumerate() {
+            self.rope_dispatch(x, i, 1, at.pos)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn run_attention(
+        &mut self,
+        layer: usize,
+        start_pos: usize,
+        q: &GpuAct,
+        k: &GpuAct,
+        v: &GpuAct,
+        out: &mut GpuAct,
+    ) -> Result<()> {
+        let rows = q.rows();
+        self.check_attention_shapes(rows, k, v, out)?;
+        if start_pos + rows > self.capacity {
+            return Err(Error::ContextFull { needed: start_pos + rows, capacity: self.capacity });
+        }
+        let at = Placed { seq: self.current, row0: 0, rows, start_pos };
+        self.attention_dispatch(layer, at, q, k, v, out)
+    }
+
+    pub(super) fn run_attention_rows(
+        &mut self,
+        layer: usize,
+        rows: &[SeqPos],
+        q: &GpuAct,
+        k: &GpuAct,
+        v: &GpuAct,
+        out: &mut GpuAct,
+    ) -> Result<()> {
+        self.check_attention_shapes(q.rows(), k, v, out)?;
+        check_step_rows(q.rows(), rows, self.kv.len(), self.capacity)?;
+        // Each row's store and attention bind its own sequence's cache: two dispatches per
+        // row, recorded into the step's one submission (no wait between rows).
+        for (i, r) in rows.iter().enumerate() {
+            let at = Placed { seq: r.seq, row0: i, rows: 1, start_pos: r.pos };
+            self.attention_dispatch(layer, at, q, k, v, out)?;
+        }
+        Ok(())
+    }
+}
+
+/// The key/value cache of sequence `seq`: a (keys, values) pair of `layer_bytes` each for
+/// every one of `layers` layers.
+pub(super) fn kv_cache(
+    gpu: &mut Gpu,
+    seq: usize,
+    layers: usize,
+    layer_bytes: u64,
+) -> Result<Vec<(GBuf, GBuf)>> {
+    let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
+    (0..layers)
+        .map(|l| {
+            Ok((
+                gpu.buffer(&format!("keys {seq}.{l}"), layer_bytes, usage)?,
+                gpu.buffer(&format!("values {seq}.{l}"), layer_bytes, usage)?,
+            ))
+        })
+        .collect()
+}

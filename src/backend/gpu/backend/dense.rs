@@ -1,0 +1,220 @@
+//! Dense products on the device: matrix-vector kernels over a matrix's row blocks, word
+//! copies, a dense MLP layer, and the model's linear layers by role.
+
+use std::sync::Arc;
+
+use crate::backend::{Backend, LinearId};
+use crate::error::{Error, Result};
+
+use super::super::buffers::GpuAct;
+use super::super::context::{Bind, GBuf, STORAGE_ALIGN};
+use super::super::shaders::Op;
+use super::super::weights::GpuMatrix;
+use super::model::{GpuFfn, GpuLayer, GpuLinear};
+use super::{GpuBackend, TOKENS_PER_GROUP, activation_code, bits, check_shape};
+
+impl GpuBackend {
+    /// `out = W x + b` over every row block of `m`. An output larger than one binding is
+    /// computed a group of tokens at a time through a scratch buffer.
+    pub(super) fn matvec(
+        &mut self,
+        m: &GpuMatrix,
+        bias: Option<&GBuf>,
+        x: &GpuAct,
+        out: &GpuAct,
+    ) -> Result<()> {
+        if x.width() != m.cols || out.width() != m.rows || out.rows() != x.rows() {
+            return Err(Error::Backend(format!(
+                "linear: [{}, {}] x [{}, {}] -> [{}, {}]",
+                x.rows(),
+                x.width(),
+                m.rows,
+                m.cols,
+                out.rows(),
+                out.width()
+            )));
+        }
+        let row_bytes = (m.rows * 4) as u64;
+        if out.bytes() <= self.gpu.max_binding {
+            return self.matvec_into(m, bias, x, out.buf(), out.bytes());
+        }
+        let per = (self.gpu.max_binding / row_bytes) as usize;
+        if per == 0 {
+            return Err(Error::Backend(format!(
+                "one output row of {row_bytes} bytes exceeds the binding limit"
+            )));
+        }
+        let cols_bytes = (m.cols * 4) as u64;
+        let mut t0 = 0;
+        while t0 < x.rows() {
+            let n = per.min(x.rows() - t0);
+            let xs = GpuAct::new(n, m.cols, self.scratch(n as u64 * cols_bytes)?);
+            self.copy_words(x.buf(), t0 * m.cols, xs.buf(), 0, n * m.cols)?;
+            let ys = self.scratch(n as u64 * row_bytes)?;
+            self.matvec_into(m, bias, &xs, ys.buf(), n as u64 * row_bytes)?;
+            self.copy_words(ys.buf(), 0, out.buf(), t0 * m.rows, n * m.rows)?;
+            t0 += n;
+        }
+        Ok(())
+    }
+
+    /// `dst[dst_at..][..n] = src[src_at..][..n]` in words, as a kernel (ordered after
+    /// the compute that wrote `src` on every backend). Each side is bound as a window
+    /// around its range, so buffers larger than one binding can be addressed.
+    pub(super) fn copy_words(
+        &mut self,
+        src: &GBuf,
+        src_at: usize,
+        dst: &GBuf,
+        dst_at: usize,
+        n: usize,
+    ) -> Result<()> {
+        let window = |at: usize| {
+            let byte = at as u64 * 4;
+            let base = byte - byte % STORAGE_ALIGN;
+            (base, ((byte - base) / 4) as u32, (byte - base) + n as u64 * 4)
+        };
+        let (sb, so, ss) = window(src_at);
+        let (db, d_o, ds) = window(dst_at);
+        if ss > self.gpu.max_binding || ds > self.gpu.max_binding {
+            return Err(Error::Backend(format!("a copy of {n} words exceeds the storage binding limit")));
+        }
+        let (nx, ny) = self.gpu.grid(n.div_ceil(64) as u64)?;
+        let params = [n as u32, so, d_o, nx];
+        let binds = [Bind::range(src, sb, ss), Bind::range(dst, db, ds)];
+        let v = self.variant(Op::Copy);
+        self.gpu.dispatch(Op::Copy, v, &params, &binds, (nx, ny, 1))
+    }
+
+    pub(super) fn matvec_into(
+        &mut self,
+        m: &GpuMatrix,
+        bias: Option<&GBuf>,
+        x: &GpuAct,
+        out: &GBuf,
+        out_bytes: u64,
+    ) -> Result<()> {
+        let v = self.variant(m.op);
+        let tokens = x.rows();
+        let tiles = tokens.div_ceil(TOKENS_PER_GROUP);
+        if tiles > self.gpu.max_groups as usize {
+            return Err(Error::Backend(format!("{tokens} tokens in one product exceed the device's grid")));
+        }
+        let dummy = self.gpu.dummy.clone();
+        for block in &m.blocks {
+            let (nx, ny) = self.gpu.grid(block.rows as u64)?;
+            let params = [
+                block.rows as u32,
+                m.cols as u32,
+                block.row0 as u32,
+                m.rows as u32,
+                tokens as u32,
+                bias.is_some() as u32,
+                nx,
+                0,
+            ];
+            let mut binds = vec![
+                x.bind(),
+                Bind::first(out, out_bytes),
+                Bind::whole(bias.unwrap_or(&dummy)),
+                Bind::whole(&block.data),
+            ];
+            if let Some(s) = &block.scales {
+                binds.push(Bind::whole(s));
+            }
+            self.gpu.dispatch(m.op, v, &params, &binds, (nx, ny, tiles as u32))?;
+        }
+        Ok(())
+    }
+
+    /// A dense MLP on the rows of `x` into `out` (`[rows, hidden]`; the gate/up projection
+    /// of all rows must fit one binding): gate_up x + b, the recipe's gated activation
+    /// (glu.wgsl), then down act + b: the CPU's `expert_forward` with weight one.
+    pub(super) fn dense_block(
+        &mut self,
+        gate_up: &GpuLinear,
+        down: &GpuLinear,
+        x: &GpuAct,
+        out: &GpuAct,
+    ) -> Result<()> {
+        let cfg = Arc::clone(&self.cfg);
+        let rows = x.rows();
+        let inter = down.m.cols;
+        let gu = self.alloc(rows, gate_up.m.rows)?;
+        self.matvec(&gate_up.m, gate_up.bias.as_ref(), x, &gu)?;
+        let act = self.alloc(rows, inter)?;
+        let n = rows * inter;
+        let (nx, ny) = self.gpu.grid(n.div_ceil(64) as u64)?;
+        let params = [
+            n as u32,
+            activation_code(cfg.recipe.activation),
+            bits(cfg.swiglu_limit),
+            bits(cfg.swiglu_alpha),
+            nx,
+            0,
+            0,
+            0,
+        ];
+        let v = self.variant(Op::Glu);
+        self.gpu.dispatch(Op::Glu, v, &params, &[gu.bind(), act.bind()], (nx, ny, 1))?;
+        self.matvec(&down.m, down.bias.as_ref(), &act, out)
+    }
+
+    pub(super) fn run_dense_mlp(&mut self, layer: usize, x: &GpuAct, out: &mut GpuAct) -> Result<()> {
+        let cfg = Arc::clone(&self.cfg);
+        let rows = x.rows();
+        check_shape("dense mlp out", out, rows, cfg.hidden_size)?;
+        let owner =
+            self.layers.get(layer).cloned().ok_or_else(|| Error::Backend(format!("no layer {layer}")))?;
+        let GpuFfn::Dense { gate_up, down } = &owner.ffn else {
+            return Err(Error::Backend(format!("layer {layer} is a MoE layer, not a dense one")));
+        };
+        // The gate/up projection of a block of rows is bound whole by glu.wgsl: blocks of
+        // rows within the binding limit, through scratch buffers when there are several.
+        let per = (self.gpu.max_binding / (gate_up.m.rows as u64 * 4)) as usize;
+        if per == 0 {
+            return Err(Error::Backend(format!(
+                "layer {layer}: one row of the dense MLP's gate/up projection exceeds the storage binding limit"
+            )));
+        }
+        if rows <= per {
+            return self.dense_block(gate_up, down, x, out);
+        }
+        let h = cfg.hidden_size;
+        let mut t0 = 0;
+        while t0 < rows {
+            let n = per.min(rows - t0);
+            let xs = self.alloc(n, h)?;
+            self.copy_words(x.buf(), t0 * h, xs.buf(), 0, n * h)?;
+            let ys = self.alloc(n, h)?;
+            self.dense_block(gate_up, down, &xs, &ys)?;
+            self.copy_words(ys.buf(), 0, out.buf(), t0 * h, n * h)?;
+            t0 += n;
+        }
+        Ok(())
+    }
+
+    pub(super) fn run_linear(&mut self, id: LinearId, x: &GpuAct, out: &mut GpuAct) -> Result<()> {
+        let layer =
+            |l: usize| self.layers.get(l).cloned().ok_or_else(|| Error::Backend(format!("no layer {l}")));
+        let (owner, pick): (Arc<GpuLayer>, fn(&GpuLayer) -> &GpuLinear) = match id {
+            LinearId::Q(l) => (layer(l)?, |w| &w.q),
+            LinearId::K(l) => (layer(l)?, |w| &w.k),
+            LinearId::V(l) => (layer(l)?, |w| &w.v),
+            LinearId::O(l) => (layer(l)?, |w| &w.o),
+            LinearId::Router(l) => {
+                let owner = layer(l)?;
+                let Some(router) = owner.router() else {
+                    return Err(Error::Backend(format!("layer {l} is a dense layer and has no router")));
+                };
+                return self.matvec(&router.m, router.bias.as_ref(), x, out);
+            }
+            LinearId::LmHead => {
+                let head = Arc::clone(&self.head);
+                return self.matvec(&head, None, x, out);
+            }
+        };
+        let w = pick(&owner);
+        self.matvec(&w.m, w.bias.as_ref(), x, out)
+    }
+}

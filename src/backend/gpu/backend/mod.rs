@@ -1,0 +1,587 @@
+//! `GpuBackend`: the [`Backend`] ops as WGSL dispatches on one device.
+//!
+//! Everything a layer computes stays in VRAM: dense weights, every layer's router, a KV
+//! cache per sequence, the RoPE tables, the expert cache. Ops only record work; `read` and
+//! `read_routes` (and, in partial residency, the routing readback of each layer) are the
+//! only waits. With every expert resident a token is one submission and one readback.
+
+use std::sync::Arc;
+
+use crate::backend::{Backend, LayerPoint, LinearId, NormId, RouteTable, RowKind, SeqPos, check_sequence};
+use crate::config::{Activation, ModelConfig, Routing};
+use crate::error::{Error, Result};
+use crate::experts::{ExpertSource, ExpertStats};
+use crate::model::rope::RopeFrequencies;
+use crate::model::weights::DenseWeights;
+
+use super::GpuOptions;
+use super::buffers::{BufferPool, GpuAct, GpuRoutes, Pooled, decode_routes, floats, words};
+use super::context::{Bind, GBuf, Gpu};
+use super::device::{self, AdapterReport};
+use super::shaders::{Op, Variant};
+use super::vram::VramExperts;
+use super::weights::{GpuMatrix, upload_matrix, upload_vector};
+
+/// Tokens one matrix-vector workgroup serves (the `vec4` accumulators of matvec_*.wgsl).
+const TOKENS_PER_GROUP: usize = 4;
+/// Largest `k` router_topk.wgsl handles.
+const MAX_TOP_K: usize = 16;
+/// Largest head width attention.wgsl handles.
+const MAX_HEAD_DIM: usize = 256;
+/// VRAM left for activations, scratch buffers and the driver when budgeting the expert
+/// cache and the key/value caches.
+const WORKING_BYTES: u64 = 512 << 20;
+
+mod attention;
+mod dense;
+mod model;
+mod moe;
+mod stats;
+
+pub use stats::GpuStats;
+
+use attention::kv_cache;
+use model::GpuLayer;
+use moe::Prediction;
+
+/// Runs the model on a GPU through wgpu.
+pub struct GpuBackend {
+    cfg: Arc<ModelConfig>,
+    dense: Arc<DenseWeights>,
+    source: Arc<dyn ExpertSource>,
+    gpu: Gpu,
+    layers: Vec<Arc<GpuLayer>>,
+    final_norm: GBuf,
+    head: Arc<GpuMatrix>,
+    rope_cos: GBuf,
+    rope_sin: GBuf,
+    /// One key/value cache per sequence ([`Backend::add_sequence`]): `kv[seq][layer]` is
+    /// that layer's (keys, values), each `[capacity, kv_dim]` and its own buffer, so a
+    /// cache never exceeds one binding however many sequences there are.
+    kv: Vec<Vec<(GBuf, GBuf)>>,
+    /// The sequence `rope` and `attention` use ([`Backend::select_sequence`]).
+    current: usize,
+    /// VRAM all key/value caches together may take; `None` when the adapter reports no
+    /// memory size (then only an allocation failure stops [`Backend::add_sequence`]).
+    kv_room: Option<u64>,
+    capacity: usize,
+    vram: VramExperts,
+    pool: BufferPool,
+    subgroup: bool,
+    shader_f16: bool,
+    predict: bool,
+    pred: Option<Prediction>,
+    agree: GBuf,
+    in_decode: bool,
+    /// Submissions when the current forward block began.
+    block_start: u64,
+    fail_at_readback: Option<u64>,
+    dense_bytes: u64,
+    stats: GpuStats,
+}
+
+fn bits(v: f32) -> u32 {
+    v.to_bits()
+}
+
+/// The `activation` code of expert_gate_up.wgsl and glu.wgsl (`gated_activation` in
+/// common.wgsl) for the recipe's activation.
+fn activation_code(a: Activation) -> u32 {
+    match a {
+        Activation::ClampedSwiGlu => 0,
+        Activation::SiluGlu => 1,
+    }
+}
+
+/// The `rule` code of router_topk.wgsl for the recipe's routing rule.
+fn routing_code(r: Routing) -> u32 {
+    match r {
+        Routing::TopKThenSoftmax => 0,
+        Routing::SoftmaxThenTopK { renormalize: false } => 1,
+        Routing::SoftmaxThenTopK { renormalize: true } => 2,
+    }
+}
+
+impl GpuBackend {
+    /// Opens a device and uploads the model: dense weights, routers, RoPE tables, a KV
+    /// cache of `capacity` positions and the VRAM expert cache.
+    pub fn new(
+        cfg: Arc<ModelConfig>,
+        dense: Arc<DenseWeights>,
+        experts: Arc<dyn ExpertSource>,
+        capacity: usize,
+        opts: &GpuOptions,
+    ) -> Result<Self> {
+        // The kernels follow the layer recipe (QK-norm, sinks, activation, routing rule,
+        // dense or MoE layers), never the family.
+        let open = device::open(opts.api, opts.allow_software, opts.features)?;
+        let report = open.report.clone();
+        let k = cfg.experts_per_token;
+        if k == 0 || k > MAX_TOP_K || k > cfg.num_experts {
+            return Err(Error::Backend(format!("experts per token {k} is outside 1..={MAX_TOP_K}")));
+        }
+        if cfg.head_dim > MAX_HEAD_DIM || !cfg.head_dim.is_multiple_of(2) {
+            return Err(Error::Backend(format!(
+                "head_dim {} is not an even width up to {MAX_HEAD_DIM}",
+                cfg.head_dim
+            )));
+        }
+        // Parameter ring: every dispatch of a decode step, with room to spare; a batched
+        // step over the reserved sequences adds four dispatches per row and layer (RoPE of
+        // the query and the key, the key/value store, attention).
+        let sequences = opts.kv_caches.max(1);
+        let ring = 64 + (32 + 4 * sequences) * cfg.num_layers + 8 * 16;
+        let mut gpu = Gpu::new(open, opts.max_binding_bytes, ring)?;
+
+        let layers = model::upload_layers(&mut gpu, &cfg, &dense)?;
+        let final_norm = upload_vector(&mut gpu, "norm", &dense.final_norm)?;
+        let head = Arc::new(upload_matrix(&mut gpu, "lm_head", &dense.lm_head)?);
+        gpu.sync()?;
+
+        // RoPE tables for every position the cache can hold.
+        let (cos, sin) = RopeFrequencies::from_config(&cfg).table(capacity);
+        let rope_cos = upload_vector(&mut gpu, "rope cos", &cos)?;
+        let rope_sin = upload_vector(&mut gpu, "rope sin", &sin)?;
+        drop((cos, sin));
+
+        let kv_bytes = (capacity * cfg.kv_dim() * 4) as u64;
+        if kv_bytes > gpu.max_binding {
+            return Err(Error::Backend(format!(
+                "a KV cache of {capacity} positions needs {kv_bytes} bytes per layer, over this adapter's storage binding limit of {}; use --ctx {} or less",
+                gpu.max_binding,
+                gpu.max_binding / (cfg.kv_dim() as u64 * 4)
+            )));
+        }
+        let kv = vec![kv_cache(&mut gpu, 0, cfg.num_layers, kv_bytes)?];
+        let seq_kv_bytes = 2 * kv_bytes * cfg.num_layers as u64;
+        let rope_bytes = rope_cos.size + rope_sin.size;
+
+        let dense_bytes: u64 = layers
+            .iter()
+            .flat_map(|l| [&l.q.m, &l.k.m, &l.v.m, &l.o.m].into_iter().chain(l.ffn.matrices()))
+            .map(|m| m.byte_len())
+            .sum::<u64>()
+            + head.byte_len();
+        let budget = match opts.vram_bytes {
+            Some(b) => b,
+            None => default_expert_budget(&report, dense_bytes, sequences as u64 * seq_kv_bytes),
+        };
+        let vram = VramExperts::new(&mut gpu, &cfg, &experts, budget)?;
+        let expert_bytes = vram.slots as u64 * vram.layout.bytes();
+        let kv_room = opts.kv_vram_bytes.or_else(|| {
+            report
+                .device_memory
+                .map(|m| (m / 10 * 8).saturating_sub(dense_bytes + expert_bytes + rope_bytes + WORKING_BYTES))
+        });
+        let predict = opts.predict.unwrap_or(!vram.is_full());
+        let agree = gpu.buffer_init("prediction counters", &[0u8; 8])?;
+
+        let mut b = GpuBackend {
+            subgroup: gpu.open.subgroup,
+            shader_f16: gpu.open.shader_f16,
+            cfg,
+            dense,
+            source: experts,
+            gpu,
+            layers,
+            final_norm,
+            head,
+            rope_cos,
+            rope_sin,
+            kv,
+            current: 0,
+            kv_room,
+            capacity,
+            vram,
+            pool: BufferPool::default(),
+            predict,
+            pred: None,
+            agree,
+            in_decode: false,
+            block_start: 0,
+            fail_at_readback: opts.fail_at_readback,
+            dense_bytes,
+            stats: GpuStats::default(),
+        };
+        b.prepare_kernels()?;
+        b.gpu.sync()?;
+        b.stats.full_residency = b.vram.is_full();
+        tracing::info!("{}", b.describe());
+        Ok(b)
+    }
+
+    fn variant(&self, op: Op) -> Variant {
+        let mut v = Variant { subgroup: self.subgroup, ..Default::default() };
+        if op.uses_f16() {
+            v.f16 = self.shader_f16;
+        }
+        if op.is_expert() {
+            v.experts = self.vram.layout.format;
+            v.pools = self.vram.pools_per_dispatch;
+        }
+        v
+    }
+
+    fn prepare_kernels(&mut self) -> Result<()> {
+        let mut ops = vec![
+            Op::RmsNorm,
+            Op::RmsNormHeads,
+            Op::Rope,
+            Op::Attention,
+            Op::RouterTopk,
+            Op::RouteAgree,
+            Op::Add,
+            Op::MoeCombine,
+            Op::ExpertGateUp,
+            Op::ExpertDown,
+            Op::KvStore,
+            Op::Copy,
+            Op::Glu,
+        ];
+        for l in &self.layers {
+            for m in [&l.q.m, &l.k.m, &l.v.m, &l.o.m].into_iter().chain(l.ffn.matrices()) {
+                ops.push(m.op);
+            }
+        }
+        ops.push(self.head.op);
+        ops.dedup();
+        for op in ops {
+            let v = self.variant(op);
+            self.gpu.prepare(op, v)?;
+        }
+        Ok(())
+    }
+
+    /// The adapter this backend runs on.
+    pub fn adapter(&self) -> &AdapterReport {
+        &self.gpu.open.report
+    }
+
+    /// The expert cache's shape: slots, pool buffers, pools bound per dispatch, and
+    /// whether every expert is resident.
+    pub fn residency(&self) -> (usize, usize, u32, bool) {
+        (self.vram.slots, self.vram.pools.len(), self.vram.pools_per_dispatch, self.vram.is_full())
+    }
+
+    /// Counters so far.
+    pub fn stats(&self) -> GpuStats {
+        let mut s = self.stats.clone();
+        s.device = self.gpu.counters();
+        if self.in_decode {
+            s.decode_submissions += s.device.submissions - self.block_start;
+        }
+        s.vram = self.vram.stats;
+        s
+    }
+
+    /// Uploads host values as a `[rows, width]` activation (tests and tools).
+    pub fn upload(&mut self, rows: usize, width: usize, values: &[f32]) -> Result<GpuAct> {
+        if values.len() != rows * width {
+            return Err(Error::Backend(format!("upload: {} values for [{rows}, {width}]", values.len())));
+        }
+        let act = self.alloc(rows, width)?;
+        self.gpu.stage(bytemuck::cast_slice(values), act.buf(), 0)?;
+        Ok(act)
+    }
+
+    /// Uploads a host routing decision (tests and tools).
+    pub fn upload_routes(&mut self, routes: &RouteTable) -> Result<GpuRoutes> {
+        let rows = routes.rows();
+        let k = routes.k;
+        let mut w = Vec::with_capacity(rows * 2 * k);
+        for r in 0..rows {
+            w.extend_from_slice(routes.row_experts(r));
+            w.extend(routes.row_weights(r).iter().map(|v| v.to_bits()));
+        }
+        let out = self.alloc_routes(rows)?;
+        self.gpu.stage(bytemuck::cast_slice(&w), out.buf(), 0)?;
+        Ok(out)
+    }
+
+    fn scratch(&mut self, bytes: u64) -> Result<Pooled> {
+        self.pool.take(&mut self.gpu, bytes)
+    }
+
+    fn read_back(&mut self, ranges: &[(&GBuf, u64, u64)]) -> Result<Vec<u8>> {
+        if self.fail_at_readback.is_some_and(|n| self.gpu.counters().readbacks + 1 >= n) {
+            return Err(Error::Backend("device lost (injected for testing)".into()));
+        }
+        let bytes = self.gpu.read_back(ranges)?;
+        if self.in_decode {
+            self.stats.decode_readbacks += 1;
+        }
+        Ok(bytes)
+    }
+}
+
+/// The default VRAM budget for experts: 80% of the adapter's device-local memory minus
+/// the dense weights, the key/value caches (`kv_bytes`, all the slots asked for) and 512 MiB
+/// of working space; 2 GiB when the API does
+/// not report memory. Software adapters share the system's RAM: at most a quarter of it.
+pub fn default_expert_budget(report: &AdapterReport, dense_bytes: u64, kv_bytes: u64) -> u64 {
+    let mut budget = match report.device_memory {
+        Some(m) => (m / 10 * 8).saturating_sub(dense_bytes + kv_bytes + WORKING_BYTES),
+        None => 2 << 30,
+    };
+    if report.is_software() {
+        budget = budget.min(crate::system::total_memory().unwrap_or(8 << 30) / 4);
+    }
+    budget
+}
+
+fn check_shape(what: &str, act: &GpuAct, rows: usize, width: usize) -> Result<()> {
+    crate::backend::check_shape(what, (act.rows(), act.width()), (rows, width))
+}
+
+impl Backend for GpuBackend {
+    type Act = GpuAct;
+    type Routes = GpuRoutes;
+
+    fn describe(&self) -> String {
+        let r = self.adapter();
+        format!(
+            "gpu {} ({:?}, {:?}, {}); kernels: {}{}; experts in VRAM: {} ({} of {} slots); {}",
+            r.name,
+            r.backend,
+            r.device_type,
+            r.driver,
+            if self.subgroup { "subgroup reductions" } else { "workgroup reductions" },
+            if self.shader_f16 { ", f16 loads" } else { "" },
+            if self.vram.is_full() { "all resident" } else { "LRU" },
+            self.vram.slots,
+            self.vram.shape().0 * self.vram.shape().1,
+            self.source.describe()
+        )
+    }
+
+    fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    fn alloc(&mut self, rows: usize, width: usize) -> Result<GpuAct> {
+        let mem = self.pool.take(&mut self.gpu, (rows * width * 4) as u64)?;
+        Ok(GpuAct::new(rows, width, mem))
+    }
+
+    fn alloc_routes(&mut self, rows: usize) -> Result<GpuRoutes> {
+        let k = self.cfg.experts_per_token;
+        let mem = self.pool.take(&mut self.gpu, (rows * 2 * k * 4) as u64)?;
+        Ok(GpuRoutes::new(rows, k, mem))
+    }
+
+    fn embed(&mut self, ids: &[u32], out: &mut GpuAct) -> Result<()> {
+        let h = self.cfg.hidden_size;
+        check_shape("embed", out, ids.len(), h)?;
+        // The table stays on the host (it is as large as the head and needs one row per
+        // token): its rows are decoded here and staged in order with the recorded work.
+        let mut rows = vec![0.0f32; ids.len() * h];
+        for (row, &id) in rows.chunks_mut(h).zip(ids) {
+            if id as usize >= self.cfg.vocab_size {
+                return Err(Error::invalid(format!("token ID {id} is outside the vocabulary")));
+            }
+            self.dense.embed.row_to_f32(id as usize, row);
+        }
+        // A new forward block begins: close the previous one's submission count.
+        let now = self.gpu.counters().submissions;
+        if self.in_decode {
+            self.stats.decode_submissions += now - self.block_start;
+        }
+        self.block_start = now;
+        self.gpu.stage(bytemuck::cast_slice(&rows), out.buf(), 0)?;
+        self.in_decode = ids.len() == 1;
+        self.stats.positions += ids.len() as u64;
+        if self.in_decode {
+            self.stats.decode_steps += 1;
+        }
+        if let Some(p) = self.pred.as_mut() {
+            p.valid_for = None;
+        }
+        Ok(())
+    }
+
+    fn rms_norm(&mut self, norm: NormId, x: &GpuAct, out: &mut GpuAct) -> Result<()> {
+        check_shape("rms_norm", out, x.rows(), x.width())?;
+        let w = match norm {
+            NormId::Attention(l) => self.layers[l].attn_norm.clone(),
+            NormId::Mlp(l) => self.layers[l].mlp_norm.clone(),
+            NormId::Final => self.final_norm.clone(),
+            NormId::Query(_) | NormId::Key(_) => {
+                return Err(Error::Backend(
+                    "rms_norm: QK-norm weights are applied with rms_norm_heads".into(),
+                ));
+            }
+        };
+        let (nx, ny) = self.gpu.grid(x.rows() as u64)?;
+        let params = [x.rows() as u32, x.width() as u32, bits(self.cfg.rms_norm_eps), nx];
+        let v = self.variant(Op::RmsNorm);
+        self.gpu.dispatch(Op::RmsNorm, v, &params, &[x.bind(), out.bind(), Bind::whole(&w)], (nx, ny, 1))
+    }
+
+    fn rms_norm_heads(&mut self, norm: NormId, x: &mut GpuAct) -> Result<()> {
+        let d = self.cfg.head_dim;
+        let (l, key) = match norm {
+            NormId::Query(l) => (l, false),
+            NormId::Key(l) => (l, true),
+            NormId::Attention(_) | NormId::Mlp(_) | NormId::Final => {
+                return Err(Error::Backend(format!(
+                    "rms_norm_heads: {norm:?} is not a QK-norm weight (use rms_norm)"
+                )));
+            }
+        };
+        if !x.width().is_multiple_of(d) {
+            return Err(Error::Backend(format!(
+                "rms_norm_heads: width {} is not whole heads of {d}",
+                x.width()
+            )));
+        }
+        let layer = self.layers.get(l).cloned().ok_or_else(|| Error::Backend(format!("no layer {l}")))?;
+        let (q, k) = layer.qk_norm.as_ref().ok_or_else(|| {
+            Error::Backend(format!("layer {l} has no QK-norm weights (the recipe has no QK-norm)"))
+        })?;
+        let w = if key { k } else { q };
+        let slices = x.rows() * (x.width() / d);
+        let (nx, ny) = self.gpu.grid(slices as u64)?;
+        let params = [slices as u32, d as u32, bits(self.cfg.rms_norm_eps), nx];
+        let v = self.variant(Op::RmsNormHeads);
+        self.gpu.dispatch(Op::RmsNormHeads, v, &params, &[x.bind(), Bind::whole(w)], (nx, ny, 1))
+    }
+
+    fn dense_mlp(&mut self, layer: usize, x: &GpuAct, out: &mut GpuAct) -> Result<()> {
+        self.run_dense_mlp(layer, x, out)
+    }
+
+    fn linear(&mut self, id: LinearId, x: &GpuAct, out: &mut GpuAct) -> Result<()> {
+        self.run_linear(id, x, out)
+    }
+
+    fn rope(&mut self, x: &mut GpuAct, start_pos: usize) -> Result<()> {
+        self.run_rope(x, start_pos)
+    }
+
+    fn rope_rows(&mut self, x: &mut GpuAct, rows: &[SeqPos]) -> Result<()> {
+        self.run_rope_rows(x, rows)
+    }
+
+    fn attention(
+        &mut self,
+        layer: usize,
+        start_pos: usize,
+        q: &GpuAct,
+        k: &GpuAct,
+        v: &GpuAct,
+        out: &mut GpuAct,
+    ) -> Result<()> {
+        self.run_attention(layer, start_pos, q, k, v, out)
+    }
+
+    fn attention_rows(
+        &mut self,
+        layer: usize,
+        rows: &[SeqPos],
+        q: &GpuAct,
+        k: &GpuAct,
+        v: &GpuAct,
+        out: &mut GpuAct,
+    ) -> Result<()> {
+        self.run_attention_rows(layer, rows, q, k, v, out)
+    }
+
+    fn add_sequence(&mut self) -> Result<usize> {
+        let cfg = Arc::clone(&self.cfg);
+        let layer_bytes = (self.capacity * cfg.kv_dim() * 4) as u64;
+        let need = 2 * layer_bytes * cfg.num_layers as u64;
+        let seq = self.kv.len();
+        if let Some(room) = self.kv_room {
+            let used = need.saturating_mul(seq as u64);
+            if used.saturating_add(need) > room {
+                return Err(Error::Backend(format!(
+                    "another key/value cache ({} positions x {} layers) needs {:.1} MiB of VRAM; {:.1} MiB of the {:.1} MiB left for key/value caches after the weights and the expert cache is free ({seq} sequence(s) hold {:.1} MiB); use a smaller --ctx, fewer --parallel slots or a smaller --vram-gb",
+                    self.capacity,
+                    cfg.num_layers,
+                    mib(need),
+                    mib(room.saturating_sub(used)),
+                    mib(room),
+                    mib(used)
+                )));
+            }
+        }
+        let cache = kv_cache(&mut self.gpu, seq, cfg.num_layers, layer_bytes)?;
+        self.kv.push(cache);
+        Ok(seq)
+    }
+
+    fn select_sequence(&mut self, seq: usize) -> Result<()> {
+        check_sequence(seq, self.kv.len())?;
+        self.current = seq;
+        Ok(())
+    }
+
+    fn route(&mut self, layer: usize, x: &GpuAct, routes: &mut GpuRoutes) -> Result<()> {
+        self.run_route(layer, x, routes)
+    }
+
+    fn experts(&mut self, layer: usize, x: &GpuAct, routes: &GpuRoutes, out: &mut GpuAct) -> Result<()> {
+        self.run_experts(layer, x, routes, out)
+    }
+
+    fn add(&mut self, x: &mut GpuAct, y: &GpuAct) -> Result<()> {
+        check_shape("add", x, y.rows(), y.width())?;
+        let n = y.rows() * y.width();
+        let (nx, ny) = self.gpu.grid(n.div_ceil(64) as u64)?;
+        let v = self.variant(Op::Add);
+        self.gpu.dispatch(Op::Add, v, &[n as u32, nx, 0, 0], &[y.bind(), x.bind()], (nx, ny, 1))
+    }
+
+    fn copy_rows(&mut self, src: &GpuAct, first_row: usize, dst: &mut GpuAct) -> Result<()> {
+        if dst.width() != src.width() || first_row + dst.rows() > src.rows() {
+            return Err(Error::Backend("copy_rows: rows out of range".into()));
+        }
+        let w = src.width();
+        self.copy_words(src.buf(), first_row * w, dst.buf(), 0, dst.rows() * w)
+    }
+
+    fn read(&mut self, x: &GpuAct) -> Result<Vec<f32>> {
+        // The prediction counters ride along with every readback (8 bytes, no extra wait).
+        let agree = self.agree.clone();
+        let bytes = self.read_back(&[(x.buf(), 0, x.bytes()), (&agree, 0, 8)])?;
+        let n = x.bytes() as usize;
+        let c = words(&bytes[n..n + 8]);
+        self.stats.predicted_hits = c[0] as u64;
+        self.stats.predicted_total = c[1] as u64;
+        Ok(floats(&bytes[..n]))
+    }
+
+    fn read_routes(&mut self, routes: &GpuRoutes) -> Result<RouteTable> {
+        let bytes = self.read_back(&[(routes.buf(), 0, routes.bytes())])?;
+        Ok(decode_routes(&bytes, routes.rows(), routes.k()))
+    }
+
+    /// Nothing: this backend predicts inside [`route`](Backend::route), with router L+1 on
+    /// the device over layer L's normalized MoE input, and starts the predicted reads when
+    /// it reads layer L's routing back (`GpuOptions::predict` decides whether it runs).
+    fn predict_next(&mut self, _layer: usize, _at: LayerPoint, _rows: RowKind, _x: &GpuAct) -> Result<()> {
+        Ok(())
+    }
+
+    fn expert_stats(&self) -> ExpertStats {
+        self.source.stats()
+    }
+
+    fn report(&self) -> Vec<String> {
+        self.report_lines()
+    }
+}
+
+/// Bytes as MiB, for messages.
+fn mib(bytes: u64) -> f64 {
+    bytes as f64 / (1u64 << 20) as f64
+}
+
+/// The error for a part of a layer that the recipe asks for and the weights lack.
+fn missing(layer: &str, what: &str) -> Error {
+    Error::Backend(format!("{layer}: the layer recipe has {what} but the weights have none"))
+}

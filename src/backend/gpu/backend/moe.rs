@@ -1,0 +1,254 @@
+//! The MoE block on the device: routing (router, top-k, the next layer's prediction and its
+//! score), the expert kernels over the VRAM expert cache, and the weighted combine.
+
+use std::sync::Arc;
+
+use crate::backend::{Backend, LinearId};
+use crate::error::{Error, Result};
+
+use super::super::buffers::{GpuAct, GpuRoutes, decode_routes};
+use super::super::context::{Bind, GBuf};
+use super::super::shaders::Op;
+use super::{GpuBackend, activation_code, bits, check_shape, routing_code};
+
+/// The routing prediction for the next layer, kept across `route` calls.
+pub(super) struct Prediction {
+    pub(super) rows: usize,
+    /// Ping-pong by layer parity: `bufs[l % 2]` holds the prediction for layer `l`.
+    pub(super) bufs: [GpuRoutes; 2],
+    /// The layer the latest prediction is for.
+    pub(super) valid_for: Option<usize>,
+}
+
+impl GpuBackend {
+    pub(super) fn topk(&mut self, logits: &GpuAct, routes: &GpuRoutes) -> Result<()> {
+        let rows = logits.rows();
+        let (nx, ny) = self.gpu.grid(rows.div_ceil(64) as u64)?;
+        let params = [
+            rows as u32,
+            self.cfg.num_experts as u32,
+            self.cfg.experts_per_token as u32,
+            nx,
+            routing_code(self.cfg.recipe.routing),
+            0,
+            0,
+            0,
+        ];
+        let v = self.variant(Op::RouterTopk);
+        self.gpu.dispatch(Op::RouterTopk, v, &params, &[logits.bind(), routes.bind()], (nx, ny, 1))
+    }
+
+    pub(super) fn prediction_buffers(&mut self, rows: usize) -> Result<()> {
+        if self.pred.as_ref().is_some_and(|p| p.rows == rows) {
+            return Ok(());
+        }
+        let k = self.cfg.experts_per_token;
+        let bytes = (rows * 2 * k * 4) as u64;
+        let a = GpuRoutes::new(rows, k, self.scratch(bytes)?);
+        let b = GpuRoutes::new(rows, k, self.scratch(bytes)?);
+        self.pred = Some(Prediction { rows, bufs: [a, b], valid_for: None });
+        Ok(())
+    }
+
+    /// Records the expert kernels of `layer` for every pair whose expert is resident.
+    pub(super) fn dispatch_experts(
+        &mut self,
+        layer: usize,
+        x: &GpuAct,
+        routes: &GpuRoutes,
+        act: &GBuf,
+        contrib: &GBuf,
+    ) -> Result<()> {
+        let cfg = Arc::clone(&self.cfg);
+        let (h, i, k) = (cfg.hidden_size, cfg.intermediate_size, cfg.experts_per_token);
+        let pairs = routes.rows() * k;
+        let lay = self.vram.layout;
+        let vg = self.variant(Op::ExpertGateUp);
+        let vd = self.variant(Op::ExpertDown);
+        let per = self.vram.pools_per_dispatch as usize;
+        let pools = self.vram.pools.clone();
+        let table = self.vram.table.clone();
+        let spp = self.vram.slots_per_pool as u32;
+        let dummy = self.gpu.dummy.clone();
+        let (gx, gy) = self.gpu.grid(i as u64)?;
+        let (dx, dy) = self.gpu.grid(h as u64)?;
+        let act_bytes = (pairs * i * 4) as u64;
+        let contrib_bytes = (pairs * h * 4) as u64;
+        for first in (0..pools.len()).step_by(per) {
+            let mut pool_binds: Vec<Bind<'_>> =
+                pools[first..pools.len().min(first + per)].iter().map(Bind::whole).collect();
+            while pool_binds.len() < per {
+                pool_binds.push(Bind::whole(&dummy));
+            }
+            let mut p0 = 0;
+            while p0 < pairs {
+                let n = (self.gpu.max_groups as usize).min(pairs - p0);
+                let gu = [
+                    layer as u32,
+                    k as u32,
+                    cfg.num_experts as u32,
+                    h as u32,
+                    i as u32,
+                    first as u32,
+                    spp,
+                    lay.stride,
+                    lay.gu_w,
+                    lay.gu_s,
+                    lay.gu_b,
+                    lay.gu_row_words,
+                    lay.gu_groups,
+                    gx,
+                    p0 as u32,
+                    bits(cfg.swiglu_limit),
+                    bits(cfg.swiglu_alpha),
+                    activation_code(cfg.recipe.activation),
+                    0,
+                    0,
+                ];
+                let mut binds =
+                    vec![x.bind(), routes.bind(), Bind::whole(&table), Bind::first(act, act_bytes)];
+                binds.extend(pool_binds.iter().copied());
+                self.gpu.dispatch(Op::ExpertGateUp, vg, &gu, &binds, (gx, gy, n as u32))?;
+                let dn = [
+                    layer as u32,
+                    k as u32,
+                    cfg.num_experts as u32,
+                    h as u32,
+                    i as u32,
+                    first as u32,
+                    spp,
+                    lay.stride,
+                    lay.dn_w,
+                    lay.dn_s,
+                    lay.dn_b,
+                    lay.dn_row_words,
+                    lay.dn_groups,
+                    dx,
+                    p0 as u32,
+                    0,
+                ];
+                let mut binds = vec![
+                    Bind::first(act, act_bytes),
+                    routes.bind(),
+                    Bind::whole(&table),
+                    Bind::first(contrib, contrib_bytes),
+                ];
+                binds.extend(pool_binds.iter().copied());
+                self.gpu.dispatch(Op::ExpertDown, vd, &dn, &binds, (dx, dy, n as u32))?;
+                p0 += n;
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn run_route(&mut self, layer: usize, x: &GpuAct, routes: &mut GpuRoutes) -> Result<()> {
+        let cfg = Arc::clone(&self.cfg);
+        let rows = x.rows();
+        if routes.rows() != rows {
+            return Err(Error::Backend(format!("route: {} routing rows for {rows} rows", routes.rows())));
+        }
+        let logits = self.alloc(rows, cfg.num_experts)?;
+        let mut out = logits;
+        self.linear(LinearId::Router(layer), x, &mut out)?;
+        self.topk(&out, routes)?;
+        if !self.predict {
+            return Ok(());
+        }
+        // Score the prediction made for this layer at the previous one, on the GPU.
+        self.prediction_buffers(rows)?;
+        let pred = self.pred.take().ok_or_else(|| Error::Backend("prediction buffers".into()))?;
+        let next_moe = self.layers.get(layer + 1).is_some_and(|l| l.router().is_some());
+        let result = (|| {
+            if pred.valid_for == Some(layer) {
+                let (nx, ny) = self.gpu.grid(rows.div_ceil(64) as u64)?;
+                let params = [rows as u32, cfg.experts_per_token as u32, nx, 0];
+                let v = self.variant(Op::RouteAgree);
+                let agree = self.agree.clone();
+                let binds = [pred.bufs[layer % 2].bind(), routes.bind(), Bind::whole(&agree)];
+                self.gpu.dispatch(Op::RouteAgree, v, &params, &binds, (nx, ny, 1))?;
+            }
+            // Router L+1 on layer L's normalized activation: the prefetcher's hint (when
+            // layer L+1 is a MoE layer).
+            if next_moe {
+                self.linear(LinearId::Router(layer + 1), x, &mut out)?;
+                self.topk(&out, &pred.bufs[(layer + 1) % 2])?;
+            }
+            Ok(())
+        })();
+        let mut pred = pred;
+        pred.valid_for = next_moe.then_some(layer + 1);
+        self.pred = Some(pred);
+        result
+    }
+
+    pub(super) fn run_experts(
+        &mut self,
+        layer: usize,
+        x: &GpuAct,
+        routes: &GpuRoutes,
+        out: &mut GpuAct,
+    ) -> Result<()> {
+        let cfg = Arc::clone(&self.cfg);
+        let (h, i, k) = (cfg.hidden_size, cfg.intermediate_size, cfg.experts_per_token);
+        let rows = x.rows();
+        check_shape("experts out", out, rows, h)?;
+        let pairs = rows * k;
+        let act = self.scratch((pairs * i * 4) as u64)?;
+        let contrib = self.scratch((pairs * h * 4) as u64)?;
+        let mut predicted: Vec<usize> = Vec::new();
+        if self.vram.is_full() {
+            // Every expert is resident: the kernels find their slots on the device.
+            self.vram.stats.hits += pairs as u64;
+            self.dispatch_experts(layer, x, routes, act.buf(), contrib.buf())?;
+        } else {
+            // Read back this layer's routing (and the prediction for the next layer, in the
+            // same readback), make its experts resident, then dispatch.
+            let next = self.pred.as_ref().filter(|p| p.valid_for == Some(layer + 1) && p.rows == rows);
+            let mut ranges = vec![(routes.buf(), 0, routes.bytes())];
+            if let Some(p) = next {
+                let b = &p.bufs[(layer + 1) % 2];
+                ranges.push((b.buf(), 0, b.bytes()));
+            }
+            let ranges: Vec<(GBuf, u64, u64)> =
+                ranges.into_iter().map(|(b, o, s)| (b.clone(), o, s)).collect();
+            let refs: Vec<(&GBuf, u64, u64)> = ranges.iter().map(|(b, o, s)| (b, *o, *s)).collect();
+            let bytes = self.read_back(&refs)?;
+            self.stats.route_readbacks += 1;
+            let table = decode_routes(&bytes, rows, k);
+            if ranges.len() > 1 {
+                let p = decode_routes(&bytes[routes.bytes() as usize..], rows, k);
+                predicted = p.experts.iter().map(|&e| e as usize).collect();
+                predicted.sort_unstable();
+                predicted.dedup();
+                // Start the disk reads of the predicted experts now, in the RAM tier's
+                // background readers, so they overlap this layer's uploads and kernels.
+                if layer + 1 < cfg.num_layers {
+                    self.source.prefetch(layer + 1, &predicted);
+                }
+            }
+            let mut needed: Vec<usize> = table.experts.iter().map(|&e| e as usize).collect();
+            needed.sort_unstable();
+            needed.dedup();
+            if needed.iter().any(|&e| e >= cfg.num_experts) {
+                return Err(Error::Backend(format!("layer {layer}: routing names an expert out of range")));
+            }
+            for chunk in needed.chunks(self.vram.slots) {
+                self.vram.ensure(&mut self.gpu, &self.source, layer, chunk, false)?;
+                self.dispatch_experts(layer, x, routes, act.buf(), contrib.buf())?;
+            }
+        }
+        let (nx, ny) = self.gpu.grid((rows * h).div_ceil(64) as u64)?;
+        let params = [rows as u32, h as u32, k as u32, nx];
+        let v = self.variant(Op::MoeCombine);
+        let cb = Bind::first(contrib.buf(), (pairs * h * 4) as u64);
+        self.gpu.dispatch(Op::MoeCombine, v, &params, &[cb, routes.bind(), out.bind()], (nx, ny, 1))?;
+        if !predicted.is_empty() && layer + 1 < cfg.num_layers {
+            // Submit this layer's work, then fetch and upload the predicted experts of the
+            // next layer while the device runs it.
+            self.gpu.flush()?;
+            predicted.truncate(self.vram.slots);
+            self.vram.ensure(&mut self.gpu, &self.source, layer + 1, &predicted, true)?;
+        }
+        Ok(())
+    }
+}
