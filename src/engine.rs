@@ -40,6 +40,15 @@ pub trait Runner: Send {
         rows: LogitRows,
         observer: &mut dyn Observer,
     ) -> Result<Vec<f32>>;
+    /// Runs `ids` at positions `start_pos..` and returns the greedy next token: the argmax
+    /// of the last position's logits (the first of equal maxima), failing on non-finite
+    /// logits as the sampler does. The default computes the logits and picks on the host;
+    /// a runner on a GPU reads back only the token ID.
+    fn forward_greedy(&mut self, ids: &[u32], start_pos: usize) -> Result<u32> {
+        let logits = self.forward(ids, start_pos, LogitRows::Last, &mut crate::model::NoObserver)?;
+        crate::sample::check_finite(&logits, start_pos + ids.len().saturating_sub(1))?;
+        Ok(crate::model::math::argmax_with_margin(&logits).0 as u32)
+    }
     /// Most positions one forward call computes at once (the prefill block, `--prefill-block`);
     /// a session feeds long prompts in blocks of this size so it can stop between them.
     /// By default a runner takes any number of positions in one call.
@@ -113,6 +122,10 @@ impl<B: Backend + Send> Runner for Forward<B> {
 
     fn prefill_block(&self) -> usize {
         self.max_batch()
+    }
+
+    fn forward_greedy(&mut self, ids: &[u32], start_pos: usize) -> Result<u32> {
+        self.run_greedy(ids, start_pos)
     }
 
     fn times(&self) -> PhaseTimes {

@@ -87,6 +87,21 @@ impl Runner for FallbackRunner {
         self.forward_on(0, ids, start_pos, rows, observer)
     }
 
+    fn forward_greedy(&mut self, ids: &[u32], start_pos: usize) -> Result<u32> {
+        self.check_position(0, start_pos)?;
+        let token = match self.current.forward_greedy(ids, start_pos) {
+            Err(Error::Backend(why)) if self.on_gpu => {
+                self.history[0].truncate(start_pos);
+                self.fall_back(&why)?;
+                self.current.forward_greedy(ids, start_pos)?
+            }
+            r => r?,
+        };
+        self.history[0].truncate(start_pos);
+        self.history[0].extend_from_slice(ids);
+        Ok(token)
+    }
+
     fn add_sequence(&mut self) -> Result<usize> {
         let seq = self.current.add_sequence()?;
         self.history.push(Vec::new());

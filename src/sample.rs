@@ -233,6 +233,20 @@ impl Sampler {
         }
     }
 
+    /// True when this sampler picks the argmax of the model's logits as they are: greedy,
+    /// no bias or penalty, no log probabilities, no constraint. A runner may then find the
+    /// argmax where the logits are ([`crate::engine::Runner::forward_greedy`]: on a GPU,
+    /// only the token ID is read back) and the sampler is not asked.
+    pub fn is_plain_greedy(&self) -> bool {
+        let p = &self.params;
+        p.temperature == 0.0
+            && p.repetition_penalty == 1.0
+            && p.logit_bias.is_empty()
+            && !p.counts_tokens()
+            && p.logprobs.is_none()
+            && self.constraint.is_none()
+    }
+
     /// The settings.
     pub fn params(&self) -> &SamplingParams {
         &self.params

@@ -43,12 +43,15 @@ pub struct Session {
     /// The logit rows of the last forward pass (its last row belongs to the last consumed
     /// token); empty when they were not computed or no longer match the cache.
     logits: Vec<f32>,
+    /// The greedy next token after the last consumed one, when the last forward pass was a
+    /// greedy step ([`Runner::forward_greedy`]) instead of logits.
+    next_token: Option<u32>,
 }
 
 impl Session {
     /// A fresh session (empty cache).
     pub fn new(runner: Box<dyn Runner>) -> Self {
-        Session { runner, tokens: Vec::new(), logits: Vec::new() }
+        Session { runner, tokens: Vec::new(), logits: Vec::new(), next_token: None }
     }
 
     /// A session on `runner` whose cache already holds `tokens` at positions `0..` (the
@@ -56,7 +59,7 @@ impl Session {
     /// caller vouches that the cache matches; no logits are kept, so the next turn
     /// recomputes its last token's.
     pub fn with_history(runner: Box<dyn Runner>, tokens: Vec<u32>) -> Self {
-        Session { runner, tokens, logits: Vec::new() }
+        Session { runner, tokens, logits: Vec::new(), next_token: None }
     }
 
     /// The runner and the tokens its cache holds, for [`with_history`](Self::with_history)
@@ -122,6 +125,7 @@ impl Session {
         if keep < self.tokens.len() {
             self.tokens.truncate(keep);
             self.logits.clear();
+            self.next_token = None;
         }
         Ok(())
     }
@@ -182,6 +186,21 @@ impl Session {
         let logits = self.runner.forward(ids, self.pos(), rows, observer)?;
         self.tokens.extend_from_slice(ids);
         self.logits = if matches!(rows, LogitRows::None) { Vec::new() } else { logits };
+        self.next_token = None;
+        Ok(())
+    }
+
+    /// Consumes `token` and keeps the greedy next token instead of logits (for a plain
+    /// greedy sampler: on a GPU only the token ID is read back). On error nothing has
+    /// changed but the logits, which no longer match.
+    fn consume_greedy(&mut self, token: u32) -> Result<()> {
+        self.check_ids(&[token])?;
+        self.check_fits(self.pos(), 1)?;
+        self.logits.clear();
+        self.next_token = None;
+        let next = self.runner.forward_greedy(&[token], self.pos())?;
+        self.tokens.push(token);
+        self.next_token = Some(next);
         Ok(())
     }
 
@@ -223,7 +242,7 @@ impl Session {
         stop: &[u32],
         on_token: &mut dyn FnMut(&Sampled) -> bool,
     ) -> Result<Generation> {
-        if prompt.is_empty() && max_new > 0 && self.last_logits().is_none() {
+        if prompt.is_empty() && max_new > 0 && self.last_logits().is_none() && self.next_token.is_none() {
             // Continue from the last consumed token: its logits were not kept (a turn ends
             // by consuming its last token without them), so compute them again; its cache
             // entry is rewritten with the same values.
@@ -242,12 +261,17 @@ impl Session {
             if self.pos() >= self.capacity() {
                 return Ok(Generation { tokens: out, stop: StopReason::ContextFull });
             }
-            let Some(logits) = self.last_logits() else {
-                break;
+            let sampled = match self.next_token.take() {
+                Some(token) => Sampled::token(token),
+                None => {
+                    let Some(logits) = self.last_logits() else {
+                        break;
+                    };
+                    // Non-finite logits are an error, not a token: the cache still matches
+                    // the history (the last token was consumed), so the session stays usable.
+                    sampler.sample_with_logprobs(logits, &self.tokens)?
+                }
             };
-            // Non-finite logits are an error, not a token: the cache still matches the
-            // history (the last token was consumed), so the session stays usable.
-            let sampled = sampler.sample_with_logprobs(logits, &self.tokens)?;
             let token = sampled.token;
             // A constraint computes its next mask while the token is consumed below.
             sampler.advance(token);
@@ -255,8 +279,17 @@ impl Session {
             let keep_going = on_token(&sampled);
             let is_stop = stop.contains(&token);
             let more = keep_going && !is_stop && out.len() < max_new;
-            // Consume what was emitted, so the cache matches the history.
-            self.consume(&[token], if more { LogitRows::Last } else { LogitRows::None }, &mut NoObserver)?;
+            // Consume what was emitted, so the cache matches the history. A plain greedy
+            // sampler takes the next token straight from the runner.
+            if more && sampler.is_plain_greedy() {
+                self.consume_greedy(token)?;
+            } else {
+                self.consume(
+                    &[token],
+                    if more { LogitRows::Last } else { LogitRows::None },
+                    &mut NoObserver,
+                )?;
+            }
             if is_stop {
                 return Ok(Generation { tokens: out, stop: StopReason::Stop(token) });
             }

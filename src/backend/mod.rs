@@ -170,6 +170,21 @@ pub trait Backend {
     fn rms_norm_heads(&mut self, norm: NormId, x: &mut Self::Act) -> Result<()>;
     /// `out = W x + b`, row by row.
     fn linear(&mut self, w: LinearId, x: &Self::Act, out: &mut Self::Act) -> Result<()>;
+    /// The three attention projections of `layer` over the same input: `q = Wq x + bq`,
+    /// `k = Wk x + bk`, `v = Wv x + bv`. The default runs [`linear`](Self::linear) three
+    /// times; a backend may run them as one product over the stacked matrices.
+    fn linear_qkv(
+        &mut self,
+        layer: usize,
+        x: &Self::Act,
+        q: &mut Self::Act,
+        k: &mut Self::Act,
+        v: &mut Self::Act,
+    ) -> Result<()> {
+        self.linear(LinearId::Q(layer), x, q)?;
+        self.linear(LinearId::K(layer), x, k)?;
+        self.linear(LinearId::V(layer), x, v)
+    }
     /// Rotates every head of every row by its position (`x` is `[rows, heads * head_dim]`).
     fn rope(&mut self, x: &mut Self::Act, start_pos: usize) -> Result<()>;
     /// Stores the rows' keys and values at their positions in the cache of `layer`, then
@@ -213,6 +228,47 @@ pub trait Backend {
     /// prompt block or a decode step. Must not change results. Required, so that each backend
     /// says what it does.
     fn predict_next(&mut self, layer: usize, at: LayerPoint, rows: RowKind, x: &Self::Act) -> Result<()>;
+
+    /// The attention half of layer `layer` as one fused sequence of kernels, for the
+    /// `x.rows()` positions from `start_pos` of the selected sequence: `x += O(attention(
+    /// rope(QKV(rms_norm(x)))))` with the key/value cache extended, the same math as the
+    /// ops one by one. Returns `false`, having done nothing, where the backend has no fused
+    /// path for this block; the forward pass then runs the ops. The default has none, so
+    /// the CPU oracle stays the plain sequence of ops.
+    fn fused_attention(&mut self, _layer: usize, _start_pos: usize, _x: &mut Self::Act) -> Result<bool> {
+        Ok(false)
+    }
+
+    /// The MoE half of layer `layer` fused: `x += experts(rms_norm(x))` by the layer's
+    /// routing, which is left in `routes` (for observers). A backend that fuses it also
+    /// makes its own prediction of the next layer (the forward pass then skips
+    /// [`predict_next`](Self::predict_next) at [`LayerPoint::BeforeMlp`]). Returns `false`,
+    /// having done nothing, where it has no fused path; the default has none.
+    fn fused_moe(&mut self, _layer: usize, _x: &mut Self::Act, _routes: &mut Self::Routes) -> Result<bool> {
+        Ok(false)
+    }
+
+    /// `logits = head(rms_norm_final(x))` in one fused step. Returns `false`, having done
+    /// nothing, where the backend has no fused path; the default has none.
+    fn fused_head(&mut self, _x: &Self::Act, _logits: &mut Self::Act) -> Result<bool> {
+        Ok(false)
+    }
+
+    /// The argmax of every row of `logits` (`[rows, vocab]`; the first of equal maxima, as
+    /// [`crate::model::math::argmax_with_margin`]), failing as the sampler does
+    /// ([`crate::sample::check_finite`]) when a row holds a non-finite value;
+    /// `first_position` names the first row's position in that error. A synchronization
+    /// point. The default reads the logits back; a GPU reads back only the IDs.
+    fn argmax_rows(&mut self, logits: &Self::Act, first_position: usize) -> Result<Vec<u32>> {
+        let values = self.read(logits)?;
+        let vocab = self.config().vocab_size;
+        let mut out = Vec::with_capacity(values.len() / vocab.max(1));
+        for (r, row) in values.chunks(vocab.max(1)).enumerate() {
+            crate::sample::check_finite(row, first_position + r)?;
+            out.push(crate::model::math::argmax_with_margin(row).0 as u32);
+        }
+        Ok(out)
+    }
 
     /// Counters of the expert source behind the backend.
     fn expert_stats(&self) -> ExpertStats;

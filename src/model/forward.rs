@@ -180,7 +180,39 @@ impl<B: Backend> Forward<B> {
         let result =
             self.backend.on_workers(move |b| layers(b, times, scratch, ids, placement, all, &mut NoObserver));
         self.scratch = Some(s);
-        result
+        self.read_logits(result?)
+    }
+
+    /// Runs `ids` at positions `start_pos..` of the selected sequence and returns the
+    /// argmax of the last position's logits (the greedy next token), as
+    /// [`Backend::argmax_rows`] finds it: a GPU reads back the token ID, not the logits.
+    /// The caller has validated IDs and capacity.
+    pub fn run_greedy(&mut self, ids: &[u32], start_pos: usize) -> Result<u32> {
+        let Some(last) = ids.len().checked_sub(1) else {
+            return Err(Error::invalid("a greedy step needs at least one token"));
+        };
+        let blocks = ids.len().div_ceil(self.max_batch);
+        let mut logits = None;
+        for (b, block) in ids.chunks(self.max_batch).enumerate() {
+            let rows = (b + 1 == blocks).then(|| block.len() - 1..block.len());
+            logits = self.run_layers(block, start_pos + b * self.max_batch, rows, &mut NoObserver)?;
+        }
+        let logits = logits.ok_or_else(|| Error::Backend("the last block computed no logits".into()))?;
+        let t0 = Instant::now();
+        let token = self.backend.argmax_rows(&logits, start_pos + last)?;
+        self.times.head += t0.elapsed();
+        token.first().copied().ok_or_else(|| Error::Backend("argmax of no rows".into()))
+    }
+
+    /// Reads the logits a block computed back to the host (none: an empty vector).
+    fn read_logits(&mut self, logits: Option<B::Act>) -> Result<Vec<f32>> {
+        let Some(logits) = logits else {
+            return Ok(Vec::new());
+        };
+        let t0 = Instant::now();
+        let out = self.backend.read(&logits);
+        self.times.head += t0.elapsed();
+        out
     }
 
     fn scratch(&mut self, rows: usize) -> Result<Scratch<B>> {
@@ -211,6 +243,18 @@ impl<B: Backend> Forward<B> {
         logit_rows: Option<std::ops::Range<usize>>,
         observer: &mut dyn Observer,
     ) -> Result<Vec<f32>> {
+        let logits = self.run_layers(ids, start_pos, logit_rows, observer)?;
+        self.read_logits(logits)
+    }
+
+    /// The layers and head of one block, leaving the logits of `logit_rows` on the device.
+    fn run_layers(
+        &mut self,
+        ids: &[u32],
+        start_pos: usize,
+        logit_rows: Option<std::ops::Range<usize>>,
+        observer: &mut dyn Observer,
+    ) -> Result<Option<B::Act>> {
         let mut s = self.scratch(ids.len())?;
         let placement = Placement::Run { start_pos };
         let result = if observer.enabled() {
@@ -239,7 +283,7 @@ fn layers<B: Backend>(
     placement: Placement<'_>,
     logit_rows: Option<std::ops::Range<usize>>,
     observer: &mut dyn Observer,
-) -> Result<Vec<f32>> {
+) -> Result<Option<B::Act>> {
     let start_pos = match placement {
         Placement::Run { start_pos } => start_pos,
         Placement::Rows(_) => 0,
@@ -258,45 +302,53 @@ fn layers<B: Backend>(
             observer.residual(layer, start_pos, &b.read(&s.x)?);
         }
         let t0 = Instant::now();
-        b.rms_norm(NormId::Attention(layer), &s.x, &mut s.normed)?;
-        b.linear(LinearId::Q(layer), &s.normed, &mut s.q)?;
-        b.linear(LinearId::K(layer), &s.normed, &mut s.k)?;
-        b.linear(LinearId::V(layer), &s.normed, &mut s.v)?;
-        if qk_norm {
-            b.rms_norm_heads(NormId::Query(layer), &mut s.q)?;
-            b.rms_norm_heads(NormId::Key(layer), &mut s.k)?;
-        }
-        match placement {
-            Placement::Run { start_pos } => {
-                b.rope(&mut s.q, start_pos)?;
-                b.rope(&mut s.k, start_pos)?;
-                b.attention(layer, start_pos, &s.q, &s.k, &s.v, &mut s.attn)?;
+        let fused = match placement {
+            Placement::Run { start_pos } => b.fused_attention(layer, start_pos, &mut s.x)?,
+            Placement::Rows(_) => false,
+        };
+        if !fused {
+            b.rms_norm(NormId::Attention(layer), &s.x, &mut s.normed)?;
+            b.linear_qkv(layer, &s.normed, &mut s.q, &mut s.k, &mut s.v)?;
+            if qk_norm {
+                b.rms_norm_heads(NormId::Query(layer), &mut s.q)?;
+                b.rms_norm_heads(NormId::Key(layer), &mut s.k)?;
             }
-            Placement::Rows(rows) => {
-                b.rope_rows(&mut s.q, rows)?;
-                b.rope_rows(&mut s.k, rows)?;
-                b.attention_rows(layer, rows, &s.q, &s.k, &s.v, &mut s.attn)?;
+            match placement {
+                Placement::Run { start_pos } => {
+                    b.rope(&mut s.q, start_pos)?;
+                    b.rope(&mut s.k, start_pos)?;
+                    b.attention(layer, start_pos, &s.q, &s.k, &s.v, &mut s.attn)?;
+                }
+                Placement::Rows(rows) => {
+                    b.rope_rows(&mut s.q, rows)?;
+                    b.rope_rows(&mut s.k, rows)?;
+                    b.attention_rows(layer, rows, &s.q, &s.k, &s.v, &mut s.attn)?;
+                }
             }
+            b.linear(LinearId::O(layer), &s.attn, &mut s.proj)?;
+            b.add(&mut s.x, &s.proj)?;
         }
-        b.linear(LinearId::O(layer), &s.attn, &mut s.proj)?;
-        b.add(&mut s.x, &s.proj)?;
         let t1 = Instant::now();
-        b.rms_norm(NormId::Mlp(layer), &s.x, &mut s.normed)?;
-        match b.config().mlp_kinds[layer] {
-            MlpKind::Moe => {
+        let moe = b.config().mlp_kinds[layer] == MlpKind::Moe;
+        if moe && b.fused_moe(layer, &mut s.x, &mut s.routes)? {
+            if observe {
+                observer.routes(layer, start_pos, &b.read_routes(&s.routes)?);
+            }
+        } else {
+            b.rms_norm(NormId::Mlp(layer), &s.x, &mut s.normed)?;
+            if moe {
                 b.route(layer, &s.normed, &mut s.routes)?;
                 if observe {
                     observer.routes(layer, start_pos, &b.read_routes(&s.routes)?);
                 }
                 b.predict_next(layer, LayerPoint::BeforeMlp, row_kind, &s.x)?;
                 b.experts(layer, &s.normed, &s.routes, &mut s.proj)?;
-            }
-            MlpKind::Dense => {
+            } else {
                 b.predict_next(layer, LayerPoint::BeforeMlp, row_kind, &s.x)?;
                 b.dense_mlp(layer, &s.normed, &mut s.proj)?
             }
+            b.add(&mut s.x, &s.proj)?;
         }
-        b.add(&mut s.x, &s.proj)?;
         b.predict_next(layer, LayerPoint::AfterLayer, row_kind, &s.x)?;
         let t2 = Instant::now();
         times.attention += t1 - t0;
@@ -306,18 +358,30 @@ fn layers<B: Backend>(
         observer.residual(layers, start_pos, &b.read(&s.x)?);
     }
     let Some(rows) = logit_rows else {
-        return Ok(Vec::new());
+        return Ok(None);
     };
     let t0 = Instant::now();
     let vocab = b.config().vocab_size;
     let hidden = b.config().hidden_size;
-    let mut selected = b.alloc(rows.len(), hidden)?;
-    b.copy_rows(&s.x, rows.start, &mut selected)?;
-    let mut normed = b.alloc(rows.len(), hidden)?;
-    b.rms_norm(NormId::Final, &selected, &mut normed)?;
     let mut logits = b.alloc(rows.len(), vocab)?;
-    b.linear(LinearId::LmHead, &normed, &mut logits)?;
-    let out = b.read(&logits)?;
+    if rows.len() == ids.len() {
+        head(b, &s.x, &mut s.normed, &mut logits)?;
+    } else {
+        let mut selected = b.alloc(rows.len(), hidden)?;
+        b.copy_rows(&s.x, rows.start, &mut selected)?;
+        let mut normed = b.alloc(rows.len(), hidden)?;
+        head(b, &selected, &mut normed, &mut logits)?;
+    }
     times.head += t0.elapsed();
-    Ok(out)
+    Ok(Some(logits))
+}
+
+/// `logits = head(rms_norm_final(x))`, fused where the backend can (`normed` is scratch of
+/// `x`'s shape).
+fn head<B: Backend>(b: &mut B, x: &B::Act, normed: &mut B::Act, logits: &mut B::Act) -> Result<()> {
+    if b.fused_head(x, logits)? {
+        return Ok(());
+    }
+    b.rms_norm(NormId::Final, x, normed)?;
+    b.linear(LinearId::LmHead, normed, logits)
 }

@@ -61,11 +61,20 @@ pub enum Op {
     Copy,
     /// The gated activation of a dense MLP layer over its fused gate/up projection.
     Glu,
+    /// One decoded token's attention per (KV head, key split), with its QK-norm, RoPE and
+    /// key/value store (flash-decoding, first half).
+    AttentionDecode,
+    /// Combines the splits of [`Op::AttentionDecode`] and the sink per query head.
+    AttentionMerge,
+    /// The argmax of each row of logits (greedy decoding), in two stages.
+    Argmax,
+    /// A column range of a row-major activation (Q, K or V of the fused projection).
+    GatherCols,
 }
 
 impl Op {
     /// Every op.
-    pub const ALL: [Op; 17] = [
+    pub const ALL: [Op; 21] = [
         Op::MatvecF32,
         Op::MatvecBf16,
         Op::MatvecInt8,
@@ -83,6 +92,10 @@ impl Op {
         Op::KvStore,
         Op::Copy,
         Op::Glu,
+        Op::AttentionDecode,
+        Op::AttentionMerge,
+        Op::Argmax,
+        Op::GatherCols,
     ];
 
     /// File name under `shaders/`.
@@ -105,6 +118,10 @@ impl Op {
             Op::KvStore => "kv_store.wgsl",
             Op::Copy => "copy.wgsl",
             Op::Glu => "glu.wgsl",
+            Op::AttentionDecode => "attention_decode.wgsl",
+            Op::AttentionMerge => "attention_merge.wgsl",
+            Op::Argmax => "argmax.wgsl",
+            Op::GatherCols => "gather_cols.wgsl",
         }
     }
 
@@ -127,6 +144,10 @@ impl Op {
             Op::KvStore => include_str!("../../../shaders/kv_store.wgsl"),
             Op::Copy => include_str!("../../../shaders/copy.wgsl"),
             Op::Glu => include_str!("../../../shaders/glu.wgsl"),
+            Op::AttentionDecode => include_str!("../../../shaders/attention_decode.wgsl"),
+            Op::AttentionMerge => include_str!("../../../shaders/attention_merge.wgsl"),
+            Op::Argmax => include_str!("../../../shaders/argmax.wgsl"),
+            Op::GatherCols => include_str!("../../../shaders/gather_cols.wgsl"),
         }
     }
 
@@ -158,7 +179,10 @@ impl Op {
             Op::MoeCombine => vec![R, R, W],
             Op::ExpertGateUp | Op::ExpertDown => vec![R, R, R, W],
             Op::KvStore => vec![R, R, W, W],
-            Op::Copy | Op::Glu => vec![R, W],
+            Op::Copy | Op::Glu | Op::GatherCols => vec![R, W],
+            Op::AttentionDecode => vec![R, W, W, R, R, R, W],
+            Op::AttentionMerge => vec![R, R, W],
+            Op::Argmax => vec![R, W, W],
         };
         if self.is_expert() {
             v.extend(std::iter::repeat_n(R, pools as usize));

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::backend::{SeqPos, check_step_rows};
+use crate::backend::{Backend, NormId, SeqPos, check_step_rows};
 use crate::error::{Error, Result};
 
 use super::super::buffers::GpuAct;
@@ -181,4 +181,134 @@ pub(super) fn kv_cache(
             ))
         })
         .collect()
+}
+
+/// Keys one split of the fused decode attention covers (a multiple of its 64-key tile),
+/// unless the context needs more than [`MAX_SPLITS`] splits.
+const SPLIT_KEYS: usize = 128;
+/// Most splits of the fused decode attention (its partial buffer is sized for them).
+pub(super) const MAX_SPLITS: usize = 256;
+
+/// Bytes of the partial buffer of the fused decode attention for `cfg`, or `None` where its
+/// kernel does not take the shape (more than 16 query heads per KV head, more than 2048
+/// query values per KV head, head_dim over 256): such a model decodes with the separate
+/// kernels.
+pub(super) fn decode_partial_bytes(cfg: &crate::config::ModelConfig) -> Option<u64> {
+    let kv = cfg.num_kv_heads;
+    if kv == 0 || !cfg.num_heads.is_multiple_of(kv) {
+        return None;
+    }
+    let group = cfg.num_heads / kv;
+    let d = cfg.head_dim;
+    if group == 0 || group > 16 || group * d > 2048 || d > 256 {
+        return None;
+    }
+    Some((kv * MAX_SPLITS * group * (d + 2) * 4) as u64)
+}
+
+/// Keys per split and splits for a decode over `keys` visible keys.
+fn splits_for(keys: usize) -> (usize, usize) {
+    let mut chunk = SPLIT_KEYS;
+    if keys.div_ceil(chunk) > MAX_SPLITS {
+        chunk = keys.div_ceil(MAX_SPLITS).next_multiple_of(64);
+    }
+    (chunk, keys.div_ceil(chunk).max(1))
+}
+
+impl GpuBackend {
+    /// The attention half of a decoded token's layer in four kernels: the stacked Q/K/V
+    /// product of the normalized residual, attention_decode.wgsl (QK-norm, RoPE, the
+    /// key/value store and attention over the key splits), attention_merge.wgsl, and the
+    /// output projection added to the residual. `false` for a prompt block or a shape the
+    /// fused kernel does not take (then the ops run one by one).
+    pub(super) fn run_fused_attention(&mut self, layer: usize, pos: usize, x: &mut GpuAct) -> Result<bool> {
+        let Some(partial) = self.attn_partial.clone() else {
+            return Ok(false);
+        };
+        if x.rows() != 1 {
+            return Ok(false);
+        }
+        if pos >= self.capacity {
+            return Err(Error::ContextFull { needed: pos + 1, capacity: self.capacity });
+        }
+        let cfg = Arc::clone(&self.cfg);
+        let owner =
+            self.layers.get(layer).cloned().ok_or_else(|| Error::Backend(format!("no layer {layer}")))?;
+        let mut normed = self.alloc(1, cfg.hidden_size)?;
+        self.rms_norm(NormId::Attention(layer), x, &mut normed)?;
+        let qkv = self.qkv_product(&owner, &normed)?;
+
+        let first = cfg.window(layer).map_or(0, |w| (pos + 1).saturating_sub(w));
+        let (chunk, splits) = splits_for(pos + 1 - first);
+        let group = cfg.num_heads / cfg.num_kv_heads;
+        let (kc, vc) = self.kv[self.current][layer].clone();
+        let (nx, ny) = self.gpu.grid((cfg.num_kv_heads * splits) as u64)?;
+        let params = [
+            pos as u32,
+            first as u32,
+            chunk as u32,
+            splits as u32,
+            cfg.num_kv_heads as u32,
+            cfg.head_dim as u32,
+            group as u32,
+            cfg.q_dim() as u32,
+            cfg.kv_dim() as u32,
+            bits(1.0 / (cfg.head_dim as f32).sqrt()),
+            bits(cfg.rms_norm_eps),
+            owner.qk_w.is_some() as u32,
+            nx,
+            0,
+            0,
+            0,
+        ];
+        let dummy = self.gpu.dummy.clone();
+        let (c, s) = (self.rope_cos.clone(), self.rope_sin.clone());
+        let binds = [
+            qkv.bind(),
+            Bind::whole(&kc),
+            Bind::whole(&vc),
+            Bind::whole(&c),
+            Bind::whole(&s),
+            Bind::whole(owner.qk_w.as_ref().unwrap_or(&dummy)),
+            Bind::whole(&partial),
+        ];
+        let v = self.variant(Op::AttentionDecode);
+        self.gpu.dispatch(Op::AttentionDecode, v, &params, &binds, (nx, ny, 1))?;
+
+        let attn = self.alloc(1, cfg.q_dim())?;
+        let (nx, ny) = self.gpu.grid(cfg.num_heads as u64)?;
+        let params = [
+            cfg.num_heads as u32,
+            cfg.head_dim as u32,
+            group as u32,
+            splits as u32,
+            owner.sinks.is_some() as u32,
+            nx,
+            0,
+            0,
+        ];
+        let sinks = owner.sinks.clone().unwrap_or(dummy);
+        let v = self.variant(Op::AttentionMerge);
+        let binds = [Bind::whole(&partial), Bind::whole(&sinks), attn.bind()];
+        self.gpu.dispatch(Op::AttentionMerge, v, &params, &binds, (nx, ny, 1))?;
+
+        let proj = self.alloc(1, cfg.hidden_size)?;
+        self.matvec(&owner.o.m, owner.o.bias.as_ref(), &attn, &proj)?;
+        self.add(x, &proj)?;
+        Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn splits_cover_every_key_within_the_partial_buffer() {
+        for keys in [1, 63, 64, 128, 129, 1000, 32768, 32769, 131072, 1 << 20] {
+            let (chunk, splits) = splits_for(keys);
+            assert!(splits <= MAX_SPLITS, "{keys}: {splits} splits");
+            assert!(chunk % 64 == 0 && chunk * splits >= keys && chunk * (splits - 1) < keys, "{keys}");
+        }
+    }
 }

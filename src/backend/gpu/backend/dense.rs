@@ -197,11 +197,15 @@ impl GpuBackend {
     pub(super) fn run_linear(&mut self, id: LinearId, x: &GpuAct, out: &mut GpuAct) -> Result<()> {
         let layer =
             |l: usize| self.layers.get(l).cloned().ok_or_else(|| Error::Backend(format!("no layer {l}")));
-        let (owner, pick): (Arc<GpuLayer>, fn(&GpuLayer) -> &GpuLinear) = match id {
-            LinearId::Q(l) => (layer(l)?, |w| &w.q),
-            LinearId::K(l) => (layer(l)?, |w| &w.k),
-            LinearId::V(l) => (layer(l)?, |w| &w.v),
-            LinearId::O(l) => (layer(l)?, |w| &w.o),
+        let (q, kv) = (self.cfg.q_dim(), self.cfg.kv_dim());
+        let (owner, part) = match id {
+            LinearId::Q(l) => (layer(l)?, (0, q)),
+            LinearId::K(l) => (layer(l)?, (q, kv)),
+            LinearId::V(l) => (layer(l)?, (q + kv, kv)),
+            LinearId::O(l) => {
+                let owner = layer(l)?;
+                return self.matvec(&owner.o.m, owner.o.bias.as_ref(), x, out);
+            }
             LinearId::Router(l) => {
                 let owner = layer(l)?;
                 let Some(router) = owner.router() else {
@@ -214,7 +218,52 @@ impl GpuBackend {
                 return self.matvec(&head, None, x, out);
             }
         };
-        let w = pick(&owner);
-        self.matvec(&w.m, w.bias.as_ref(), x, out)
+        // One projection alone: the stacked product, then its columns.
+        let qkv = self.qkv_product(&owner, x)?;
+        self.gather_cols(&qkv, part.0, out)
+    }
+
+    /// The stacked query/key/value product of `layer` over `x`: `[rows, q_dim + 2 kv_dim]`.
+    pub(super) fn qkv_product(&mut self, layer: &GpuLayer, x: &GpuAct) -> Result<GpuAct> {
+        let qkv = self.alloc(x.rows(), layer.qkv.m.rows)?;
+        self.matvec(&layer.qkv.m, layer.qkv.bias.as_ref(), x, &qkv)?;
+        Ok(qkv)
+    }
+
+    /// The three projections as one product and three column copies (gather_cols.wgsl).
+    pub(super) fn run_linear_qkv(
+        &mut self,
+        layer: usize,
+        x: &GpuAct,
+        q: &mut GpuAct,
+        k: &mut GpuAct,
+        v: &mut GpuAct,
+    ) -> Result<()> {
+        let owner =
+            self.layers.get(layer).cloned().ok_or_else(|| Error::Backend(format!("no layer {layer}")))?;
+        let (qd, kvd) = (self.cfg.q_dim(), self.cfg.kv_dim());
+        let qkv = self.qkv_product(&owner, x)?;
+        self.gather_cols(&qkv, 0, q)?;
+        self.gather_cols(&qkv, qd, k)?;
+        self.gather_cols(&qkv, qd + kvd, v)
+    }
+
+    /// `out[r][c] = src[r][col0 + c]` for every row and column of `out`.
+    fn gather_cols(&mut self, src: &GpuAct, col0: usize, out: &GpuAct) -> Result<()> {
+        if out.rows() != src.rows() || col0 + out.width() > src.width() {
+            return Err(Error::Backend(format!(
+                "columns {col0}..{} of [{}, {}] into [{}, {}]",
+                col0 + out.width(),
+                src.rows(),
+                src.width(),
+                out.rows(),
+                out.width()
+            )));
+        }
+        let n = out.rows() * out.width();
+        let (nx, ny) = self.gpu.grid(n.div_ceil(64) as u64)?;
+        let params = [out.rows() as u32, out.width() as u32, src.width() as u32, col0 as u32, nx, 0, 0, 0];
+        let v = self.variant(Op::GatherCols);
+        self.gpu.dispatch(Op::GatherCols, v, &params, &[src.bind(), out.bind()], (nx, ny, 1))
     }
 }

@@ -34,6 +34,7 @@ const WORKING_BYTES: u64 = 512 << 20;
 
 mod attention;
 mod dense;
+mod head;
 mod model;
 mod moe;
 mod stats;
@@ -72,6 +73,9 @@ pub struct GpuBackend {
     predict: bool,
     pred: Option<Prediction>,
     agree: GBuf,
+    /// The partial results of the fused decode attention's key splits; `None` where the
+    /// model's shape has no fused decode attention.
+    attn_partial: Option<GBuf>,
     in_decode: bool,
     /// Submissions when the current forward block began.
     block_start: u64,
@@ -158,7 +162,7 @@ impl GpuBackend {
 
         let dense_bytes: u64 = layers
             .iter()
-            .flat_map(|l| [&l.q.m, &l.k.m, &l.v.m, &l.o.m].into_iter().chain(l.ffn.matrices()))
+            .flat_map(|l| [&l.qkv.m, &l.o.m].into_iter().chain(l.ffn.matrices()))
             .map(|m| m.byte_len())
             .sum::<u64>()
             + head.byte_len();
@@ -175,6 +179,14 @@ impl GpuBackend {
         });
         let predict = opts.predict.unwrap_or(!vram.is_full());
         let agree = gpu.buffer_init("prediction counters", &[0u8; 8])?;
+        let attn_partial = match attention::decode_partial_bytes(&cfg) {
+            Some(bytes) => Some(gpu.buffer(
+                "decode attention splits",
+                bytes,
+                wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            )?),
+            None => None,
+        };
 
         let mut b = GpuBackend {
             subgroup: gpu.open.subgroup,
@@ -197,6 +209,7 @@ impl GpuBackend {
             predict,
             pred: None,
             agree,
+            attn_partial,
             in_decode: false,
             block_start: 0,
             fail_at_readback: opts.fail_at_readback,
@@ -237,9 +250,13 @@ impl GpuBackend {
             Op::KvStore,
             Op::Copy,
             Op::Glu,
+            Op::GatherCols,
+            Op::AttentionDecode,
+            Op::AttentionMerge,
+            Op::Argmax,
         ];
         for l in &self.layers {
-            for m in [&l.q.m, &l.k.m, &l.v.m, &l.o.m].into_iter().chain(l.ffn.matrices()) {
+            for m in [&l.qkv.m, &l.o.m].into_iter().chain(l.ffn.matrices()) {
                 ops.push(m.op);
             }
         }
@@ -456,6 +473,25 @@ impl Backend for GpuBackend {
 
     fn linear(&mut self, id: LinearId, x: &GpuAct, out: &mut GpuAct) -> Result<()> {
         self.run_linear(id, x, out)
+    }
+
+    fn linear_qkv(
+        &mut self,
+        layer: usize,
+        x: &GpuAct,
+        q: &mut GpuAct,
+        k: &mut GpuAct,
+        v: &mut GpuAct,
+    ) -> Result<()> {
+        self.run_linear_qkv(layer, x, q, k, v)
+    }
+
+    fn fused_attention(&mut self, layer: usize, start_pos: usize, x: &mut GpuAct) -> Result<bool> {
+        self.run_fused_attention(layer, start_pos, x)
+    }
+
+    fn argmax_rows(&mut self, logits: &GpuAct, first_position: usize) -> Result<Vec<u32>> {
+        self.run_argmax(logits, first_position)
     }
 
     fn rope(&mut self, x: &mut GpuAct, start_pos: usize) -> Result<()> {

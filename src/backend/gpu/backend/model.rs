@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use crate::config::ModelConfig;
 use crate::error::Result;
-use crate::model::weights::{DenseWeights, FeedForward};
+use crate::model::weights::{AttentionWeights, DenseWeights, FeedForward};
+use crate::quant::Matrix;
 
 use super::super::context::{GBuf, Gpu};
 use super::super::weights::{GpuMatrix, upload_matrix, upload_vector};
@@ -39,14 +40,17 @@ impl GpuFfn {
 pub(super) struct GpuLayer {
     pub(super) attn_norm: GBuf,
     pub(super) mlp_norm: GBuf,
-    pub(super) q: GpuLinear,
-    pub(super) k: GpuLinear,
-    pub(super) v: GpuLinear,
+    /// The query, key and value projections stacked by rows (`[q_dim + 2 kv_dim, hidden]`,
+    /// biases likewise, zeros where a projection has none): one product computes all three.
+    pub(super) qkv: GpuLinear,
     pub(super) o: GpuLinear,
     /// One sink logit per query head, in families with sinks.
     pub(super) sinks: Option<GBuf>,
     /// QK-norm weights (query, key), in families with QK-norm.
     pub(super) qk_norm: Option<(GBuf, GBuf)>,
+    /// The same QK-norm weights in one buffer (query then key), for the fused decode
+    /// attention.
+    pub(super) qk_w: Option<GBuf>,
     pub(super) ffn: GpuFfn,
 }
 
@@ -85,12 +89,15 @@ pub(super) fn upload_layers(
             (false, _) => None,
             (true, None) => return Err(missing(&p, "attention sinks")),
         };
-        let qk_norm = match (recipe.qk_norm, &w.attn.q_norm, &w.attn.k_norm) {
-            (true, Some(q), Some(k)) => Some((
-                upload_vector(gpu, &format!("{p}.q_norm"), q)?,
-                upload_vector(gpu, &format!("{p}.k_norm"), k)?,
-            )),
-            (false, _, _) => None,
+        let (qk_norm, qk_w) = match (recipe.qk_norm, &w.attn.q_norm, &w.attn.k_norm) {
+            (true, Some(q), Some(k)) => (
+                Some((
+                    upload_vector(gpu, &format!("{p}.q_norm"), q)?,
+                    upload_vector(gpu, &format!("{p}.k_norm"), k)?,
+                )),
+                Some(upload_vector(gpu, &format!("{p}.qk_norm"), &[q.as_slice(), k.as_slice()].concat())?),
+            ),
+            (false, _, _) => (None, None),
             (true, _, _) => return Err(missing(&p, "QK-norm weights")),
         };
         let ffn = match &w.ffn {
@@ -112,14 +119,34 @@ pub(super) fn upload_layers(
         layers.push(Arc::new(GpuLayer {
             attn_norm: upload_vector(gpu, &format!("{p}.input_layernorm"), &w.attn_norm)?,
             mlp_norm: upload_vector(gpu, &format!("{p}.post_attention_layernorm"), &w.mlp_norm)?,
-            q: lin(gpu, &format!("{p}.q_proj"), &w.attn.q)?,
-            k: lin(gpu, &format!("{p}.k_proj"), &w.attn.k)?,
-            v: lin(gpu, &format!("{p}.v_proj"), &w.attn.v)?,
+            qkv: stacked_qkv(gpu, &p, &w.attn)?,
             o: lin(gpu, &format!("{p}.o_proj"), &w.attn.o)?,
             sinks,
             qk_norm,
+            qk_w,
             ffn,
         }));
     }
     Ok(layers)
+}
+
+/// The query, key and value projections of a layer uploaded as one matrix, rows stacked in
+/// that order, with one bias (a projection without one contributes zeros).
+fn stacked_qkv(gpu: &mut Gpu, layer: &str, attn: &AttentionWeights) -> Result<GpuLinear> {
+    let name = format!("{layer}.qkv_proj");
+    let parts = [&attn.q, &attn.k, &attn.v];
+    let m = Matrix::stack_rows(&name, &parts.map(|l| &l.weight))?;
+    let bias = if parts.iter().any(|l| l.bias.is_some()) {
+        let mut b = Vec::with_capacity(m.rows);
+        for l in parts {
+            match &l.bias {
+                Some(v) => b.extend_from_slice(v),
+                None => b.resize(b.len() + l.weight.rows, 0.0),
+            }
+        }
+        Some(upload_vector(gpu, &format!("{name}.bias"), &b)?)
+    } else {
+        None
+    };
+    Ok(GpuLinear { m: upload_matrix(gpu, &name, &m)?, bias })
 }
