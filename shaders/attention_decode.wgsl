@@ -11,7 +11,8 @@
 // tables [capacity, head_dim / 2] as in rope.wgsl) on its queries, and, in the split that
 // holds position `pos` (the last), RoPE on the new key and the store of the key and value
 // into the cache at `pos`, before its own keys are read (no other split reads `pos`).
-// Keys are visited in tiles of 64 with an online softmax, as attention.wgsl; a sliding
+// `row` selects the token's row of `qkv` (a batched decode step dispatches once per row,
+// each with its own sequence's cache and position). Keys are visited in tiles of 64 with an online softmax, as attention.wgsl; a sliding
 // layer's window is the caller's `first`. Limits (checked by the backend): group <= 16,
 // group * head_dim <= 2048, head_dim <= 256.
 
@@ -29,9 +30,9 @@ struct Params {
     eps: f32,
     has_qk_norm: u32,
     nx: u32,
+    row: u32,
     _pad0: u32,
     _pad1: u32,
-    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -97,10 +98,11 @@ fn main(ids: Ids) {
     let half = d / 2u;
     let g_n = p.group;
     let nq = g_n * d;
+    let qkv0 = p.row * (p.q_dim + 2u * p.kv_dim);
 
     // The group's queries: QK-norm, then RoPE at the new position.
     for (var e = ids.lid; e < nq; e += WG) {
-        qs[e] = qkv[kvh * nq + e];
+        qs[e] = qkv[qkv0 + kvh * nq + e];
     }
     workgroupBarrier();
     if p.has_qk_norm != 0u {
@@ -117,7 +119,7 @@ fn main(ids: Ids) {
     if j1 == p.pos + 1u {
         // This split holds the new position: its key (QK-norm, RoPE) and value into the
         // cache first, visible to this workgroup's reads below.
-        let k0 = p.q_dim + kvh * d;
+        let k0 = qkv0 + p.q_dim + kvh * d;
         for (var c = ids.lid; c < d; c += WG) {
             qs[nq + c] = qkv[k0 + c];
         }

@@ -4,7 +4,7 @@
 // every m_s and the sink logit, out = sum_s exp(m_s - M) a_s / (exp(sink - M) +
 // sum_s exp(m_s - M) l_s), the sink's share dropped as in model::math::softmax_with_sink.
 // Without sinks (has_sinks = 0) the sink term is absent: a plain softmax. One workgroup per
-// query head; head h reads the entry (h / group, split, h % group) of `partial`.
+// query head, writing row `row` of `out`; head h reads the entry (h / group, split, h % group) of `partial`.
 
 struct Params {
     heads: u32,
@@ -13,8 +13,8 @@ struct Params {
     splits: u32,
     has_sinks: u32,
     nx: u32,
+    row: u32,
     _pad0: u32,
-    _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -58,6 +58,6 @@ fn main(ids: Ids) {
             let b = first + s * step;
             a += exp(partial[b + d] - mx) * partial[b + c];
         }
-        out[h * d + c] = a / l;
+        out[p.row * p.heads * d + h * d + c] = a / l;
     }
 }

@@ -1,14 +1,15 @@
 //! The whole forward pass on the GPU against the CPU oracle on the tiny fixtures: top-1 at
 //! every prompt position and all 32 greedy tokens identical (the max logit difference is
 //! printed), for the F32, INT4, MXFP4 and default containers; identical numbers for every VRAM cache
-//! size and with or without the routing prediction; one submission and one readback per
-//! decoded token when every expert is resident; the CPU fallback after a device failure;
+//! size and with or without the routing prediction; one readback per decoded token (its only
+//! wait) when every expert is resident; the CPU fallback after a device failure;
 //! and `--verify`'s report when top-1 differs.
 
 mod common;
 
 use common::gpu::{check_pinned_backend, gpu_options};
 use common::{Reference, argmax, convert_fixture, fixture, max_abs_diff};
+use picchio::backend::gpu::context::SUBMIT_EVERY;
 use picchio::backend::gpu::{GpuBackend, GpuOptions, GpuStats};
 use picchio::engine::{self, LoadedModel, OpenOptions, RunOptions, Runner};
 use picchio::error::Error;
@@ -132,9 +133,13 @@ fn identical_numbers_for_every_vram_cache_size_and_prediction_setting() {
             s.prediction_accuracy()
         );
         if full {
-            // One submission and one readback per decoded token.
+            // One readback (the only wait) per decoded token; the token's work goes out in
+            // submissions of SUBMIT_EVERY dispatches while the rest is recorded (a layer
+            // records at most 17).
             assert_eq!(s.decode_readbacks, s.decode_steps, "{what}");
-            assert_eq!(s.decode_submissions, s.decode_steps, "{what}");
+            let layers = cfg.num_layers as u64;
+            let per_token = 1 + (17 * layers + 8) / SUBMIT_EVERY as u64;
+            assert!(s.decode_submissions <= s.decode_steps * per_token, "{what}: {s:?}");
             assert_eq!(s.route_readbacks, 0, "{what}");
         } else {
             assert!(s.route_readbacks > 0 && s.vram.misses > 0, "{what}: {s:?}");

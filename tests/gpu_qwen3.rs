@@ -14,6 +14,7 @@ use std::collections::BTreeMap;
 use common::gpu::{check_pinned_backend, gpu_options};
 use common::{argmax, convert_fixture, fixture, ints, max_abs_diff};
 use picchio::backend::RouteTable;
+use picchio::backend::gpu::context::SUBMIT_EVERY;
 use picchio::backend::gpu::{GpuBackend, GpuOptions};
 use picchio::engine::{self, LoadedModel, OpenOptions, RunOptions, Runner};
 use picchio::format::container::{DenseFormat, ExpertFormat, Formats};
@@ -164,11 +165,11 @@ fn the_dense_layer_runs_in_every_residency_with_identical_numbers() {
         let (slots, _, _, full) = g.backend().residency();
         if full {
             assert_eq!(slots, 3 * cfg.num_experts, "{what}: slots for the three MoE layers only");
-            assert_eq!(
-                (s.decode_readbacks, s.decode_submissions),
-                (s.decode_steps, s.decode_steps),
-                "{what}"
-            );
+            // One wait per decoded token; its work in submissions of SUBMIT_EVERY dispatches
+            // (a layer records at most 17).
+            assert_eq!(s.decode_readbacks, s.decode_steps, "{what}");
+            let per_token = 1 + (17 * cfg.num_layers as u64 + 8) / SUBMIT_EVERY as u64;
+            assert!(s.decode_submissions <= s.decode_steps * per_token, "{what}: {s:?}");
         } else {
             assert_eq!(slots, cfg.experts_per_token, "{what}");
             assert!(s.route_readbacks > 0 && s.vram.misses > 0, "{what}: {s:?}");

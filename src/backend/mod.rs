@@ -239,6 +239,14 @@ pub trait Backend {
         Ok(false)
     }
 
+    /// [`fused_attention`](Self::fused_attention) for the rows of a batched decode step: row
+    /// `i` of `x` is a token of sequence `rows[i].seq` at position `rows[i].pos`, as in
+    /// [`attention_rows`](Self::attention_rows). `false`, having done nothing, where the
+    /// backend has no fused path; the default has none.
+    fn fused_attention_rows(&mut self, _layer: usize, _rows: &[SeqPos], _x: &mut Self::Act) -> Result<bool> {
+        Ok(false)
+    }
+
     /// The MoE half of layer `layer` fused: `x += experts(rms_norm(x))` by the layer's
     /// routing, which is left in `routes` (for observers). A backend that fuses it also
     /// makes its own prediction of the next layer (the forward pass then skips

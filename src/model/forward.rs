@@ -304,7 +304,7 @@ fn layers<B: Backend>(
         let t0 = Instant::now();
         let fused = match placement {
             Placement::Run { start_pos } => b.fused_attention(layer, start_pos, &mut s.x)?,
-            Placement::Rows(_) => false,
+            Placement::Rows(rows) => b.fused_attention_rows(layer, rows, &mut s.x)?,
         };
         if !fused {
             b.rms_norm(NormId::Attention(layer), &s.x, &mut s.normed)?;

@@ -21,6 +21,9 @@ use super::shaders::{Access, Op, Variant, source};
 const PARAM_SLOT: u64 = 256;
 /// Alignment used for storage binding offsets (at least every adapter's minimum).
 pub const STORAGE_ALIGN: u64 = 256;
+/// Dispatches recorded before the pending work is submitted without waiting: a few layers'
+/// worth, so the device starts on a token's first layers while the host records the rest.
+pub const SUBMIT_EVERY: u32 = 48;
 /// How long a readback may wait for the device before it counts as hung.
 const POLL_TIMEOUT: Duration = Duration::from_secs(600);
 
@@ -116,6 +119,8 @@ pub struct Gpu {
     uploads: Vec<u8>,
     upload_buf: GBuf,
     staging: Option<GBuf>,
+    /// Dispatches recorded since the last submission.
+    since_submit: u32,
     /// A small buffer bound where a kernel's optional input is absent.
     pub dummy: GBuf,
     counters: DeviceCounters,
@@ -173,6 +178,7 @@ impl Gpu {
             params: Vec::new(),
             uploads: Vec::new(),
             staging: None,
+            since_submit: 0,
             counters: DeviceCounters::default(),
         };
         let ring = (ring_slots.max(64) as u64) * PARAM_SLOT;
@@ -437,6 +443,11 @@ impl Gpu {
             pass.dispatch_workgroups(groups.0, groups.1, groups.2);
         }
         self.counters.dispatches += 1;
+        self.since_submit += 1;
+        if self.since_submit >= SUBMIT_EVERY {
+            // Let the device start on what is recorded while the host records the rest.
+            self.flush()?;
+        }
         Ok(())
     }
 
@@ -486,6 +497,7 @@ impl Gpu {
             self.queue.submit([encoder.finish()]);
             self.counters.submissions += 1;
         }
+        self.since_submit = 0;
         self.params.clear();
         self.uploads.clear();
         self.check()

@@ -216,83 +216,88 @@ fn splits_for(keys: usize) -> (usize, usize) {
 }
 
 impl GpuBackend {
-    /// The attention half of a decoded token's layer in four kernels: the stacked Q/K/V
-    /// product of the normalized residual, attention_decode.wgsl (QK-norm, RoPE, the
-    /// key/value store and attention over the key splits), attention_merge.wgsl, and the
-    /// output projection added to the residual. `false` for a prompt block or a shape the
-    /// fused kernel does not take (then the ops run one by one).
-    pub(super) fn run_fused_attention(&mut self, layer: usize, pos: usize, x: &mut GpuAct) -> Result<bool> {
+    /// The attention half of decoded tokens' layer in four kernels: the stacked Q/K/V
+    /// product of the normalized residual (all rows at once), then per row
+    /// attention_decode.wgsl (QK-norm, RoPE, the key/value store and attention over the key
+    /// splits, in the row's own sequence's cache at its position) and attention_merge.wgsl,
+    /// and the output projection added to the residual. Each row of `x` is one token at
+    /// `rows[i]` (sequence, position); the caller has checked them. `false` where the model's
+    /// shape has no fused decode attention (then the ops run one by one). A row is computed
+    /// the same way whatever the other rows are, so a batched step's rows equal solo runs.
+    pub(super) fn run_fused_attention(
+        &mut self,
+        layer: usize,
+        rows: &[SeqPos],
+        x: &mut GpuAct,
+    ) -> Result<bool> {
         let Some(partial) = self.attn_partial.clone() else {
             return Ok(false);
         };
-        if x.rows() != 1 {
-            return Ok(false);
-        }
-        if pos >= self.capacity {
-            return Err(Error::ContextFull { needed: pos + 1, capacity: self.capacity });
-        }
         let cfg = Arc::clone(&self.cfg);
+        let n = x.rows();
         let owner =
             self.layers.get(layer).cloned().ok_or_else(|| Error::Backend(format!("no layer {layer}")))?;
-        let mut normed = self.alloc(1, cfg.hidden_size)?;
+        let mut normed = self.alloc(n, cfg.hidden_size)?;
         self.rms_norm(NormId::Attention(layer), x, &mut normed)?;
         let qkv = self.qkv_product(&owner, &normed)?;
-
-        let first = cfg.window(layer).map_or(0, |w| (pos + 1).saturating_sub(w));
-        let (chunk, splits) = splits_for(pos + 1 - first);
+        let attn = self.alloc(n, cfg.q_dim())?;
         let group = cfg.num_heads / cfg.num_kv_heads;
-        let (kc, vc) = self.kv[self.current][layer].clone();
-        let (nx, ny) = self.gpu.grid((cfg.num_kv_heads * splits) as u64)?;
-        let params = [
-            pos as u32,
-            first as u32,
-            chunk as u32,
-            splits as u32,
-            cfg.num_kv_heads as u32,
-            cfg.head_dim as u32,
-            group as u32,
-            cfg.q_dim() as u32,
-            cfg.kv_dim() as u32,
-            bits(1.0 / (cfg.head_dim as f32).sqrt()),
-            bits(cfg.rms_norm_eps),
-            owner.qk_w.is_some() as u32,
-            nx,
-            0,
-            0,
-            0,
-        ];
         let dummy = self.gpu.dummy.clone();
         let (c, s) = (self.rope_cos.clone(), self.rope_sin.clone());
-        let binds = [
-            qkv.bind(),
-            Bind::whole(&kc),
-            Bind::whole(&vc),
-            Bind::whole(&c),
-            Bind::whole(&s),
-            Bind::whole(owner.qk_w.as_ref().unwrap_or(&dummy)),
-            Bind::whole(&partial),
-        ];
-        let v = self.variant(Op::AttentionDecode);
-        self.gpu.dispatch(Op::AttentionDecode, v, &params, &binds, (nx, ny, 1))?;
+        let sinks = owner.sinks.clone().unwrap_or_else(|| dummy.clone());
+        let qk_w = owner.qk_w.clone().unwrap_or_else(|| dummy.clone());
+        for (row, at) in rows.iter().enumerate() {
+            let pos = at.pos;
+            let first = cfg.window(layer).map_or(0, |w| (pos + 1).saturating_sub(w));
+            let (chunk, splits) = splits_for(pos + 1 - first);
+            let (kc, vc) = self.kv[at.seq][layer].clone();
+            let (nx, ny) = self.gpu.grid((cfg.num_kv_heads * splits) as u64)?;
+            let params = [
+                pos as u32,
+                first as u32,
+                chunk as u32,
+                splits as u32,
+                cfg.num_kv_heads as u32,
+                cfg.head_dim as u32,
+                group as u32,
+                cfg.q_dim() as u32,
+                cfg.kv_dim() as u32,
+                bits(1.0 / (cfg.head_dim as f32).sqrt()),
+                bits(cfg.rms_norm_eps),
+                owner.qk_w.is_some() as u32,
+                nx,
+                row as u32,
+                0,
+                0,
+            ];
+            let binds = [
+                qkv.bind(),
+                Bind::whole(&kc),
+                Bind::whole(&vc),
+                Bind::whole(&c),
+                Bind::whole(&s),
+                Bind::whole(&qk_w),
+                Bind::whole(&partial),
+            ];
+            let v = self.variant(Op::AttentionDecode);
+            self.gpu.dispatch(Op::AttentionDecode, v, &params, &binds, (nx, ny, 1))?;
 
-        let attn = self.alloc(1, cfg.q_dim())?;
-        let (nx, ny) = self.gpu.grid(cfg.num_heads as u64)?;
-        let params = [
-            cfg.num_heads as u32,
-            cfg.head_dim as u32,
-            group as u32,
-            splits as u32,
-            owner.sinks.is_some() as u32,
-            nx,
-            0,
-            0,
-        ];
-        let sinks = owner.sinks.clone().unwrap_or(dummy);
-        let v = self.variant(Op::AttentionMerge);
-        let binds = [Bind::whole(&partial), Bind::whole(&sinks), attn.bind()];
-        self.gpu.dispatch(Op::AttentionMerge, v, &params, &binds, (nx, ny, 1))?;
-
-        let proj = self.alloc(1, cfg.hidden_size)?;
+            let (nx, ny) = self.gpu.grid(cfg.num_heads as u64)?;
+            let params = [
+                cfg.num_heads as u32,
+                cfg.head_dim as u32,
+                group as u32,
+                splits as u32,
+                owner.sinks.is_some() as u32,
+                nx,
+                row as u32,
+                0,
+            ];
+            let v = self.variant(Op::AttentionMerge);
+            let binds = [Bind::whole(&partial), Bind::whole(&sinks), attn.bind()];
+            self.gpu.dispatch(Op::AttentionMerge, v, &params, &binds, (nx, ny, 1))?;
+        }
+        let proj = self.alloc(n, cfg.hidden_size)?;
         self.matvec(&owner.o.m, owner.o.bias.as_ref(), &attn, &proj)?;
         self.add(x, &proj)?;
         Ok(true)

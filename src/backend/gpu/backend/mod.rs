@@ -7,7 +7,9 @@
 
 use std::sync::Arc;
 
-use crate::backend::{Backend, LayerPoint, LinearId, NormId, RouteTable, RowKind, SeqPos, check_sequence};
+use crate::backend::{
+    Backend, LayerPoint, LinearId, NormId, RouteTable, RowKind, SeqPos, check_sequence, check_step_rows,
+};
 use crate::config::{Activation, ModelConfig, Routing};
 use crate::error::{Error, Result};
 use crate::experts::{ExpertSource, ExpertStats};
@@ -487,7 +489,19 @@ impl Backend for GpuBackend {
     }
 
     fn fused_attention(&mut self, layer: usize, start_pos: usize, x: &mut GpuAct) -> Result<bool> {
-        self.run_fused_attention(layer, start_pos, x)
+        // A prompt block runs the ops (its rows attend to each other's keys).
+        if x.rows() != 1 {
+            return Ok(false);
+        }
+        if start_pos >= self.capacity {
+            return Err(Error::ContextFull { needed: start_pos + 1, capacity: self.capacity });
+        }
+        self.run_fused_attention(layer, &[SeqPos { seq: self.current, pos: start_pos }], x)
+    }
+
+    fn fused_attention_rows(&mut self, layer: usize, rows: &[SeqPos], x: &mut GpuAct) -> Result<bool> {
+        check_step_rows(x.rows(), rows, self.kv.len(), self.capacity)?;
+        self.run_fused_attention(layer, rows, x)
     }
 
     fn argmax_rows(&mut self, logits: &GpuAct, first_position: usize) -> Result<Vec<u32>> {
