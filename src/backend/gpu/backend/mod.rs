@@ -37,9 +37,11 @@ mod dense;
 mod model;
 mod moe;
 mod stats;
+mod timing;
 
 pub use stats::GpuStats;
 use stats::Segment;
+pub use timing::{Clock, Timed};
 
 use attention::kv_cache;
 use model::GpuLayer;
@@ -122,7 +124,7 @@ impl GpuBackend {
     ) -> Result<Self> {
         // The kernels follow the layer recipe (QK-norm, sinks, activation, routing rule,
         // dense or MoE layers), never the family.
-        let open = device::open(opts.api, opts.allow_software, opts.features)?;
+        let open = device::open_timed(opts.api, opts.allow_software, opts.features, opts.timestamps)?;
         let report = open.report.clone();
         let k = cfg.experts_per_token;
         if k == 0 || k > MAX_TOP_K || k > cfg.num_experts {
@@ -138,7 +140,7 @@ impl GpuBackend {
         // step over the reserved sequences adds four dispatches per row and layer (RoPE of
         // the query and the key, the key/value store, attention).
         let sequences = opts.kv_caches.max(1);
-        let ring = 64 + (32 + 4 * sequences) * cfg.num_layers + 8 * 16;
+        let ring = 64 + (32 + 4 * sequences) * cfg.num_layers + 8 * 16 + opts.extra_dispatches;
         let mut gpu = Gpu::new(open, opts.max_binding_bytes, ring)?;
 
         let layers = model::upload_layers(&mut gpu, &cfg, &dense)?;
