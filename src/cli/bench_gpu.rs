@@ -18,12 +18,13 @@ pub struct BenchGpuArgs {
     #[arg(long, value_name = "N,N,...", value_delimiter = ',', default_values_t = [1024u64, 8192],
           value_parser = clap::value_parser!(u64).range(1..=131072))]
     ctx: Vec<u64>,
-    /// Most calls per case (fewer for a case whose calls would read over --case-mb).
-    #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=10000))]
+    /// Most calls per case, recorded into one submission (fewer when they would take over
+    /// --case-seconds; at least 2).
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u64).range(1..=10000))]
     reps: u64,
-    /// Bytes a case's calls may read in all before fewer calls are made (at least 2).
-    #[arg(long = "case-mb", default_value_t = 2048, value_parser = clap::value_parser!(u64).range(1..))]
-    case_mb: u64,
+    /// Time a case's calls should take, judged from one untimed warm-up call.
+    #[arg(long, default_value_t = 0.25)]
+    case_seconds: f64,
     /// Small shapes (hidden 576, 8 experts, vocabulary 8192) to check the path quickly;
     /// not GPT-OSS-20B's, and said so in the output.
     #[arg(long)]
@@ -60,6 +61,10 @@ fn row(r: &CaseResult) -> String {
 /// Runs `picchio bench-gpu`.
 pub fn run(args: BenchGpuArgs) -> anyhow::Result<()> {
     anyhow::ensure!(!args.ctx.is_empty(), "--ctx needs at least one context");
+    anyhow::ensure!(
+        args.case_seconds.is_finite() && args.case_seconds > 0.0,
+        "--case-seconds must be a positive number of seconds"
+    );
     let layers = args.layers as usize;
     let shape = if args.quick { Shape::quick(layers) } else { Shape::gpt_oss_20b(layers) };
     let gpu = GpuOptions {
@@ -76,7 +81,7 @@ pub fn run(args: BenchGpuArgs) -> anyhow::Result<()> {
         shape: shape.clone(),
         contexts: args.ctx.iter().map(|&c| c as usize).collect(),
         reps: args.reps as usize,
-        bytes_per_case: args.case_mb << 20,
+        seconds_per_case: args.case_seconds,
         f32: args.with_f32,
         gpu,
     };

@@ -28,9 +28,9 @@ pub struct Options {
     pub contexts: Vec<usize>,
     /// Most calls per case.
     pub reps: usize,
-    /// Fewer calls for a case whose calls would read more than this many bytes in all
-    /// (at least 2 calls).
-    pub bytes_per_case: u64,
+    /// Seconds a case's timed calls should take: the number of calls is this over the time
+    /// of one untimed warm-up call, between 2 and `reps`.
+    pub seconds_per_case: f64,
     /// Also time the dense products in F32.
     pub f32: bool,
     /// How to open the device (timestamps are asked for here).
@@ -149,9 +149,11 @@ struct Bench<'a, P: FnMut(&CaseResult)> {
 }
 
 impl<P: FnMut(&CaseResult)> Bench<'_, P> {
-    fn calls(&self, bytes: u64) -> usize {
-        let fit = (self.opts.bytes_per_case / bytes.max(1)) as usize;
-        fit.clamp(2, self.opts.reps.max(2))
+    /// Times `call` after one warm-up call, as many times as fit the case's time budget.
+    fn time(&mut self, mut call: impl FnMut(&mut GpuBackend, usize) -> Result<()>) -> Result<Timed> {
+        let warm = self.b.time_calls(1, &mut call)?;
+        let fit = (self.opts.seconds_per_case / warm.wall_seconds_per_call.max(1e-9)) as usize;
+        self.b.time_calls(fit.clamp(2, self.opts.reps.max(2)), call)
     }
 
     fn record(
@@ -204,8 +206,7 @@ impl<P: FnMut(&CaseResult)> Bench<'_, P> {
         let bytes = (lin.weight.byte_len() + 4 * lin.bias.as_ref().map_or(0, Vec::len) + 4 * cols) as u64;
         let x = self.b.upload(1, cols, &vec![0.01; cols])?;
         let mut y = self.b.alloc(1, rows)?;
-        let calls = self.calls(bytes);
-        let t = self.b.time_calls(calls, |b, i| b.linear(id(i % regions), &x, &mut y))?;
+        let t = self.time(|b, i| b.linear(id(i % regions), &x, &mut y))?;
         self.record(case, format.name(), format!("[{rows} x {cols}] x 1 token"), bytes, regions, t)
     }
 
@@ -220,8 +221,7 @@ impl<P: FnMut(&CaseResult)> Bench<'_, P> {
             + one.down.byte_len()
             + 4 * (one.gate_up_bias.len() + one.down_bias.len())) as u64;
         let bytes = k as u64 * expert + 4 * h as u64;
-        let calls = self.calls(bytes);
-        let sets = (layers * (e / k).max(1)).min(calls).max(1);
+        let sets = (layers * (e / k).max(1)).min(self.opts.reps).max(1);
         let mut routes = Vec::with_capacity(sets);
         for s in 0..sets {
             let first = (s / layers) * k;
@@ -234,7 +234,7 @@ impl<P: FnMut(&CaseResult)> Bench<'_, P> {
         }
         let x = self.b.upload(1, h, &vec![0.01; h])?;
         let mut y = self.b.alloc(1, h)?;
-        let t = self.b.time_calls(calls, |b, i| {
+        let t = self.time(|b, i| {
             let (layer, r) = &routes[i % routes.len()];
             b.experts(*layer, &x, r, &mut y)
         })?;
@@ -259,8 +259,7 @@ impl<P: FnMut(&CaseResult)> Bench<'_, P> {
             self.b.upload(1, kv, &vec![0.1; kv])?,
         );
         let mut out = self.b.alloc(1, q)?;
-        let calls = self.calls(bytes);
-        let t = self.b.time_calls(calls, |b, i| b.attention(i % layers, pos, &xq, &xk, &xv, &mut out))?;
+        let t = self.time(|b, i| b.attention(i % layers, pos, &xq, &xk, &xv, &mut out))?;
         let detail = format!(
             "{} heads over {} KV heads of {}, {} positions",
             cfg.num_heads,
