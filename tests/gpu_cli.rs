@@ -290,3 +290,83 @@ fn auto_says_why_it_runs_on_the_cpu_and_gpu_mode_fails_clearly() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("running on the CPU"));
 }
+
+/// `bench-gpu --quick` runs every case through the backend's ops and reports, for each,
+/// positive times, the bytes the op reads (as the shapes say) and a copy of as many bytes.
+/// Speed is not asserted.
+#[test]
+fn bench_gpu_times_every_kernel_against_a_copy() {
+    let Some(_) = gpu_options("bench-gpu") else { return };
+    let out = picchio(&[
+        "bench-gpu",
+        "--quick",
+        "--layers",
+        "2",
+        "--ctx",
+        "64,200",
+        "--reps",
+        "3",
+        "--case-seconds",
+        "0.01",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("bench-gpu --json is JSON");
+    assert_eq!(doc["quick"], true);
+    let r = &doc["report"];
+    assert!(["Timestamps", "WallClock"].contains(&r["clock"].as_str().unwrap()), "{r}");
+    let cases = r["cases"].as_array().unwrap();
+    let names: Vec<String> = cases
+        .iter()
+        .map(|c| format!("{} {}", c["case"].as_str().unwrap(), c["format"].as_str().unwrap()))
+        .collect();
+    for want in [
+        "q bf16",
+        "k bf16",
+        "v bf16",
+        "o bf16",
+        "head bf16",
+        "experts mxfp4",
+        "attention f32 cache, ctx 64",
+        "attention f32 cache, ctx 200",
+        "q int8-row",
+        "head int8-row",
+        "experts int4-gs64",
+    ] {
+        assert!(names.iter().any(|n| n == want), "no {want:?} in {names:?}");
+    }
+    for c in cases {
+        let calls = c["kernel"]["calls"].as_u64().unwrap();
+        assert!((2..=3).contains(&calls), "{c}");
+        assert_eq!(c["copy"]["calls"].as_u64(), Some(calls), "{c}");
+        for k in ["kernel_bytes_per_s", "copy_bytes_per_s", "ratio"] {
+            assert!(c[k].as_f64().unwrap() > 0.0, "{k}: {c}");
+        }
+    }
+    let bytes = |case: &str, format: &str| {
+        cases.iter().find(|c| c["case"] == case && c["format"] == format).unwrap()["bytes"].as_u64().unwrap()
+    };
+    // Quick shapes: hidden 576, 16 heads of 64 (q rows 1024), 4 KV heads of 64 (kv 256).
+    assert_eq!(bytes("q", "bf16"), 1024 * 576 * 2 + 4 * 1024 + 4 * 576);
+    assert_eq!(bytes("head", "int8-row"), 8192 * 576 + 4 * 8192 + 4 * 576);
+    assert_eq!(bytes("attention", "f32 cache, ctx 200"), 2 * 200 * 256 * 4 + 1024 * 4 + 2 * 256 * 4);
+    // The table says what it measured and on what.
+    let out = picchio(&[
+        "bench-gpu",
+        "--quick",
+        "--layers",
+        "1",
+        "--ctx",
+        "64",
+        "--reps",
+        "2",
+        "--case-seconds",
+        "0.01",
+    ]);
+    let s = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(s.contains("QUICK shapes") && s.contains("copy GB/s") && s.contains("clock "), "{s}");
+    // Bad flags are errors, not panics.
+    let out = picchio(&["bench-gpu", "--quick", "--case-seconds", "-1"]);
+    assert!(!out.status.success() && !text(&out.stderr).contains("panicked"));
+}
