@@ -15,6 +15,10 @@
 #   cargo test --release --no-run --test gpu_translate --test gpu_kernels --test gpu_parity \
 #       --test gpu_slots --test gpu_qwen3 --test gpu_cli
 #
+# For the device machine's carry (ignored paths only, 64 MiB): --prepare target/gpu-pack, then
+# carry target/gpu-pack.tar.xz (27 MB with 3 test executables; about 45 MB with all 6 expected)
+# and run: mkdir -p /tmp/p && tar -C /tmp/p -xf target/gpu-pack.tar.xz && /tmp/p/gpu-check.sh "$OUT"
+#
 # --small: small shapes everywhere (bench-gpu --quick, a 2-layer synthetic of hidden 256) to
 # prove the script on a software adapter (lavapipe) in a few minutes; the full run takes the
 # real 20B shape and needs about 30 GB of disk and a GPU with about 16 GB.
@@ -37,7 +41,7 @@ while [ $# -gt 0 ]; do
         --prepare) prepare="$2"; shift ;;
         --root) root="$2"; shift ;;
         --tests) tests="$2"; shift ;;
-        -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
         -*) echo "gpu-check: unknown option $1" >&2; exit 2 ;;
         *) out="$1" ;;
     esac
@@ -173,7 +177,7 @@ run bench-verify 600 "$bin" "${common[@]}" --verify --no-routing
 experts_bytes=$(find "$cache" -name experts.bin -printf '%s\n' 2>/dev/null | head -n 1)
 if [ -n "$experts_bytes" ]; then
     for part in 3 10; do
-        gib=$(awk -v b="$experts_bytes" -v p="$part" 'BEGIN { printf "%.4f", b / p / 1073741824 }')
+        gib=$(awk -v b="$experts_bytes" -v p="$part" 'BEGIN { printf "%.9f", b / p / 1073741824 }')
         run "bench-vram-1of$part" 600 "$bin" "${common[@]}" --vram-gb "$gib" --json
     done
 else
@@ -197,7 +201,7 @@ print("| case | format | calls | us/call | MB/call | GB/s | copy GB/s | ratio |"
 print("|---|---|---:|---:|---:|---:|---:|---:|")
 for c in r["cases"]:
     print(f"| {c['case']} | {c['format']} | {c['kernel']['calls']} | {c['kernel']['seconds_per_call']*1e6:.1f} | "
-          f"{c['bytes']/1e6:.2f} | {c['kernel_bytes_per_s']/1e9:.1f} | {c['copy_bytes_per_s']/1e9:.1f} | {c['ratio']:.2f} |")
+          f"{c['bytes']/1e6:.2f} | {c['kernel_bytes_per_s']/1e9:.3g} | {c['copy_bytes_per_s']/1e9:.3g} | {c['ratio']:.3g} |")
 EOF
     else
         echo "(no python3 here: see bench-gpu.out)"
