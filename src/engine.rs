@@ -63,6 +63,11 @@ pub trait Runner: Send {
     fn report(&self) -> Vec<String> {
         Vec::new()
     }
+    /// The device's decode counters ([`crate::backend::Backend::decode_counters`]); none by
+    /// default.
+    fn decode_counters(&self) -> Option<crate::backend::DecodeCounters> {
+        None
+    }
     /// Adds a key/value cache for another sequence and returns its index (0 is the one
     /// every runner starts with), so several conversations share the loaded weights. A
     /// runner with one cache refuses (the default); then it serves one sequence.
@@ -138,6 +143,10 @@ impl<B: Backend + Send> Runner for Forward<B> {
 
     fn report(&self) -> Vec<String> {
         self.backend().report()
+    }
+
+    fn decode_counters(&self) -> Option<crate::backend::DecodeCounters> {
+        self.backend().decode_counters()
     }
 
     fn add_sequence(&mut self) -> Result<usize> {

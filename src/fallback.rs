@@ -163,6 +163,10 @@ impl Runner for FallbackRunner {
         self.current.expert_stats()
     }
 
+    fn decode_counters(&self) -> Option<crate::backend::DecodeCounters> {
+        self.current.decode_counters()
+    }
+
     fn report(&self) -> Vec<String> {
         let mut lines = self.current.report();
         if !self.on_gpu {

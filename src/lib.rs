@@ -15,6 +15,7 @@ pub mod error;
 pub mod experts;
 pub mod fallback;
 pub mod format;
+pub mod gpu_bench;
 pub mod io;
 pub mod lockstep;
 pub mod model;

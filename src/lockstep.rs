@@ -94,6 +94,10 @@ impl Runner for LockstepRunner {
         self.primary.expert_stats()
     }
 
+    fn decode_counters(&self) -> Option<crate::backend::DecodeCounters> {
+        self.primary.decode_counters()
+    }
+
     fn report(&self) -> Vec<String> {
         let mut lines = self.primary.report();
         lines.push(format!(

@@ -181,6 +181,75 @@ fn bench_runs_on_the_gpu() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(s.contains("backend  gpu ") && s.contains("decode"), "{s}");
     assert!(!s.contains("GPU: none"), "{s}");
+    assert!(s.contains("device per decoded token (") && s.contains(" per layer "), "{s}");
+}
+
+/// Parses the number before `unit` in `line` (e.g. "17.0" of "17.0 per layer").
+fn number_before(line: &str, unit: &str) -> f64 {
+    let head = line.split(unit).next().unwrap_or_else(|| panic!("no {unit:?} in {line}"));
+    head.split_whitespace()
+        .last()
+        .and_then(|w| w.parse().ok())
+        .unwrap_or_else(|| panic!("{unit:?} in {line}"))
+}
+
+/// `bench --device gpu` reports what the device was asked per decoded token, in its table
+/// and its JSON, and the figures add up: dispatches per token = per layer x layers + head
+/// (+ any before the layers), bytes read back cover the logits. Counted, never assumed: the
+/// values themselves change as kernels are fused or the readback shrinks.
+#[test]
+fn bench_reports_device_work_per_decoded_token() {
+    let Some(_) = gpu_options("bench device counters") else { return };
+    let cache = tempfile::tempdir().unwrap();
+    let c = cache.path().to_str().unwrap();
+    let base = ["bench", "--device", "gpu", "--prompt", "8", "--gen", "5", "--no-routing", "--cache-dir", c];
+    let out = picchio(&[&base[..], &["--json"]].concat());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("bench --json is JSON");
+    let d = &doc["device_decode"];
+    let num = |k: &str| d[k].as_f64().unwrap_or_else(|| panic!("no {k} in {d}"));
+    let layers = d["layers"].as_u64().unwrap() as usize;
+    assert_eq!(layers, 4, "the tiny fixture has 4 layers: {d}");
+    // 5 tokens: the first comes from the prompt's logits, 4 decode steps compute logits and
+    // the last token is only stored.
+    assert_eq!((d["steps"].as_u64(), d["steps_without_logits"].as_u64()), (Some(4), Some(1)), "{d}");
+    let each: Vec<f64> =
+        d["dispatches_per_layer_each"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    assert_eq!(each.len(), layers);
+    assert!(each.iter().all(|&n| n >= 1.0), "every layer dispatches: {d}");
+    let per_layer = num("dispatches_per_layer");
+    assert!((per_layer - each.iter().sum::<f64>() / layers as f64).abs() < 1e-9, "{d}");
+    assert!(num("head_dispatches_per_token") >= 1.0, "the head dispatches: {d}");
+    let sum =
+        per_layer * layers as f64 + num("head_dispatches_per_token") + num("other_dispatches_per_token");
+    assert!(
+        (num("dispatches_per_token") - sum).abs() < 1e-9,
+        "per token {} != {sum}: {d}",
+        num("dispatches_per_token")
+    );
+    assert!(num("submissions_per_token") >= 1.0, "{d}");
+    assert!(num("readbacks_per_token") >= 1.0, "a token waits at least for its logits: {d}");
+    assert!(num("readback_bytes_per_token") > 0.0, "{d}");
+    let totals = &d["totals"];
+    assert_eq!(totals["steps"], d["steps"]);
+    // The same figures in the table.
+    let out = picchio(&base);
+    let s = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let line = s.lines().find(|l| l.starts_with("device per decoded token")).unwrap_or_else(|| panic!("{s}"));
+    assert!(line.contains(&format!("x {layers} layers")), "{line}");
+    let (tok, lay, head) =
+        (number_before(line, "dispatches ="), number_before(line, "per layer"), number_before(line, "head;"));
+    assert!((tok - (lay * layers as f64 + head)).abs() < 0.11, "{line}");
+    for want in ["submissions", "waits (readbacks)", "bytes read back"] {
+        assert!(number_before(line, want) > 0.0, "{want}: {line}");
+    }
+    // Partial residency waits for each layer's routing: more readbacks per token.
+    let out = picchio(&[&base[..], &["--json", "--vram-gb", "0.000001"]].concat());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let small: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let waits = small["device_decode"]["readbacks_per_token"].as_f64().unwrap();
+    assert!(waits > num("readbacks_per_token"), "{waits} vs {d}");
 }
 
 #[test]
@@ -220,4 +289,84 @@ fn auto_says_why_it_runs_on_the_cpu_and_gpu_mode_fails_clearly() {
     let out = picchio(&["generate", "--ids", "1 2 3", "-n", "2", "--gpu-backend", api, "--cache-dir", c]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(text(&out.stderr).contains("running on the CPU"));
+}
+
+/// `bench-gpu --quick` runs every case through the backend's ops and reports, for each,
+/// positive times, the bytes the op reads (as the shapes say) and a copy of as many bytes.
+/// Speed is not asserted.
+#[test]
+fn bench_gpu_times_every_kernel_against_a_copy() {
+    let Some(_) = gpu_options("bench-gpu") else { return };
+    let out = picchio(&[
+        "bench-gpu",
+        "--quick",
+        "--layers",
+        "2",
+        "--ctx",
+        "64,200",
+        "--reps",
+        "3",
+        "--case-seconds",
+        "0.01",
+        "--json",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("bench-gpu --json is JSON");
+    assert_eq!(doc["quick"], true);
+    let r = &doc["report"];
+    assert!(["Timestamps", "WallClock"].contains(&r["clock"].as_str().unwrap()), "{r}");
+    let cases = r["cases"].as_array().unwrap();
+    let names: Vec<String> = cases
+        .iter()
+        .map(|c| format!("{} {}", c["case"].as_str().unwrap(), c["format"].as_str().unwrap()))
+        .collect();
+    for want in [
+        "q bf16",
+        "k bf16",
+        "v bf16",
+        "o bf16",
+        "head bf16",
+        "experts mxfp4",
+        "attention f32 cache, ctx 64",
+        "attention f32 cache, ctx 200",
+        "q int8-row",
+        "head int8-row",
+        "experts int4-gs64",
+    ] {
+        assert!(names.iter().any(|n| n == want), "no {want:?} in {names:?}");
+    }
+    for c in cases {
+        let calls = c["kernel"]["calls"].as_u64().unwrap();
+        assert!((2..=3).contains(&calls), "{c}");
+        assert_eq!(c["copy"]["calls"].as_u64(), Some(calls), "{c}");
+        for k in ["kernel_bytes_per_s", "copy_bytes_per_s", "ratio"] {
+            assert!(c[k].as_f64().unwrap() > 0.0, "{k}: {c}");
+        }
+    }
+    let bytes = |case: &str, format: &str| {
+        cases.iter().find(|c| c["case"] == case && c["format"] == format).unwrap()["bytes"].as_u64().unwrap()
+    };
+    // Quick shapes: hidden 576, 16 heads of 64 (q rows 1024), 4 KV heads of 64 (kv 256).
+    assert_eq!(bytes("q", "bf16"), 1024 * 576 * 2 + 4 * 1024 + 4 * 576);
+    assert_eq!(bytes("head", "int8-row"), 8192 * 576 + 4 * 8192 + 4 * 576);
+    assert_eq!(bytes("attention", "f32 cache, ctx 200"), 2 * 200 * 256 * 4 + 1024 * 4 + 2 * 256 * 4);
+    // The table says what it measured and on what.
+    let out = picchio(&[
+        "bench-gpu",
+        "--quick",
+        "--layers",
+        "1",
+        "--ctx",
+        "64",
+        "--reps",
+        "2",
+        "--case-seconds",
+        "0.01",
+    ]);
+    let s = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(s.contains("QUICK shapes") && s.contains("copy GB/s") && s.contains("clock "), "{s}");
+    // Bad flags are errors, not panics.
+    let out = picchio(&["bench-gpu", "--quick", "--case-seconds", "-1"]);
+    assert!(!out.status.success() && !text(&out.stderr).contains("panicked"));
 }

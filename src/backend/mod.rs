@@ -5,7 +5,10 @@
 //! immediately; a GPU backend records them and synchronizes only in [`Backend::read`].
 
 pub mod cpu;
+mod decode_counters;
 pub mod gpu;
+
+pub use decode_counters::DecodeCounters;
 
 use crate::config::ModelConfig;
 use crate::error::Result;
@@ -330,6 +333,12 @@ pub trait Backend {
     /// when the backend has nothing to add.
     fn report(&self) -> Vec<String> {
         Vec::new()
+    }
+
+    /// What the device was asked to do during decode steps (dispatches by layer,
+    /// submissions, readbacks); `None` for a backend that does not count them (the CPU).
+    fn decode_counters(&self) -> Option<DecodeCounters> {
+        None
     }
 }
 

@@ -275,6 +275,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     session.feed(&prompt, LogitRows::Last, &mut NoObserver)?;
     let prefill_wall = t0.elapsed();
     let (t_b, e_b) = snap(&session);
+    let counters_before = session.runner().decode_counters();
     let mut sampler = Sampler::greedy();
     let mut grammar_setup = None;
     if let Some(path) = &args.json_schema {
@@ -299,6 +300,11 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         (s.masks, per(s.compute), per(s.waited), grammar_setup.unwrap_or_default())
     });
     let (t_c, e_c) = snap(&session);
+    // What the device was asked per decoded token (GPU backends count it).
+    let device_decode = session.runner().decode_counters().map(|c| match &counters_before {
+        Some(b) => c.since(b),
+        None => c,
+    });
     let prefill = Phase {
         tokens: args.prompt,
         wall: prefill_wall,
@@ -365,6 +371,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             "decode_over_read_floor": ms_per_token / 1e3 / read_floor,
             "peak_rss_bytes": rss,
             "device_report": report,
+            "device_decode": device_decode.as_ref().map(|c| c.json()),
             "routing": routing.as_ref().map(routing_json),
             "grammar": grammar.map(|(masks, compute_ms, waited_ms, setup)| json!({
                 "masks": masks,
@@ -425,6 +432,9 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         ms_per_token / 1e3 / read_floor,
         read_floor * 1e3,
     );
+    if let Some(c) = &device_decode {
+        println!("{}", c.line());
+    }
     if let Some(acc) = decode.experts.prediction_accuracy() {
         println!(
             "prediction: {:.1}% of routed experts predicted; {} prefetch reads, {} useful, {} wasted, {} unused so far, \

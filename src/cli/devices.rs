@@ -60,7 +60,12 @@ pub fn run(args: DevicesArgs) -> anyhow::Result<()> {
             l.max_compute_workgroups_per_dimension,
             l.max_compute_workgroup_storage_size
         );
-        println!("    features: SHADER_F16 {}, SUBGROUP {}", yes(a.shader_f16), yes(a.subgroup));
+        println!(
+            "    features: SHADER_F16 {}, SUBGROUP {}, TIMESTAMP_QUERY {}",
+            yes(a.shader_f16),
+            yes(a.subgroup),
+            yes(a.timestamps)
+        );
         let mut uses = Vec::new();
         if i == 0 {
             uses.push("--device gpu");

@@ -2,6 +2,7 @@
 //! argument definitions shared by all of them.
 
 mod bench;
+mod bench_gpu;
 mod chat;
 mod convert;
 mod devices;
@@ -46,6 +47,10 @@ pub enum Command {
     /// Measure prefill and decode speed (the key/value cache holds the positions the run needs
     /// unless `--ctx` says more).
     Bench(bench::BenchArgs),
+    /// Time each hot GPU kernel at GPT-OSS-20B's shapes on a random model in memory, against
+    /// a buffer-to-buffer copy of the same bytes (no model file needed).
+    #[command(name = "bench-gpu")]
+    BenchGpu(bench_gpu::BenchGpuArgs),
     /// Serve a session to another program (stdio line protocol or OpenAI-compatible HTTP).
     Serve(serve::ServeArgs),
     /// Chat with the model in the terminal.
@@ -285,6 +290,8 @@ impl ModelArgs {
             fail_at_readback: None,
             kv_caches: 1,
             kv_vram_bytes: None,
+            timestamps: false,
+            extra_dispatches: 0,
         })
     }
 
@@ -395,6 +402,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Verify(args) => verify::run(args),
         Command::Synth(args) => synth::run(args),
         Command::Bench(args) => bench::run(args),
+        Command::BenchGpu(args) => bench_gpu::run(args),
         Command::Serve(args) => serve::run(args),
         Command::Chat(args) => chat::run(args),
         Command::Devices(args) => devices::run(args),

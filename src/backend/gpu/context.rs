@@ -135,6 +135,8 @@ pub struct OpenDeviceInfo {
     pub shader_f16: bool,
     /// SUBGROUP in use.
     pub subgroup: bool,
+    /// TIMESTAMP_QUERY enabled.
+    pub timestamps: bool,
 }
 
 fn backend_err(what: &str, e: impl std::fmt::Display) -> Error {
@@ -144,7 +146,7 @@ fn backend_err(what: &str, e: impl std::fmt::Display) -> Error {
 impl Gpu {
     /// Wraps an opened device. `max_binding` lowers the storage binding limit (tests).
     pub fn new(open: OpenDevice, max_binding: Option<u64>, ring_slots: usize) -> Result<Self> {
-        let OpenDevice { device, queue, report, shader_f16, subgroup, faults } = open;
+        let OpenDevice { device, queue, report, shader_f16, subgroup, timestamps, faults } = open;
         let limits = device.limits();
         let mut max_binding_bytes = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
         if let Some(m) = max_binding {
@@ -164,7 +166,7 @@ impl Gpu {
             dummy: GBuf { buf: dummy_buffer(&device), id: 0, size: 0 },
             device,
             queue,
-            open: OpenDeviceInfo { report, shader_f16, subgroup },
+            open: OpenDeviceInfo { report, shader_f16, subgroup, timestamps },
             max_binding: max_binding_bytes,
             max_buffer: limits.max_buffer_size,
             max_groups: limits.max_compute_workgroups_per_dimension,
@@ -458,6 +460,29 @@ impl Gpu {
         }
         self.pass = None;
         self.encoder().copy_buffer_to_buffer(&src.buf, src_offset, &dst.buf, dst_offset, size);
+    }
+
+    /// Records a timestamp at `index` of `set`, in order with the recorded work: an empty
+    /// compute pass that writes only its beginning timestamp (TIMESTAMP_QUERY, no
+    /// timestamps inside passes or encoders needed). On Vulkan it is written once all
+    /// earlier commands have completed.
+    pub fn write_marker(&mut self, set: &wgpu::QuerySet, index: u32) {
+        self.pass = None;
+        let pass = self.encoder().begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("picchio timestamp"),
+            timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                query_set: set,
+                beginning_of_pass_write_index: Some(index),
+                end_of_pass_write_index: None,
+            }),
+        });
+        drop(pass);
+    }
+
+    /// Records resolving timestamps `0..count` of `set` into `dst` (QUERY_RESOLVE usage).
+    pub fn resolve_markers(&mut self, set: &wgpu::QuerySet, count: u32, dst: &GBuf) {
+        self.pass = None;
+        self.encoder().resolve_query_set(set, 0..count, &dst.buf, 0);
     }
 
     /// Records a copy of host `bytes` into `dst` at `dst_offset`, ordered with the recorded

@@ -69,6 +69,8 @@ pub struct AdapterReport {
     pub shader_f16: bool,
     /// SUBGROUP present.
     pub subgroup: bool,
+    /// TIMESTAMP_QUERY present (GPU-side timing for `picchio bench-gpu`).
+    pub timestamps: bool,
 }
 
 impl AdapterReport {
@@ -85,6 +87,7 @@ impl AdapterReport {
             limits: adapter.limits(),
             shader_f16: features.contains(wgpu::Features::SHADER_F16),
             subgroup: features.contains(wgpu::Features::SUBGROUP),
+            timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
         }
     }
 
@@ -182,6 +185,8 @@ pub struct OpenDevice {
     pub shader_f16: bool,
     /// SUBGROUP enabled on the device.
     pub subgroup: bool,
+    /// TIMESTAMP_QUERY enabled on the device.
+    pub timestamps: bool,
     /// Where asynchronous device errors land.
     pub faults: Faults,
 }
@@ -201,9 +206,29 @@ impl Default for FeatureUse {
     }
 }
 
+/// Opens the best adapter as [`open`] does, also enabling TIMESTAMP_QUERY where the
+/// adapter has it and `timestamps` asks for it (benchmarks time kernels with it).
+pub fn open_timed(
+    api: Option<GpuApi>,
+    allow_software: bool,
+    use_features: FeatureUse,
+    timestamps: bool,
+) -> Result<OpenDevice> {
+    open_with(api, allow_software, use_features, timestamps)
+}
+
 /// Opens the best adapter of the chosen backends. Software adapters (CPU type, e.g.
 /// lavapipe) are taken only with `allow_software`. The error says why no device opened.
 pub fn open(api: Option<GpuApi>, allow_software: bool, use_features: FeatureUse) -> Result<OpenDevice> {
+    open_with(api, allow_software, use_features, false)
+}
+
+fn open_with(
+    api: Option<GpuApi>,
+    allow_software: bool,
+    use_features: FeatureUse,
+    want_timestamps: bool,
+) -> Result<OpenDevice> {
     let set = backends(api);
     let instance = instance(set);
     let adapters = ranked(&instance, set);
@@ -233,6 +258,10 @@ pub fn open(api: Option<GpuApi>, allow_software: bool, use_features: FeatureUse)
     if subgroup {
         features |= wgpu::Features::SUBGROUP;
     }
+    let timestamps = want_timestamps && report.timestamps;
+    if timestamps {
+        features |= wgpu::Features::TIMESTAMP_QUERY;
+    }
     let desc = wgpu::DeviceDescriptor {
         label: Some("picchio"),
         required_features: features,
@@ -248,5 +277,5 @@ pub fn open(api: Option<GpuApi>, allow_software: bool, use_features: FeatureUse)
     device.set_device_lost_callback(move |reason, message| {
         f.push(format!("device lost ({reason:?}): {message}"))
     });
-    Ok(OpenDevice { device, queue, report, shader_f16, subgroup, faults })
+    Ok(OpenDevice { device, queue, report, shader_f16, subgroup, timestamps, faults })
 }

@@ -21,7 +21,7 @@ pub mod shaders;
 pub mod vram;
 pub mod weights;
 
-pub use backend::{GpuBackend, GpuStats};
+pub use backend::{Clock, GpuBackend, GpuStats, Timed};
 pub use device::{AdapterReport, FeatureUse, GpuApi, list_adapters};
 
 /// How to open and use the GPU.
@@ -50,6 +50,12 @@ pub struct GpuOptions {
     /// memory leaves after the weights, the expert cache and working space (no limit when
     /// the API reports no memory size). Tests use it to exercise the refusal.
     pub kv_vram_bytes: Option<u64>,
+    /// Enable TIMESTAMP_QUERY where the adapter has it (`picchio bench-gpu` times kernels
+    /// on the GPU with it).
+    pub timestamps: bool,
+    /// Extra dispatches the parameter ring holds before a submission (a benchmark records
+    /// many calls into one submission).
+    pub extra_dispatches: usize,
 }
 
 /// Opens the adapter `opts` would use and describes it (no model needed): for tests and

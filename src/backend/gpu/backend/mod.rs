@@ -18,7 +18,7 @@ use crate::model::weights::DenseWeights;
 
 use super::GpuOptions;
 use super::buffers::{BufferPool, GpuAct, GpuRoutes, Pooled, decode_routes, floats, words};
-use super::context::{Bind, GBuf, Gpu};
+use super::context::{Bind, DeviceCounters, GBuf, Gpu};
 use super::device::{self, AdapterReport};
 use super::shaders::{Op, Variant};
 use super::vram::VramExperts;
@@ -40,8 +40,11 @@ mod head;
 mod model;
 mod moe;
 mod stats;
+mod timing;
 
 pub use stats::GpuStats;
+use stats::Segment;
+pub use timing::{Clock, Timed};
 
 use attention::kv_cache;
 use model::GpuLayer;
@@ -79,8 +82,15 @@ pub struct GpuBackend {
     /// model's shape has no fused decode attention.
     attn_partial: Option<GBuf>,
     in_decode: bool,
-    /// Submissions when the current forward block began.
-    block_start: u64,
+    /// The device's counters when the current forward block began.
+    block_device: DeviceCounters,
+    /// The part of the block being recorded, and the dispatches when it began.
+    segment: Segment,
+    segment_start: u64,
+    /// The current decode step's dispatches by segment so far.
+    step: crate::backend::DecodeCounters,
+    /// Whether the current block has reached the head (it computes logits).
+    step_has_head: bool,
     fail_at_readback: Option<u64>,
     dense_bytes: u64,
     stats: GpuStats,
@@ -120,7 +130,7 @@ impl GpuBackend {
     ) -> Result<Self> {
         // The kernels follow the layer recipe (QK-norm, sinks, activation, routing rule,
         // dense or MoE layers), never the family.
-        let open = device::open(opts.api, opts.allow_software, opts.features)?;
+        let open = device::open_timed(opts.api, opts.allow_software, opts.features, opts.timestamps)?;
         let report = open.report.clone();
         let k = cfg.experts_per_token;
         if k == 0 || k > MAX_TOP_K || k > cfg.num_experts {
@@ -136,7 +146,7 @@ impl GpuBackend {
         // step over the reserved sequences adds four dispatches per row and layer (RoPE of
         // the query and the key, the key/value store, attention).
         let sequences = opts.kv_caches.max(1);
-        let ring = 64 + (32 + 4 * sequences) * cfg.num_layers + 8 * 16;
+        let ring = 64 + (32 + 4 * sequences) * cfg.num_layers + 8 * 16 + opts.extra_dispatches;
         let mut gpu = Gpu::new(open, opts.max_binding_bytes, ring)?;
 
         let layers = model::upload_layers(&mut gpu, &cfg, &dense)?;
@@ -213,11 +223,16 @@ impl GpuBackend {
             agree,
             attn_partial,
             in_decode: false,
-            block_start: 0,
+            block_device: DeviceCounters::default(),
+            segment: Segment::Start,
+            segment_start: 0,
+            step: Default::default(),
+            step_has_head: false,
             fail_at_readback: opts.fail_at_readback,
             dense_bytes,
             stats: GpuStats::default(),
         };
+        b.stats.decode.layer_dispatches = vec![0; b.cfg.num_layers];
         b.prepare_kernels()?;
         b.gpu.sync()?;
         b.stats.full_residency = b.vram.is_full();
@@ -284,13 +299,7 @@ impl GpuBackend {
 
     /// Counters so far.
     pub fn stats(&self) -> GpuStats {
-        let mut s = self.stats.clone();
-        s.device = self.gpu.counters();
-        if self.in_decode {
-            s.decode_submissions += s.device.submissions - self.block_start;
-        }
-        s.vram = self.vram.stats;
-        s
+        self.current_stats()
     }
 
     /// Uploads host values as a `[rows, width]` activation (tests and tools).
@@ -404,18 +413,9 @@ impl Backend for GpuBackend {
             }
             self.dense.embed.row_to_f32(id as usize, row);
         }
-        // A new forward block begins: close the previous one's submission count.
-        let now = self.gpu.counters().submissions;
-        if self.in_decode {
-            self.stats.decode_submissions += now - self.block_start;
-        }
-        self.block_start = now;
+        // A new forward block begins: close the previous one's counts.
+        self.begin_block(ids.len());
         self.gpu.stage(bytemuck::cast_slice(&rows), out.buf(), 0)?;
-        self.in_decode = ids.len() == 1;
-        self.stats.positions += ids.len() as u64;
-        if self.in_decode {
-            self.stats.decode_steps += 1;
-        }
         if let Some(p) = self.pred.as_mut() {
             p.valid_for = None;
         }
@@ -424,6 +424,10 @@ impl Backend for GpuBackend {
 
     fn rms_norm(&mut self, norm: NormId, x: &GpuAct, out: &mut GpuAct) -> Result<()> {
         check_shape("rms_norm", out, x.rows(), x.width())?;
+        self.enter(match norm {
+            NormId::Attention(l) | NormId::Mlp(l) | NormId::Query(l) | NormId::Key(l) => Segment::Layer(l),
+            NormId::Final => Segment::Head,
+        });
         let w = match norm {
             NormId::Attention(l) => self.layers[l].attn_norm.clone(),
             NormId::Mlp(l) => self.layers[l].mlp_norm.clone(),
@@ -458,6 +462,7 @@ impl Backend for GpuBackend {
             )));
         }
         let layer = self.layers.get(l).cloned().ok_or_else(|| Error::Backend(format!("no layer {l}")))?;
+        self.enter(Segment::Layer(l));
         let (q, k) = layer.qk_norm.as_ref().ok_or_else(|| {
             Error::Backend(format!("layer {l} has no QK-norm weights (the recipe has no QK-norm)"))
         })?;
@@ -470,10 +475,17 @@ impl Backend for GpuBackend {
     }
 
     fn dense_mlp(&mut self, layer: usize, x: &GpuAct, out: &mut GpuAct) -> Result<()> {
+        self.enter(Segment::Layer(layer));
         self.run_dense_mlp(layer, x, out)
     }
 
     fn linear(&mut self, id: LinearId, x: &GpuAct, out: &mut GpuAct) -> Result<()> {
+        self.enter(match id {
+            LinearId::Q(l) | LinearId::K(l) | LinearId::V(l) | LinearId::O(l) | LinearId::Router(l) => {
+                Segment::Layer(l)
+            }
+            LinearId::LmHead => Segment::Head,
+        });
         self.run_linear(id, x, out)
     }
 
@@ -525,6 +537,7 @@ impl Backend for GpuBackend {
         v: &GpuAct,
         out: &mut GpuAct,
     ) -> Result<()> {
+        self.enter(Segment::Layer(layer));
         self.run_attention(layer, start_pos, q, k, v, out)
     }
 
@@ -537,6 +550,7 @@ impl Backend for GpuBackend {
         v: &GpuAct,
         out: &mut GpuAct,
     ) -> Result<()> {
+        self.enter(Segment::Layer(layer));
         self.run_attention_rows(layer, rows, q, k, v, out)
     }
 
@@ -571,10 +585,12 @@ impl Backend for GpuBackend {
     }
 
     fn route(&mut self, layer: usize, x: &GpuAct, routes: &mut GpuRoutes) -> Result<()> {
+        self.enter(Segment::Layer(layer));
         self.run_route(layer, x, routes)
     }
 
     fn experts(&mut self, layer: usize, x: &GpuAct, routes: &GpuRoutes, out: &mut GpuAct) -> Result<()> {
+        self.enter(Segment::Layer(layer));
         self.run_experts(layer, x, routes, out)
     }
 
@@ -590,6 +606,8 @@ impl Backend for GpuBackend {
         if dst.width() != src.width() || first_row + dst.rows() > src.rows() {
             return Err(Error::Backend("copy_rows: rows out of range".into()));
         }
+        // The forward pass selects the rows whose logits it wants right before the head.
+        self.enter(Segment::Head);
         let w = src.width();
         self.copy_words(src.buf(), first_row * w, dst.buf(), 0, dst.rows() * w)
     }
@@ -623,6 +641,10 @@ impl Backend for GpuBackend {
 
     fn report(&self) -> Vec<String> {
         self.report_lines()
+    }
+
+    fn decode_counters(&self) -> Option<crate::backend::DecodeCounters> {
+        Some(self.stats().decode)
     }
 }
 

@@ -4,6 +4,7 @@
 use super::super::context::DeviceCounters;
 use super::super::vram::VramStats;
 use super::GpuBackend;
+use crate::backend::DecodeCounters;
 
 /// Counters of a GPU run (what `--stats` prints).
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -18,6 +19,9 @@ pub struct GpuStats {
     pub decode_readbacks: u64,
     /// Submissions during those decode steps.
     pub decode_submissions: u64,
+    /// Dispatches, submissions, readbacks and bytes read back of the decode steps that
+    /// computed logits (dispatches split by layer and head).
+    pub decode: DecodeCounters,
     /// Readbacks of a layer's routing (partial residency).
     pub route_readbacks: u64,
     /// VRAM expert cache counters.
@@ -42,7 +46,99 @@ impl GpuStats {
     }
 }
 
+/// The part of a forward block whose dispatches are being recorded (counted for decode
+/// steps): before the first layer, a layer, or the head.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) enum Segment {
+    /// From the embedding to the first op of a layer.
+    #[default]
+    Start,
+    /// From the first op naming this layer to the next segment.
+    Layer(usize),
+    /// From the row selection, final norm or output head to the next block.
+    Head,
+}
+
+/// Adds `n` dispatches to `segment`'s count in `step`.
+fn add_segment(step: &mut DecodeCounters, segment: Segment, n: u64) {
+    match segment {
+        Segment::Start => step.other_dispatches += n,
+        Segment::Head => step.head_dispatches += n,
+        Segment::Layer(l) => {
+            if step.layer_dispatches.len() <= l {
+                step.layer_dispatches.resize(l + 1, 0);
+            }
+            step.layer_dispatches[l] += n;
+        }
+    }
+}
+
 impl GpuBackend {
+    /// Attributes the dispatches recorded since the last mark to the current segment and
+    /// enters `next` (nothing when already there).
+    pub(super) fn enter(&mut self, next: Segment) {
+        if self.segment != next {
+            let now = self.gpu.counters().dispatches;
+            add_segment(&mut self.step, self.segment, now - self.segment_start);
+            self.segment_start = now;
+            if next == Segment::Head {
+                self.step_has_head = true;
+            }
+            self.segment = next;
+        }
+    }
+
+    /// The counts of the decode step in progress, from its start to now.
+    fn step_so_far(&self) -> DecodeCounters {
+        let now = self.gpu.counters();
+        let start = &self.block_device;
+        let mut step = self.step.clone();
+        add_segment(&mut step, self.segment, now.dispatches - self.segment_start);
+        if self.step_has_head {
+            step.steps = 1;
+            step.dispatches = now.dispatches - start.dispatches;
+            step.submissions = now.submissions - start.submissions;
+            step.readbacks = now.readbacks - start.readbacks;
+            step.readback_bytes = now.readback_bytes - start.readback_bytes;
+        } else {
+            step = DecodeCounters { steps_without_logits: 1, ..Default::default() };
+        }
+        step
+    }
+
+    /// A new forward block of `positions` positions begins: closes the previous block's
+    /// counts and starts this one's.
+    pub(super) fn begin_block(&mut self, positions: usize) {
+        let now = self.gpu.counters();
+        if self.in_decode {
+            self.stats.decode_submissions += now.submissions - self.block_device.submissions;
+            let step = self.step_so_far();
+            self.stats.decode.add(&step);
+        }
+        self.block_device = now;
+        self.step = DecodeCounters { layer_dispatches: vec![0; self.cfg.num_layers], ..Default::default() };
+        self.step_has_head = false;
+        self.segment = Segment::Start;
+        self.segment_start = now.dispatches;
+        self.in_decode = positions == 1;
+        self.stats.positions += positions as u64;
+        if self.in_decode {
+            self.stats.decode_steps += 1;
+        }
+    }
+
+    /// The counters with the block in progress included.
+    pub(super) fn current_stats(&self) -> GpuStats {
+        let mut s = self.stats.clone();
+        s.device = self.gpu.counters();
+        if self.in_decode {
+            s.decode_submissions += s.device.submissions - self.block_device.submissions;
+            s.decode.add(&self.step_so_far());
+        }
+        s.vram = self.vram.stats;
+        s
+    }
+
     pub(super) fn report_lines(&self) -> Vec<String> {
         let s = self.stats();
         let d = s.device;
@@ -66,6 +162,9 @@ impl GpuBackend {
                 String::new()
             }
         ));
+        if s.decode.steps > 0 {
+            lines.push(format!("  {}", s.decode.line()));
+        }
         lines.push(format!(
             "  dense weights in VRAM: {:.1} MiB; output head in {} row block(s) (storage binding limit {:.0} MiB)",
             self.dense_bytes as f64 / (1u64 << 20) as f64,
