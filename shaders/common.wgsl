@@ -1,9 +1,9 @@
 // common.wgsl: the prelude of every Picchio compute shader (prepended by the loader).
 //
 // It enables the optional features a variant was built with, defines the invocation IDs
-// every entry point takes, and the workgroup sum the reducing kernels share: subgroup
-// operations where the adapter has SUBGROUP, a shared-memory tree otherwise. Every kernel
-// runs workgroups of WG = 64 invocations.
+// every kernel's entry point receives, and the workgroup sum the reducing kernels share:
+// subgroup operations where the adapter has SUBGROUP, a shared-memory tree otherwise. Every
+// kernel runs workgroups of WG = 64 invocations.
 //
 // Variant lines: the loader keeps or drops the lines between `//#if NAME`, `//#else` and
 // `//#endif` (NAME: F16, SUBGROUP, INT4, MXFP4), so this file alone is not valid WGSL. F16 only
@@ -14,14 +14,21 @@ enable f16;
 
 const WG: u32 = 64u;
 
-// Invocation IDs. In SUBGROUP variants also the subgroup lane, index and count.
+// Invocation IDs, as every kernel's `main` sees them; in SUBGROUP variants also the
+// subgroup lane, index and count. A plain struct, not the entry point's input: a kernel
+// declares its entry point as the one line `fn main(ids: Ids) {` and the loader
+// (`entry_point` in src/backend/gpu/shaders.rs) writes that line as an entry point taking
+// each builtin as its own argument and building `ids` from them. Subgroup builtins inside an
+// entry-point struct have no HLSL semantic (HLSL reads them with WaveGetLaneIndex() and the
+// like), and DXC refuses an entry-point struct member without one; as separate arguments
+// naga emulates them.
 struct Ids {
-    @builtin(local_invocation_index) lid: u32,
-    @builtin(workgroup_id) wid: vec3<u32>,
+    lid: u32,
+    wid: vec3<u32>,
 //#if SUBGROUP
-    @builtin(subgroup_invocation_id) sg_lane: u32,
-    @builtin(subgroup_id) sg_id: u32,
-    @builtin(num_subgroups) sg_count: u32,
+    sg_lane: u32,
+    sg_id: u32,
+    sg_count: u32,
 //#endif
 }
 

@@ -295,7 +295,7 @@ pub fn default_ctx(cfg: &ModelConfig) -> usize {
 /// `max_position_embeddings`. The other three quarters stay for the dense weights and the
 /// expert cache, whose default budget subtracts this cache ([`default_ram_budget`]).
 pub fn default_ctx_for_memory(cfg: &ModelConfig, total_memory: u64) -> usize {
-    let reserve = (4u64 << 30).min(total_memory / 4);
+    let reserve = crate::system::reserve(total_memory);
     let kv_room = total_memory.saturating_sub(reserve) / 4;
     let per_position = cfg.kv_bytes(1).zip(cfg.rope_table_bytes(1)).and_then(|(k, r)| k.checked_add(r));
     let fits = match per_position {
@@ -323,7 +323,7 @@ pub fn default_parallel(cfg: &ModelConfig, ctx: usize) -> usize {
 /// memory left after the system reserve that [`default_ctx_for_memory`] gives the cache,
 /// between 1 and [`DEFAULT_PARALLEL_MAX`]: the slots a server runs without `--parallel`.
 pub fn default_parallel_for_memory(cfg: &ModelConfig, ctx: usize, total_memory: u64) -> usize {
-    let reserve = (4u64 << 30).min(total_memory / 4);
+    let reserve = crate::system::reserve(total_memory);
     let kv_room = total_memory.saturating_sub(reserve) / 4;
     match cfg.kv_bytes(ctx) {
         Some(per_slot) if per_slot > 0 => {
@@ -523,7 +523,7 @@ pub fn default_ram_budget(cfg: &ModelConfig, dense_bytes: u64, expert_bytes: u64
     // A context too large to compute needs more than any machine has; the run options
     // refuse it later with a message, so here it just leaves the floor.
     let kv = cfg.kv_bytes(ctx).unwrap_or(u64::MAX);
-    let reserve = (4u64 << 30).min(total / 4);
+    let reserve = crate::system::reserve(total);
     let per_token = (cfg.num_layers as u64).saturating_mul(cfg.experts_per_token as u64);
     let floor = expert_bytes.saturating_mul(per_token);
     total.saturating_sub(dense_bytes.saturating_add(kv).saturating_add(reserve)).max(floor)

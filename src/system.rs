@@ -8,6 +8,12 @@ pub fn total_memory() -> Option<u64> {
     (total > 0).then_some(total)
 }
 
+/// Memory left to the OS and everything else when Picchio sizes its caches from a machine
+/// of `total` bytes: 4 GiB, or a quarter of it on small machines.
+pub fn reserve(total: u64) -> u64 {
+    (4u64 << 30).min(total / 4)
+}
+
 /// Memory available to new allocations in bytes (free plus reclaimable caches, as the
 /// OS counts it), if the platform reports it. Used in messages about allocations that do
 /// not fit.

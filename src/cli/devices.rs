@@ -45,10 +45,13 @@ pub fn run(args: DevicesArgs) -> anyhow::Result<()> {
         println!(
             "    memory: {}",
             match a.device_memory {
-                Some(m) => format!("{} device-local (largest Vulkan heap)", gib(m)),
+                Some(m) => format!("{} ({})", gib(m), a.memory_source()),
                 None => "not reported by this API".into(),
             }
         );
+        if a.unified_memory {
+            println!("    unified: the adapter's memory is the system's RAM (shared with the RAM tier)");
+        }
         println!(
             "    limits: max_buffer_size {}, max_storage_buffer_binding_size {}, max_storage_buffers_per_shader_stage {}",
             l.max_buffer_size, l.max_storage_buffer_binding_size, l.max_storage_buffers_per_shader_stage

@@ -553,6 +553,11 @@ impl ExpertSource for CachedExperts {
         self.shared.store.read_bytes()
     }
 
+    fn host_bytes(&self) -> u64 {
+        // Entries plus the buffers kept for reuse never exceed the capacity (see `with_options`).
+        self.shared.capacity as u64 * self.shared.store.read_bytes()
+    }
+
     fn describe(&self) -> String {
         format!(
             "experts from disk ({} reader thread{}, {}) through a {} RAM cache ({} of {} experts, {} policy)",

@@ -134,6 +134,12 @@ pub trait ExpertSource: Send + Sync {
     /// Bytes one expert occupies in memory.
     fn expert_bytes(&self) -> u64;
 
+    /// The most bytes of expert weights this source holds in host memory at once: a cache's
+    /// capacity, every expert for a resident source. The GPU backend counts them where the
+    /// adapter's memory is the system's RAM (unified memory), since the experts it copies
+    /// into VRAM are then held twice in the same memory.
+    fn host_bytes(&self) -> u64;
+
     /// Hands each of `experts` of `layer` to `f` (with its index in `experts`) as soon as it
     /// is in memory, so callers compute on the first arrivals while the rest are read. The
     /// order varies; callers that need a canonical result reduce afterwards. Once these are

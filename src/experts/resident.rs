@@ -34,6 +34,10 @@ impl ExpertSource for ResidentExperts {
         self.layers.iter().flatten().next().map_or(0, |e| e.byte_len() as u64)
     }
 
+    fn host_bytes(&self) -> u64 {
+        self.layers.iter().flatten().map(|e| e.byte_len() as u64).sum()
+    }
+
     fn describe(&self) -> String {
         let bytes: usize = self.layers.iter().flatten().map(|e| e.byte_len()).sum();
         format!(

@@ -33,6 +33,8 @@ pub struct AlignedBytes {
     ptr: NonNull<u8>,
     len: usize,
     /// The kernel mapping holding the bytes (start, length), when not from the allocator.
+    /// Always `None` off Unix, where buffers come from the allocator only.
+    #[cfg_attr(not(unix), allow(dead_code))]
     mapping: Option<(NonNull<u8>, usize)>,
 }
 

@@ -245,7 +245,7 @@ mod tests {
     fn random_matrix(rows: usize, cols: usize, seed: u64) -> crate::quant::Matrix {
         use rand::{Rng, SeedableRng};
         let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-        let codes: Vec<u8> = (0..rows * row_bytes(cols)).map(|_| rng.random()).collect();
+        let codes: Vec<u8> = (0..rows * row_bytes(cols)).map(|_| rng.random::<u8>()).collect();
         let scales: Vec<u8> = (0..rows * blocks(cols)).map(|_| rng.random_range(120..134)).collect();
         let data = crate::quant::MatrixData::Mxfp4 {
             codes: crate::quant::WeightBuf::owned(codes),

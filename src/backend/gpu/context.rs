@@ -148,12 +148,8 @@ impl Gpu {
     pub fn new(open: OpenDevice, max_binding: Option<u64>, ring_slots: usize) -> Result<Self> {
         let OpenDevice { device, queue, report, shader_f16, subgroup, timestamps, faults } = open;
         let limits = device.limits();
-        let mut max_binding_bytes = limits.max_storage_buffer_binding_size.min(limits.max_buffer_size);
-        if let Some(m) = max_binding {
-            max_binding_bytes = max_binding_bytes.min(m.max(4096));
-        }
-        // Bindings are sized in whole words.
-        max_binding_bytes &= !3;
+        let max_binding_bytes =
+            binding_limit(limits.max_storage_buffer_binding_size, limits.max_buffer_size, max_binding);
         let align = limits.min_uniform_buffer_offset_alignment as u64;
         if align > PARAM_SLOT {
             return Err(Error::Backend(format!(
@@ -587,6 +583,28 @@ impl Gpu {
     }
 }
 
+/// The most bytes a storage binding of this backend may span, on every API: 2^32 - 4.
+///
+/// On Metal a binding's size reaches the shader as a u32 (naga's MSL keeps the sizes its
+/// bounds checks use in 32-bit fields; wgpu-hal saturates larger sizes at `u32::MAX`), and
+/// wgpu does not clamp the bindings it accepts to that. The kernels index their bindings with
+/// u32 word indices, which the bounds checks would then clamp to the words below 4 GiB: a
+/// larger binding would read wrong data past 4 GiB, silently. So no binding exceeds the
+/// largest whole number of words below 4 GiB, on every API, whatever the adapter allows.
+pub const MAX_BINDING_BYTES: u64 = (1 << 32) - 4;
+
+/// The largest storage binding the backend uses: the adapter's storage binding and buffer
+/// limits, `requested` (tests lower it; never below 4096 bytes), and [`MAX_BINDING_BYTES`],
+/// rounded down to whole words.
+pub fn binding_limit(max_storage_binding: u64, max_buffer: u64, requested: Option<u64>) -> u64 {
+    let mut bytes = max_storage_binding.min(max_buffer).min(MAX_BINDING_BYTES);
+    if let Some(m) = requested {
+        bytes = bytes.min(m.max(4096));
+    }
+    // Bindings are sized in whole words.
+    bytes & !3
+}
+
 fn dummy_buffer(device: &wgpu::Device) -> wgpu::Buffer {
     device.create_buffer(&wgpu::BufferDescriptor {
         label: Some("placeholder"),
@@ -594,4 +612,28 @@ fn dummy_buffer(device: &wgpu::Device) -> wgpu::Buffer {
         usage: wgpu::BufferUsages::STORAGE,
         mapped_at_creation: false,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bindings_stay_below_4_gib_in_whole_words() {
+        const GIB: u64 = 1 << 30;
+        assert_eq!(MAX_BINDING_BYTES, 4 * GIB - 4);
+        // An adapter allowing 4 GiB or more (Metal reports its buffer limit, often above 4 GiB).
+        assert_eq!(binding_limit(u64::MAX, u64::MAX, None), 4 * GIB - 4);
+        assert_eq!(binding_limit(4 * GIB, 16 * GIB, None), 4 * GIB - 4);
+        assert_eq!(binding_limit(8 * GIB, 6 * GIB, None), 4 * GIB - 4);
+        // Below it, the adapter's limits, the smaller one, in whole words.
+        assert_eq!(binding_limit(128 << 20, 256 << 20, None), 128 << 20);
+        assert_eq!(binding_limit(2 * GIB + 2, 3 * GIB, None), 2 * GIB);
+        assert_eq!(binding_limit(3 * GIB, GIB + 7, None), GIB + 4);
+        // A requested limit lowers it, never below 4096 bytes, never above the clamp.
+        assert_eq!(binding_limit(u64::MAX, u64::MAX, Some(1 << 20)), 1 << 20);
+        assert_eq!(binding_limit(u64::MAX, u64::MAX, Some(10)), 4096);
+        assert_eq!(binding_limit(u64::MAX, u64::MAX, Some(5 * GIB)), 4 * GIB - 4);
+        assert_eq!(binding_limit(128 << 20, u64::MAX, Some(GIB)), 128 << 20);
+    }
 }

@@ -61,8 +61,15 @@ pub struct AdapterReport {
     pub driver: String,
     /// PCI vendor and device IDs.
     pub vendor_device: (u32, u32),
-    /// Device-local memory in bytes where the API reports it (Vulkan).
+    /// Memory for this adapter's buffers, in bytes, where the API reports it: the largest
+    /// device-local heap on Vulkan, `recommendedMaxWorkingSetSize` on Metal (macOS), the DXGI
+    /// budget of the local memory segment on DX12; `None` on GL (and Metal elsewhere).
     pub device_memory: Option<u64>,
+    /// The adapter's memory is the system's RAM (Apple silicon, integrated GPUs, software
+    /// adapters): what it holds comes out of the same memory as the RAM tier's experts.
+    /// wgpu reports such adapters as integrated (Metal: `hasUnifiedMemory`; DX12: a UMA
+    /// architecture) or CPU-type.
+    pub unified_memory: bool,
     /// The adapter's limits.
     pub limits: wgpu::Limits,
     /// SHADER_F16 present.
@@ -83,7 +90,11 @@ impl AdapterReport {
             device_type: info.device_type,
             driver: format!("{} {}", info.driver, info.driver_info).trim().to_string(),
             vendor_device: (info.vendor, info.device),
-            device_memory: device_local_memory(adapter),
+            device_memory: device_memory(adapter),
+            unified_memory: matches!(
+                info.device_type,
+                wgpu::DeviceType::IntegratedGpu | wgpu::DeviceType::Cpu
+            ),
             limits: adapter.limits(),
             shader_f16: features.contains(wgpu::Features::SHADER_F16),
             subgroup: features.contains(wgpu::Features::SUBGROUP),
@@ -96,15 +107,36 @@ impl AdapterReport {
         self.device_type == wgpu::DeviceType::Cpu
     }
 
+    /// Where [`AdapterReport::device_memory`] came from, for `picchio devices`.
+    pub fn memory_source(&self) -> &'static str {
+        match self.backend {
+            wgpu::Backend::Vulkan => "largest device-local Vulkan heap",
+            wgpu::Backend::Metal => "Metal recommendedMaxWorkingSetSize",
+            wgpu::Backend::Dx12 => "DXGI budget of the local segment",
+            _ => "not reported by this API",
+        }
+    }
+
     /// One line: name, backend, type.
     pub fn summary(&self) -> String {
         format!("{} ({:?}, {:?})", self.name, self.backend, self.device_type)
     }
 }
 
+/// The memory an adapter's buffers may take ([`AdapterReport::device_memory`]), from
+/// whichever API it runs on; `None` where the API has no such query (GL) or the query fails.
+fn device_memory(adapter: &wgpu::Adapter) -> Option<u64> {
+    match adapter.get_info().backend {
+        wgpu::Backend::Vulkan => vulkan_memory(adapter),
+        wgpu::Backend::Metal => metal_memory(adapter),
+        wgpu::Backend::Dx12 => dx12_memory(adapter),
+        _ => None,
+    }
+}
+
 /// Device-local memory of a Vulkan adapter (the largest DEVICE_LOCAL heap).
 #[cfg(not(any(target_arch = "wasm32", target_vendor = "apple")))]
-fn device_local_memory(adapter: &wgpu::Adapter) -> Option<u64> {
+fn vulkan_memory(adapter: &wgpu::Adapter) -> Option<u64> {
     // SAFETY: the hal adapter is only used to read the physical device's memory properties
     // while the guard keeps the adapter alive; nothing is created or destroyed.
     unsafe {
@@ -120,7 +152,42 @@ fn device_local_memory(adapter: &wgpu::Adapter) -> Option<u64> {
 }
 
 #[cfg(any(target_arch = "wasm32", target_vendor = "apple"))]
-fn device_local_memory(_adapter: &wgpu::Adapter) -> Option<u64> {
+fn vulkan_memory(_adapter: &wgpu::Adapter) -> Option<u64> {
+    None
+}
+
+/// Metal's `recommendedMaxWorkingSetSize`: how much the device can allocate without
+/// affecting its performance (on Apple silicon a share of the system's RAM). macOS only: iOS
+/// has it from version 16 on, and Picchio does not target iOS.
+#[cfg(target_os = "macos")]
+fn metal_memory(adapter: &wgpu::Adapter) -> Option<u64> {
+    use objc2_metal::MTLDevice;
+    // SAFETY: the hal adapter is only used to read one property of its MTLDevice while the
+    // guard keeps the adapter alive; nothing is created or destroyed.
+    let hal = unsafe { adapter.as_hal::<wgpu::hal::api::Metal>() }?;
+    let bytes = hal.raw_device().recommendedMaxWorkingSetSize();
+    (bytes > 0).then_some(bytes)
+}
+
+#[cfg(not(target_os = "macos"))]
+fn metal_memory(_adapter: &wgpu::Adapter) -> Option<u64> {
+    None
+}
+
+/// The DXGI budget of a DX12 adapter's local memory segment (`QueryVideoMemoryInfo`): what
+/// the OS lets this process use of the adapter's own memory (shared memory on UMA adapters).
+#[cfg(windows)]
+fn dx12_memory(adapter: &wgpu::Adapter) -> Option<u64> {
+    use windows::Win32::Graphics::Dxgi::DXGI_MEMORY_SEGMENT_GROUP_LOCAL;
+    // SAFETY: the hal adapter is only used to query its DXGI adapter's memory information
+    // while the guard keeps the adapter alive; nothing is created or destroyed.
+    let hal = unsafe { adapter.as_hal::<wgpu::hal::api::Dx12>() }?;
+    let info = hal.raw_adapter().query_video_memory_info(DXGI_MEMORY_SEGMENT_GROUP_LOCAL).ok()?;
+    (info.Budget > 0).then_some(info.Budget)
+}
+
+#[cfg(not(windows))]
+fn dx12_memory(_adapter: &wgpu::Adapter) -> Option<u64> {
     None
 }
 

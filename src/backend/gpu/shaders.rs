@@ -2,7 +2,8 @@
 //! preprocessor that builds a variant's source.
 //!
 //! Every source is `common.wgsl` (enables, invocation IDs, the workgroup sum) followed by
-//! the op's file. Variants differ only where an optional adapter feature is used (SUBGROUP
+//! the op's file, whose entry line [`ENTRY_LINE`] is replaced by the real entry point
+//! ([`entry_point`]). Variants differ only where an optional adapter feature is used (SUBGROUP
 //! for reductions, SHADER_F16 for loading f16 scales), in the expert weight format (F32,
 //! INT4-gs64 or MXFP4: [`SlotFormat`]), and in how many expert pools the expert kernels bind. `all_variants` lists every
 //! variant, so a test can translate each one for every target API.
@@ -260,6 +261,54 @@ pub fn preprocess(text: &str, flags: &[&str]) -> Result<String> {
     Ok(out)
 }
 
+/// The line every kernel declares its entry point with (after `@compute
+/// @workgroup_size(WG)`); the loader replaces it with [`entry_point`]. Kernels use no
+/// `@builtin` of their own.
+pub const ENTRY_LINE: &str = "fn main(ids: Ids) {";
+
+/// The entry point that replaces [`ENTRY_LINE`]: each builtin a separate argument, and `ids`
+/// (the `Ids` struct of `common.wgsl`) built from them as the kernel's first statement. One
+/// line, so a kernel's line numbers stay as in its file.
+///
+/// Why not the struct itself as the input: subgroup builtins have no HLSL semantic. naga
+/// emulates them (WaveGetLaneIndex(), the group index over WaveGetLaneCount()) only when they
+/// are arguments of the entry point; as members of an input struct it writes them with no
+/// semantic, and DXC refuses the entry point. `tests/gpu_translate.rs` checks every input of
+/// every HLSL entry point has a semantic.
+pub fn entry_point(subgroup: bool) -> &'static str {
+    if subgroup {
+        "fn main(@builtin(local_invocation_index) ep_lid: u32, @builtin(workgroup_id) ep_wid: vec3<u32>, \
+         @builtin(subgroup_invocation_id) ep_sg_lane: u32, @builtin(subgroup_id) ep_sg_id: u32, \
+         @builtin(num_subgroups) ep_sg_count: u32) { \
+         let ids = Ids(ep_lid, ep_wid, ep_sg_lane, ep_sg_id, ep_sg_count);"
+    } else {
+        "fn main(@builtin(local_invocation_index) ep_lid: u32, @builtin(workgroup_id) ep_wid: vec3<u32>) { \
+         let ids = Ids(ep_lid, ep_wid);"
+    }
+}
+
+/// `text` (a kernel after preprocessing) with its one [`ENTRY_LINE`] replaced by
+/// [`entry_point`]; an error when the kernel has no such line, several, or a `@builtin`.
+fn with_entry_point(text: &str, subgroup: bool) -> Result<String> {
+    if text.contains("@builtin") {
+        return Err(Error::Backend(format!(
+            "declares a @builtin; kernels take their IDs from `{ENTRY_LINE}` (the loader adds the builtins)"
+        )));
+    }
+    let entries = text.lines().filter(|l| l.trim() == ENTRY_LINE).count();
+    if entries != 1 {
+        return Err(Error::Backend(format!(
+            "{entries} lines `{ENTRY_LINE}`; a kernel declares its entry point with exactly one"
+        )));
+    }
+    let mut out = String::with_capacity(text.len() + 256);
+    for line in text.lines() {
+        out.push_str(if line.trim() == ENTRY_LINE { entry_point(subgroup) } else { line });
+        out.push('\n');
+    }
+    Ok(out)
+}
+
 /// The pool bindings (from binding 5) and `pool_load(pool, word)` of the expert kernels.
 fn pool_decls(pools: u32) -> String {
     let mut s = String::new();
@@ -294,7 +343,8 @@ pub fn source(op: Op, variant: Variant) -> Result<String> {
         }
         src.push_str(&pool_decls(variant.pools));
     }
-    src.push_str(&preprocess(op.text(), &flags).map_err(|e| Error::Backend(format!("{}: {e}", op.file())))?);
+    let kernel = preprocess(op.text(), &flags).and_then(|k| with_entry_point(&k, variant.subgroup));
+    src.push_str(&kernel.map_err(|e| Error::Backend(format!("{}: {e}", op.file())))?);
     Ok(src)
 }
 
@@ -338,6 +388,35 @@ mod tests {
             assert!(!src.lines().any(|l| l.trim_start().starts_with("//#")), "{} {}", op.file(), v.label());
             assert_eq!(src.contains("enable f16;"), v.f16, "{} {}", op.file(), v.label());
             assert_eq!(src.contains("subgroupAdd"), v.subgroup, "{} {}", op.file(), v.label());
+            assert!(!src.lines().any(|l| l.trim() == ENTRY_LINE), "{} {}", op.file(), v.label());
+            assert_eq!(
+                src.lines().filter(|l| l.starts_with("fn main(")).count(),
+                1,
+                "{} {}",
+                op.file(),
+                v.label()
+            );
+            assert_eq!(src.contains("@builtin(subgroup_id)"), v.subgroup, "{} {}", op.file(), v.label());
+            // The entry point is one line: the kernel's lines keep their count.
+            let kernel = preprocess(op.text(), &[]).unwrap();
+            assert_eq!(
+                with_entry_point(&kernel, v.subgroup).unwrap().lines().count(),
+                kernel.lines().count()
+            );
         }
+    }
+
+    #[test]
+    fn a_kernel_needs_exactly_one_entry_line_and_no_builtins() {
+        let ok = "@compute @workgroup_size(WG)\nfn main(ids: Ids) {\n    let i = ids.lid;\n}\n";
+        let out = with_entry_point(ok, true).unwrap();
+        assert!(out.contains("let ids = Ids(ep_lid, ep_wid, ep_sg_lane, ep_sg_id, ep_sg_count);"), "{out}");
+        assert!(out.ends_with("    let i = ids.lid;\n}\n"), "{out}");
+        let out = with_entry_point(ok, false).unwrap();
+        assert!(out.contains("let ids = Ids(ep_lid, ep_wid);") && !out.contains("subgroup"), "{out}");
+        assert!(with_entry_point("fn main(ids: Ids, x: u32) {\n}\n", false).is_err());
+        assert!(with_entry_point(&format!("{ok}{ok}"), false).is_err());
+        let builtin = "fn main(ids: Ids) {\n}\nfn f(@builtin(subgroup_id) s: u32) {}\n";
+        assert!(with_entry_point(builtin, false).unwrap_err().to_string().contains("@builtin"));
     }
 }

@@ -180,7 +180,13 @@ impl GpuBackend {
             + head.byte_len();
         let budget = match opts.vram_bytes {
             Some(b) => b,
-            None => default_expert_budget(&report, dense_bytes, sequences as u64 * seq_kv_bytes),
+            None => default_expert_budget(
+                &report,
+                dense_bytes,
+                sequences as u64 * seq_kv_bytes,
+                experts.host_bytes(),
+                crate::system::total_memory(),
+            ),
         };
         let vram = VramExperts::new(&mut gpu, &cfg, &experts, budget)?;
         let expert_bytes = vram.slots as u64 * vram.layout.bytes();
@@ -342,17 +348,45 @@ impl GpuBackend {
     }
 }
 
-/// The default VRAM budget for experts: 80% of the adapter's device-local memory minus
-/// the dense weights, the key/value caches (`kv_bytes`, all the slots asked for) and 512 MiB
-/// of working space; 2 GiB when the API does
-/// not report memory. Software adapters share the system's RAM: at most a quarter of it.
-pub fn default_expert_budget(report: &AdapterReport, dense_bytes: u64, kv_bytes: u64) -> u64 {
+/// The default VRAM budget for experts: 80% of the adapter's memory
+/// ([`AdapterReport::device_memory`]) minus the dense weights, the key/value caches
+/// (`kv_bytes`, all the slots asked for) and 512 MiB of working space; 2 GiB when the API does
+/// not report memory.
+///
+/// On unified memory (the adapter's memory is the system's RAM) the experts copied to the GPU
+/// and the RAM tier's (`host_expert_bytes`, [`ExpertSource::host_bytes`]) are held twice in
+/// the same RAM, as are the dense weights (mapped on the host, copied to the GPU), so the
+/// budget is also at most what the machine's RAM (`total_ram`) has left after the system
+/// reserve ([`crate::system::reserve`]), the RAM tier, both copies of the dense weights, the
+/// caches and the working space. Software adapters also share the system's RAM: at most a
+/// quarter of it.
+pub fn default_expert_budget(
+    report: &AdapterReport,
+    dense_bytes: u64,
+    kv_bytes: u64,
+    host_expert_bytes: u64,
+    total_ram: Option<u64>,
+) -> u64 {
     let mut budget = match report.device_memory {
         Some(m) => (m / 10 * 8).saturating_sub(dense_bytes + kv_bytes + WORKING_BYTES),
         None => 2 << 30,
     };
+    let total = total_ram.unwrap_or(8 << 30);
+    if report.unified_memory {
+        let held = [
+            crate::system::reserve(total),
+            host_expert_bytes,
+            dense_bytes,
+            dense_bytes,
+            kv_bytes,
+            WORKING_BYTES,
+        ]
+        .into_iter()
+        .fold(0u64, u64::saturating_add);
+        budget = budget.min(total.saturating_sub(held));
+    }
     if report.is_software() {
-        budget = budget.min(crate::system::total_memory().unwrap_or(8 << 30) / 4);
+        budget = budget.min(total / 4);
     }
     budget
 }
@@ -656,4 +690,60 @@ fn mib(bytes: u64) -> f64 {
 /// The error for a part of a layer that the recipe asks for and the weights lack.
 fn missing(layer: &str, what: &str) -> Error {
     Error::Backend(format!("{layer}: the layer recipe has {what} but the weights have none"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    fn adapter(
+        device_type: wgpu::DeviceType,
+        device_memory: Option<u64>,
+        unified_memory: bool,
+    ) -> AdapterReport {
+        AdapterReport {
+            name: "test".into(),
+            backend: wgpu::Backend::Metal,
+            device_type,
+            driver: String::new(),
+            vendor_device: (0, 0),
+            device_memory,
+            unified_memory,
+            limits: wgpu::Limits::default(),
+            shader_f16: false,
+            subgroup: false,
+            timestamps: false,
+        }
+    }
+
+    #[test]
+    fn the_expert_budget_counts_the_ram_tier_on_unified_memory() {
+        let (dense, kv, ram) = (2 * GIB, 3 * GIB, Some(32 * GIB));
+        // A discrete GPU with 24 GiB: 80% minus dense, caches and working space, whatever
+        // the RAM tier holds.
+        let discrete = adapter(wgpu::DeviceType::DiscreteGpu, Some(24 * GIB), false);
+        let device_budget = 24 * GIB / 10 * 8 - dense - kv - WORKING_BYTES;
+        assert_eq!(default_expert_budget(&discrete, dense, kv, 12 * GIB, ram), device_budget);
+        // A 32 GiB Apple silicon machine (working set 24 GiB): the RAM tier's 12 GiB of
+        // experts, both copies of the dense weights, the caches, the working space and the
+        // 4 GiB reserve come out of the same 32 GiB.
+        let apple = adapter(wgpu::DeviceType::IntegratedGpu, Some(24 * GIB), true);
+        let room = 32 * GIB - 4 * GIB - 12 * GIB - 2 * dense - kv - WORKING_BYTES;
+        assert!(room < device_budget);
+        assert_eq!(default_expert_budget(&apple, dense, kv, 12 * GIB, ram), room);
+        // With a small RAM tier (--ram-gb) the device's own budget is the bound again.
+        assert_eq!(default_expert_budget(&apple, dense, kv, GIB, ram), device_budget);
+        // A RAM tier as large as the machine leaves nothing (the floor of one token's
+        // experts is applied by the expert cache, `VramExperts::new`).
+        assert_eq!(default_expert_budget(&apple, dense, kv, 32 * GIB, ram), 0);
+        // No memory query (GL): 2 GiB, still within the room on unified memory.
+        let gl = adapter(wgpu::DeviceType::IntegratedGpu, None, true);
+        assert_eq!(default_expert_budget(&gl, dense, kv, 12 * GIB, ram), 2 * GIB);
+        assert_eq!(default_expert_budget(&gl, dense, kv, 12 * GIB, Some(16 * GIB)), 0);
+        // A software adapter: at most a quarter of RAM too.
+        let cpu = adapter(wgpu::DeviceType::Cpu, Some(64 * GIB), true);
+        assert_eq!(default_expert_budget(&cpu, dense, kv, GIB, ram), 8 * GIB);
+    }
 }
