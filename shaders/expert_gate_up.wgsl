@@ -14,6 +14,10 @@
 // products summed and scaled by its block's power of two (`mx_scaled`, common.wgsl);
 // otherwise F32 rows. Slot offsets follow the container record (src/backend/gpu/vram.rs).
 // One workgroup per (i, pair).
+//
+// NORM variant: `x` is the raw residual and the pair's input row is RMS-normalized inside
+// each workgroup (`norm_w`, declared by the loader after the pools, and `eps`), as
+// matvec_common.wgsl describes: the input equals rmsnorm.wgsl's output bit for bit.
 
 struct Params {
     layer: u32,
@@ -34,7 +38,7 @@ struct Params {
     limit: f32,
     alpha: f32,
     activation: u32,
-    _pad1: u32,
+    eps: f32,
     _pad2: u32,
 }
 
@@ -48,8 +52,22 @@ const NO_SLOT: u32 = 0xffffffffu;
 
 var<workgroup> wg_slot: u32;
 
+// NORM: 1 / rms of the pair's input row, set before the product.
+var<private> inv_rms: f32;
+
+// Input `c` (< hidden) of the row at `base`: normalized in NORM variants,
+// `norm_w[c] * (x[c] * inv)` as rmsnorm.wgsl writes it.
+fn xin(base: u32, c: u32) -> f32 {
+//#if NORM
+    return norm_w[c] * (x[base + c] * inv_rms);
+//#else
+    return x[base + c];
+//#endif
+}
+
+// Input `c` of the row, 0 past `hidden` (INT4 padding), never read out of bounds.
 fn xv(base: u32, c: u32) -> f32 {
-    return select(0.0, x[base + c], c < p.hidden);
+    return select(0.0, xin(base, min(c, p.hidden - 1u)), c < p.hidden);
 }
 
 @compute @workgroup_size(WG)
@@ -72,6 +90,17 @@ fn main(ids: Ids) {
     let lp = pool - p.pool_first;
     let base = (slot % p.slots_per_pool) * p.stride;
     let xb = r * p.hidden;
+//#if NORM
+    // The sum of squares reduced exactly as rmsnorm.wgsl reduces it, so the normalized
+    // input equals its output bit for bit.
+    var ss = 0.0;
+    for (var c = ids.lid; c < p.hidden; c += WG) {
+        let v = x[xb + c];
+        ss += v * v;
+    }
+    let total_ss = wg_sum(vec4<f32>(ss, 0.0, 0.0, 0.0), ids).x;
+    inv_rms = 1.0 / sqrt(total_ss / f32(p.hidden) + p.eps);
+//#endif
     let g_row = base + p.w_off + (2u * i) * p.row_words;
     let u_row = g_row + p.row_words;
     var acc = vec4<f32>(0.0);
@@ -102,13 +131,13 @@ fn main(ids: Ids) {
     let u_sc = g_sc + p.groups;
     let sc = base + p.s_off;
     for (var wi = ids.lid; wi < p.row_words; wi += WG) {
-        let c0 = xb + wi * 8u;
+        let c0 = wi * 8u;
         let wg = pool_load(lp, g_row + wi);
         let wu = pool_load(lp, u_row + wi);
         var sg = 0.0;
         var su = 0.0;
         for (var j = 0u; j < 8u; j++) {
-            let xc = x[c0 + j];
+            let xc = xin(xb, c0 + j);
             sg += fp4_x2(wg >> (4u * j)) * xc;
             su += fp4_x2(wu >> (4u * j)) * xc;
         }
@@ -121,7 +150,7 @@ fn main(ids: Ids) {
 //#if !INT4
 //#if !MXFP4
     for (var c = ids.lid; c < p.hidden; c += WG) {
-        let xc = x[xb + c];
+        let xc = xin(xb, c);
         acc.x += bitcast<f32>(pool_load(lp, g_row + c)) * xc;
         acc.y += bitcast<f32>(pool_load(lp, u_row + c)) * xc;
     }

@@ -2,32 +2,7 @@
 // workgroup. The weights stay BF16 in VRAM: pairs are read as u32 and each half widened
 // exactly to f32 (bf16 is the upper half of an f32). Otherwise as matvec_f32.wgsl.
 
-struct Params {
-    rows: u32,
-    cols: u32,
-    row_offset: u32,
-    out_stride: u32,
-    tokens: u32,
-    has_bias: u32,
-    nx: u32,
-    _pad: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> x: array<f32>;
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;
-@group(0) @binding(3) var<storage, read> bias: array<f32>;
 @group(0) @binding(4) var<storage, read> w: array<u32>;
-
-fn xs(t0: u32, c: u32) -> vec4<f32> {
-    var v = vec4<f32>(0.0);
-    for (var t = 0u; t < 4u; t++) {
-        if t0 + t < p.tokens {
-            v[t] = x[(t0 + t) * p.cols + c];
-        }
-    }
-    return v;
-}
 
 // Element `e` of the block (little-endian: even elements in the low half of a word).
 fn weight(e: u32) -> f32 {
@@ -39,6 +14,7 @@ fn weight(e: u32) -> f32 {
 fn main(ids: Ids) {
     let row = flat_wid(ids, p.nx);
     let t0 = ids.wid.z * 4u;
+    begin_tile(t0, ids);
     var acc = vec4<f32>(0.0);
     if row < p.rows {
         let base = row * p.cols;
@@ -48,10 +24,6 @@ fn main(ids: Ids) {
     }
     let total = wg_sum(acc, ids);
     if row < p.rows && ids.lid < 4u && t0 + ids.lid < p.tokens {
-        var v = total[ids.lid];
-        if p.has_bias != 0u {
-            v += bias[p.row_offset + row];
-        }
-        y[(t0 + ids.lid) * p.out_stride + p.row_offset + row] = v;
+        store(t0 + ids.lid, row, total[ids.lid]);
     }
 }

@@ -4,39 +4,12 @@
 // and one f16 scale. Each invocation takes one u32 of codes (8 values) per step; inputs
 // past `cols` count as zero. Otherwise as matvec_f32.wgsl.
 
-struct Params {
-    rows: u32,
-    cols: u32,
-    row_offset: u32,
-    out_stride: u32,
-    tokens: u32,
-    has_bias: u32,
-    nx: u32,
-    _pad: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> x: array<f32>;
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;
-@group(0) @binding(3) var<storage, read> bias: array<f32>;
 @group(0) @binding(4) var<storage, read> codes: array<u32>;
 //#if F16
 @group(0) @binding(5) var<storage, read> scales: array<f16>;
 //#else
 @group(0) @binding(5) var<storage, read> scales: array<u32>;
 //#endif
-
-fn xs(t0: u32, c: u32) -> vec4<f32> {
-    var v = vec4<f32>(0.0);
-    if c < p.cols {
-        for (var t = 0u; t < 4u; t++) {
-            if t0 + t < p.tokens {
-                v[t] = x[(t0 + t) * p.cols + c];
-            }
-        }
-    }
-    return v;
-}
 
 // The f16 scale `i` of the block, widened (SHADER_F16: loaded as f16; else decoded from
 // the u32 holding it).
@@ -52,6 +25,7 @@ fn scale(i: u32) -> f32 {
 fn main(ids: Ids) {
     let row = flat_wid(ids, p.nx);
     let t0 = ids.wid.z * 4u;
+    begin_tile(t0, ids);
     let groups = (p.cols + 63u) / 64u;
     let row_words = groups * 8u;
     var acc = vec4<f32>(0.0);
@@ -71,10 +45,6 @@ fn main(ids: Ids) {
     }
     let total = wg_sum(acc, ids);
     if row < p.rows && ids.lid < 4u && t0 + ids.lid < p.tokens {
-        var v = total[ids.lid];
-        if p.has_bias != 0u {
-            v += bias[p.row_offset + row];
-        }
-        y[(t0 + ids.lid) * p.out_stride + p.row_offset + row] = v;
+        store(t0 + ids.lid, row, total[ids.lid]);
     }
 }

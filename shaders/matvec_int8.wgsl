@@ -3,33 +3,8 @@
 // u32 and sign-extended; the row's f32 scale multiplies the reduced sum, as in the CPU
 // reference (`scale * sum q x`). Otherwise as matvec_f32.wgsl.
 
-struct Params {
-    rows: u32,
-    cols: u32,
-    row_offset: u32,
-    out_stride: u32,
-    tokens: u32,
-    has_bias: u32,
-    nx: u32,
-    _pad: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> x: array<f32>;
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;
-@group(0) @binding(3) var<storage, read> bias: array<f32>;
 @group(0) @binding(4) var<storage, read> codes: array<u32>;
 @group(0) @binding(5) var<storage, read> scales: array<f32>;
-
-fn xs(t0: u32, c: u32) -> vec4<f32> {
-    var v = vec4<f32>(0.0);
-    for (var t = 0u; t < 4u; t++) {
-        if t0 + t < p.tokens {
-            v[t] = x[(t0 + t) * p.cols + c];
-        }
-    }
-    return v;
-}
 
 // Code `e` of the block as a float (-127..=127).
 fn code(e: u32) -> f32 {
@@ -40,6 +15,7 @@ fn code(e: u32) -> f32 {
 fn main(ids: Ids) {
     let row = flat_wid(ids, p.nx);
     let t0 = ids.wid.z * 4u;
+    begin_tile(t0, ids);
     var acc = vec4<f32>(0.0);
     if row < p.rows {
         let base = row * p.cols;
@@ -55,10 +31,6 @@ fn main(ids: Ids) {
     }
     let total = wg_sum(acc, ids);
     if row < p.rows && ids.lid < 4u && t0 + ids.lid < p.tokens {
-        var v = scales[row] * total[ids.lid];
-        if p.has_bias != 0u {
-            v += bias[p.row_offset + row];
-        }
-        y[(t0 + ids.lid) * p.out_stride + p.row_offset + row] = v;
+        store(t0 + ids.lid, row, scales[row] * total[ids.lid]);
     }
 }

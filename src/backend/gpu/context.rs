@@ -297,7 +297,7 @@ impl Gpu {
                 },
                 count: None,
             }];
-            for (i, access) in op.bindings(variant.pools).into_iter().enumerate() {
+            for (i, access) in op.bindings(variant).into_iter().enumerate() {
                 entries.push(wgpu::BindGroupLayoutEntry {
                     binding: 1 + i as u32,
                     visibility: wgpu::ShaderStages::COMPUTE,

@@ -14,6 +14,7 @@ use crate::error::{Error, Result};
 use super::vram::SlotFormat;
 
 const COMMON: &str = include_str!("../../../shaders/common.wgsl");
+const MATVEC_COMMON: &str = include_str!("../../../shaders/matvec_common.wgsl");
 
 /// Access of a storage binding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -135,6 +136,28 @@ impl Op {
         matches!(self, Op::ExpertGateUp | Op::ExpertDown)
     }
 
+    /// True for the matrix-vector kernels (`matvec_*.wgsl`).
+    pub fn is_matvec(self) -> bool {
+        matches!(self, Op::MatvecF32 | Op::MatvecBf16 | Op::MatvecInt8 | Op::MatvecInt4)
+    }
+
+    /// True if the op has NORM variants (the input row RMS-normalized inside the kernel):
+    /// the matrix-vector kernels and `expert_gate_up.wgsl`.
+    pub fn has_norm(self) -> bool {
+        self.is_matvec() || self == Op::ExpertGateUp
+    }
+
+    /// True if the op has ACCUMULATE variants (`y += W x + b`): the matrix-vector kernels.
+    pub fn has_accumulate(self) -> bool {
+        self.is_matvec()
+    }
+
+    /// True if the op has COMBINE variants (down, routing-weighted sum and residual add in
+    /// one dispatch): `expert_down.wgsl`.
+    pub fn has_combine(self) -> bool {
+        self == Op::ExpertDown
+    }
+
     /// True if the op has SHADER_F16 variants (f16 scales loaded as f16). The expert kernels
     /// read their records as u32 words (naga cannot bitcast a u32 to two f16), so they
     /// decode f16 scales with integer operations in every variant.
@@ -142,8 +165,10 @@ impl Op {
         self == Op::MatvecInt4
     }
 
-    /// The storage bindings after the uniform parameters at binding 0, in order.
-    pub fn bindings(self, pools: u32) -> Vec<Access> {
+    /// The storage bindings after the uniform parameters at binding 0, in order, for the
+    /// build `variant`: the op's own, then (expert kernels) `variant.pools` pools, then
+    /// (NORM variants) the norm weight.
+    pub fn bindings(self, variant: Variant) -> Vec<Access> {
         use Access::{Read as R, ReadWrite as W};
         let mut v = match self {
             Op::MatvecF32 | Op::MatvecBf16 => vec![R, W, R, R],
@@ -161,7 +186,10 @@ impl Op {
             Op::Copy | Op::Glu => vec![R, W],
         };
         if self.is_expert() {
-            v.extend(std::iter::repeat_n(R, pools as usize));
+            v.extend(std::iter::repeat_n(R, variant.pools as usize));
+        }
+        if variant.norm && self.has_norm() {
+            v.push(R);
         }
         v
     }
@@ -181,6 +209,15 @@ pub struct Variant {
     pub experts: SlotFormat,
     /// Expert kernels: pool buffers bound (one of [`POOL_VARIANTS`]); 0 for other ops.
     pub pools: u32,
+    /// NORM (matrix-vector kernels, `expert_gate_up`): the input is the raw residual row
+    /// and the kernel uses `norm_w[c] * (x[c] * inv)` with `inv = 1 / sqrt(sum(x^2) / cols
+    /// + eps)`, as `model::math::rms_norm_in_place` and rmsnorm.wgsl (the same sum order).
+    pub norm: bool,
+    /// ACCUMULATE (matrix-vector kernels): `y += W x + b` instead of `y = W x + b`.
+    pub accumulate: bool,
+    /// COMBINE (`expert_down`): `out[r] += sum_j w[r][j] * (down_j act[r][j] + b_j)` in
+    /// routing order, one workgroup per (output block, token row) over all k experts.
+    pub combine: bool,
 }
 
 impl Variant {
@@ -198,6 +235,15 @@ impl Variant {
         }
         if self.pools > 0 {
             parts.push(format!("p{}", self.pools));
+        }
+        if self.norm {
+            parts.push("norm".to_string());
+        }
+        if self.accumulate {
+            parts.push("acc".to_string());
+        }
+        if self.combine {
+            parts.push("combine".to_string());
         }
         if parts.is_empty() { "portable".into() } else { parts.join("+") }
     }
@@ -263,12 +309,41 @@ pub fn source(op: Op, variant: Variant) -> Result<String> {
     if let Some(flag) = variant.experts.flag() {
         flags.push(flag);
     }
+    if variant.norm {
+        if !op.has_norm() {
+            return Err(Error::Backend(format!("{} has no NORM variant", op.file())));
+        }
+        flags.push("NORM");
+    }
+    if variant.accumulate {
+        if !op.has_accumulate() {
+            return Err(Error::Backend(format!("{} has no ACCUMULATE variant", op.file())));
+        }
+        flags.push("ACCUMULATE");
+    }
+    if variant.combine {
+        if !op.has_combine() {
+            return Err(Error::Backend(format!("{} has no COMBINE variant", op.file())));
+        }
+        flags.push("COMBINE");
+    }
     let mut src = preprocess(COMMON, &flags)?;
     if op.is_expert() {
         if !POOL_VARIANTS.contains(&variant.pools) {
             return Err(Error::Backend(format!("no expert kernel for {} pools", variant.pools)));
         }
         src.push_str(&pool_decls(variant.pools));
+    }
+    if variant.norm {
+        // The norm weight is the last binding, after the op's own (and the pools).
+        let binding = op.bindings(variant).len();
+        let _ = writeln!(src, "@group(0) @binding({binding}) var<storage, read> norm_w: array<f32>;");
+    }
+    if op.is_matvec() {
+        src.push_str(
+            &preprocess(MATVEC_COMMON, &flags)
+                .map_err(|e| Error::Backend(format!("matvec_common.wgsl: {e}")))?,
+        );
     }
     src.push_str(&preprocess(op.text(), &flags).map_err(|e| Error::Backend(format!("{}: {e}", op.file())))?);
     Ok(src)
@@ -284,7 +359,19 @@ pub fn all_variants() -> Vec<(Op, Variant)> {
                 for f16 in if op.uses_f16() { vec![false, true] } else { vec![false] } {
                     let pools: &[u32] = if op.is_expert() { &POOL_VARIANTS } else { &[0] };
                     for &pools in pools {
-                        out.push((op, Variant { f16, subgroup, experts, pools }));
+                        for norm in if op.has_norm() { vec![false, true] } else { vec![false] } {
+                            for accumulate in
+                                if op.has_accumulate() { vec![false, true] } else { vec![false] }
+                            {
+                                for combine in if op.has_combine() { vec![false, true] } else { vec![false] }
+                                {
+                                    out.push((
+                                        op,
+                                        Variant { f16, subgroup, experts, pools, norm, accumulate, combine },
+                                    ));
+                                }
+                            }
+                        }
                     }
                 }
             }

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::backend::{Backend, LinearId};
+use crate::backend::{Backend, LinearId, NormId};
 use crate::error::{Error, Result};
 
 use super::super::buffers::GpuAct;
@@ -23,6 +23,28 @@ impl GpuBackend {
         x: &GpuAct,
         out: &GpuAct,
     ) -> Result<()> {
+        self.matvec_fused(m, bias, x, out, None, false)
+    }
+
+    /// The product with its fusions, one dispatch per row block:
+    ///
+    /// * `norm: Some(w)`: `x` is the raw residual and token t's input is
+    ///   `w[c] * (x[t][c] * inv_t)`, `inv_t = 1 / sqrt(sum_c x[t][c]^2 / cols + eps)` (the
+    ///   model's `rms_norm_eps`): exactly what `rms_norm` writes (same expression, same
+    ///   reduction), so `matvec_fused(.., Some(w), ..)` equals `rms_norm` then `matvec`;
+    /// * `accumulate`: `out[t][row] += W x + b` (the residual add of `Backend::add`,
+    ///   `out + (W x + b)`) instead of `=`.
+    ///
+    /// `x` and `out` must be different buffers. With neither flag this is [`Self::matvec`].
+    pub(super) fn matvec_fused(
+        &mut self,
+        m: &GpuMatrix,
+        bias: Option<&GBuf>,
+        x: &GpuAct,
+        out: &GpuAct,
+        norm: Option<&GBuf>,
+        accumulate: bool,
+    ) -> Result<()> {
         if x.width() != m.cols || out.width() != m.rows || out.rows() != x.rows() {
             return Err(Error::Backend(format!(
                 "linear: [{}, {}] x [{}, {}] -> [{}, {}]",
@@ -35,8 +57,19 @@ impl GpuBackend {
             )));
         }
         let row_bytes = (m.rows * 4) as u64;
+        if x.buf().id == out.buf().id {
+            return Err(Error::Backend("linear: the input and the output are the same buffer".into()));
+        }
+        if let Some(w) = norm
+            && w.size < (m.cols * 4) as u64
+        {
+            return Err(Error::Backend(format!(
+                "linear: a norm weight of {} bytes for {} columns",
+                w.size, m.cols
+            )));
+        }
         if out.bytes() <= self.gpu.max_binding {
-            return self.matvec_into(m, bias, x, out.buf(), out.bytes());
+            return self.matvec_into(m, bias, x, out.buf(), out.bytes(), norm, accumulate);
         }
         let per = (self.gpu.max_binding / row_bytes) as usize;
         if per == 0 {
@@ -51,7 +84,10 @@ impl GpuBackend {
             let xs = GpuAct::new(n, m.cols, self.scratch(n as u64 * cols_bytes)?);
             self.copy_words(x.buf(), t0 * m.cols, xs.buf(), 0, n * m.cols)?;
             let ys = self.scratch(n as u64 * row_bytes)?;
-            self.matvec_into(m, bias, &xs, ys.buf(), n as u64 * row_bytes)?;
+            if accumulate {
+                self.copy_words(out.buf(), t0 * m.rows, ys.buf(), 0, n * m.rows)?;
+            }
+            self.matvec_into(m, bias, &xs, ys.buf(), n as u64 * row_bytes, norm, accumulate)?;
             self.copy_words(ys.buf(), 0, out.buf(), t0 * m.rows, n * m.rows)?;
             t0 += n;
         }
@@ -86,6 +122,7 @@ impl GpuBackend {
         self.gpu.dispatch(Op::Copy, v, &params, &binds, (nx, ny, 1))
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn matvec_into(
         &mut self,
         m: &GpuMatrix,
@@ -93,8 +130,13 @@ impl GpuBackend {
         x: &GpuAct,
         out: &GBuf,
         out_bytes: u64,
+        norm: Option<&GBuf>,
+        accumulate: bool,
     ) -> Result<()> {
-        let v = self.variant(m.op);
+        let mut v = self.variant(m.op);
+        v.norm = norm.is_some();
+        v.accumulate = accumulate;
+        let eps = bits(self.cfg.rms_norm_eps);
         let tokens = x.rows();
         let tiles = tokens.div_ceil(TOKENS_PER_GROUP);
         if tiles > self.gpu.max_groups as usize {
@@ -111,7 +153,7 @@ impl GpuBackend {
                 tokens as u32,
                 bias.is_some() as u32,
                 nx,
-                0,
+                eps,
             ];
             let mut binds = vec![
                 x.bind(),
@@ -121,6 +163,9 @@ impl GpuBackend {
             ];
             if let Some(s) = &block.scales {
                 binds.push(Bind::whole(s));
+            }
+            if let Some(w) = norm {
+                binds.push(Bind::whole(w));
             }
             self.gpu.dispatch(m.op, v, &params, &binds, (nx, ny, tiles as u32))?;
         }
@@ -194,7 +239,34 @@ impl GpuBackend {
         Ok(())
     }
 
-    pub(super) fn run_linear(&mut self, id: LinearId, x: &GpuAct, out: &mut GpuAct) -> Result<()> {
+    /// The norm weight of `norm` (attention, MLP or final; QK-norm weights are per head).
+    pub(super) fn norm_weight(&self, norm: NormId) -> Result<GBuf> {
+        let layer = |l: usize| self.layers.get(l).ok_or_else(|| Error::Backend(format!("no layer {l}")));
+        match norm {
+            NormId::Attention(l) => Ok(layer(l)?.attn_norm.clone()),
+            NormId::Mlp(l) => Ok(layer(l)?.mlp_norm.clone()),
+            NormId::Final => Ok(self.final_norm.clone()),
+            NormId::Query(_) | NormId::Key(_) => {
+                Err(Error::Backend(format!("{norm:?} is a QK-norm weight, not a row norm")))
+            }
+        }
+    }
+
+    /// The linear layer `id` with the fusions of [`Self::matvec_fused`]: `norm: Some(n)`
+    /// reads `x` as the raw residual and normalizes it with `n`'s weight inside the
+    /// product; `accumulate` adds the result to `out` (`out += W x + b`). Equal to
+    /// `rms_norm(n)` then `linear(id)` (then `add`) on the unfused path. For the forward
+    /// pass's fused orchestration and for tests.
+    pub fn linear_fused(
+        &mut self,
+        id: LinearId,
+        x: &GpuAct,
+        out: &mut GpuAct,
+        norm: Option<NormId>,
+        accumulate: bool,
+    ) -> Result<()> {
+        let w = norm.map(|n| self.norm_weight(n)).transpose()?;
+        let w = w.as_ref();
         let layer =
             |l: usize| self.layers.get(l).cloned().ok_or_else(|| Error::Backend(format!("no layer {l}")));
         let (owner, pick): (Arc<GpuLayer>, fn(&GpuLayer) -> &GpuLinear) = match id {
@@ -207,14 +279,18 @@ impl GpuBackend {
                 let Some(router) = owner.router() else {
                     return Err(Error::Backend(format!("layer {l} is a dense layer and has no router")));
                 };
-                return self.matvec(&router.m, router.bias.as_ref(), x, out);
+                return self.matvec_fused(&router.m, router.bias.as_ref(), x, out, w, accumulate);
             }
             LinearId::LmHead => {
                 let head = Arc::clone(&self.head);
-                return self.matvec(&head, None, x, out);
+                return self.matvec_fused(&head, None, x, out, w, accumulate);
             }
         };
-        let w = pick(&owner);
-        self.matvec(&w.m, w.bias.as_ref(), x, out)
+        let lin = pick(&owner);
+        self.matvec_fused(&lin.m, lin.bias.as_ref(), x, out, w, accumulate)
+    }
+
+    pub(super) fn run_linear(&mut self, id: LinearId, x: &GpuAct, out: &mut GpuAct) -> Result<()> {
+        self.linear_fused(id, x, out, None, false)
     }
 }
