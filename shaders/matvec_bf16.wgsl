@@ -1,29 +1,55 @@
-// matvec_bf16.wgsl: y = W x (+ b) for one row block of a BF16 matrix, up to 4 tokens per
-// workgroup. The weights stay BF16 in VRAM: pairs are read as u32 and each half widened
-// exactly to f32 (bf16 is the upper half of an f32). Otherwise as matvec_f32.wgsl.
+// matvec_bf16.wgsl: y = W x (+ b) for one row block of a BF16 matrix, R = 4 rows and up to
+// 4 tokens per workgroup (matvec_common.wgsl). The weights stay BF16 in VRAM: a 16-byte
+// chunk is 8 weights, loaded as one vec4<u32> and widened exactly to f32 (a bf16 is the
+// upper half of an f32): even elements by a shift, odd ones by a mask. Rows are padded to
+// whole chunks.
 
-@group(0) @binding(4) var<storage, read> w: array<u32>;
+@group(0) @binding(4) var<storage, read> w: array<vec4<u32>>;
 
-// Element `e` of the block (little-endian: even elements in the low half of a word).
-fn weight(e: u32) -> f32 {
-    let word = w[e >> 1u];
-    return bitcast<f32>(select(word << 16u, word & 0xffff0000u, (e & 1u) == 1u));
+fn row_scale(row: u32) -> f32 {
+    return 1.0;
 }
 
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
-    let row = flat_wid(ids, p.nx);
+    let row0 = flat_wid(ids, p.nx) * R;
     let t0 = ids.wid.z * 4u;
     begin_tile(t0, ids);
-    var acc = vec4<f32>(0.0);
-    if row < p.rows {
-        let base = row * p.cols;
-        for (var c = ids.lid; c < p.cols; c += WG) {
-            acc += weight(base + c) * xs(t0, c);
+    var base: array<u32, 4>;
+    for (var r = 0u; r < R; r++) {
+        base[r] = row_at(row0, r) * p.row_chunks;
+    }
+    var acc: array<vec4<f32>, 4>;
+    if p.tokens - t0 == 1u {
+        for (var q = ids.lid; q < p.row_chunks; q += WG) {
+            var wv: array<vec4<u32>, 4>;
+            for (var r = 0u; r < R; r++) {
+                wv[r] = w[base[r] + q];
+            }
+            let c = q * 8u;
+            let xe = vec4<f32>(x1(t0, c), x1(t0, c + 2u), x1(t0, c + 4u), x1(t0, c + 6u));
+            let xo = vec4<f32>(x1(t0, c + 1u), x1(t0, c + 3u), x1(t0, c + 5u), x1(t0, c + 7u));
+            for (var r = 0u; r < R; r++) {
+                acc[r].x += dot(bf16_even(wv[r]), xe) + dot(bf16_odd(wv[r]), xo);
+            }
+        }
+    } else {
+        for (var q = ids.lid; q < p.row_chunks; q += WG) {
+            var wv: array<vec4<u32>, 4>;
+            for (var r = 0u; r < R; r++) {
+                wv[r] = w[base[r] + q];
+            }
+            let c = q * 8u;
+            for (var j = 0u; j < 4u; j++) {
+                let xe = xs(t0, c + 2u * j);
+                let xo = xs(t0, c + 2u * j + 1u);
+                for (var r = 0u; r < R; r++) {
+                    let e = bf16_even(wv[r]);
+                    let o = bf16_odd(wv[r]);
+                    acc[r] += e[j] * xe + o[j] * xo;
+                }
+            }
         }
     }
-    let total = wg_sum(acc, ids);
-    if row < p.rows && ids.lid < 4u && t0 + ids.lid < p.tokens {
-        store(t0 + ids.lid, row, total[ids.lid]);
-    }
+    finish(acc, row0, t0, ids);
 }

@@ -1,24 +1,49 @@
-// matvec_f32.wgsl: y = W x (+ b) for one row block of an F32 matrix, up to 4 tokens per
-// workgroup (z). One workgroup per output row: the 64 invocations stride over the columns
-// and their partial sums meet in wg_sum. The block's rows are [row_offset, row_offset +
-// rows) of the whole matrix (matrices larger than a storage binding are split by rows).
+// matvec_f32.wgsl: y = W x (+ b) for one row block of an F32 matrix, R = 4 rows and up to 4
+// tokens per workgroup (matvec_common.wgsl). A 16-byte chunk is 4 weights, loaded as one
+// vec4<f32>; rows are padded to whole chunks.
 
-@group(0) @binding(4) var<storage, read> w: array<f32>;
+@group(0) @binding(4) var<storage, read> w: array<vec4<f32>>;
+
+fn row_scale(row: u32) -> f32 {
+    return 1.0;
+}
 
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
-    let row = flat_wid(ids, p.nx);
+    let row0 = flat_wid(ids, p.nx) * R;
     let t0 = ids.wid.z * 4u;
     begin_tile(t0, ids);
-    var acc = vec4<f32>(0.0);
-    if row < p.rows {
-        let base = row * p.cols;
-        for (var c = ids.lid; c < p.cols; c += WG) {
-            acc += w[base + c] * xs(t0, c);
+    var base: array<u32, 4>;
+    for (var r = 0u; r < R; r++) {
+        base[r] = row_at(row0, r) * p.row_chunks;
+    }
+    var acc: array<vec4<f32>, 4>;
+    if p.tokens - t0 == 1u {
+        for (var q = ids.lid; q < p.row_chunks; q += WG) {
+            var wv: array<vec4<f32>, 4>;
+            for (var r = 0u; r < R; r++) {
+                wv[r] = w[base[r] + q];
+            }
+            let xv = x4(t0, q * 4u);
+            for (var r = 0u; r < R; r++) {
+                acc[r].x += dot(wv[r], xv);
+            }
+        }
+    } else {
+        for (var q = ids.lid; q < p.row_chunks; q += WG) {
+            var wv: array<vec4<f32>, 4>;
+            for (var r = 0u; r < R; r++) {
+                wv[r] = w[base[r] + q];
+            }
+            let c = q * 4u;
+            let xa = xs(t0, c);
+            let xb = xs(t0, c + 1u);
+            let xc = xs(t0, c + 2u);
+            let xd = xs(t0, c + 3u);
+            for (var r = 0u; r < R; r++) {
+                acc[r] += wv[r].x * xa + wv[r].y * xb + wv[r].z * xc + wv[r].w * xd;
+            }
         }
     }
-    let total = wg_sum(acc, ids);
-    if row < p.rows && ids.lid < 4u && t0 + ids.lid < p.tokens {
-        store(t0 + ids.lid, row, total[ids.lid]);
-    }
+    finish(acc, row0, t0, ids);
 }

@@ -14,6 +14,7 @@ use crate::error::{Error, Result};
 use super::vram::SlotFormat;
 
 const COMMON: &str = include_str!("../../../shaders/common.wgsl");
+const DECODE: &str = include_str!("../../../shaders/decode.wgsl");
 const MATVEC_COMMON: &str = include_str!("../../../shaders/matvec_common.wgsl");
 
 /// Access of a storage binding.
@@ -338,6 +339,9 @@ pub fn source(op: Op, variant: Variant) -> Result<String> {
         // The norm weight is the last binding, after the op's own (and the pools).
         let binding = op.bindings(variant).len();
         let _ = writeln!(src, "@group(0) @binding({binding}) var<storage, read> norm_w: array<f32>;");
+    }
+    if op.is_matvec() || op.is_expert() {
+        src.push_str(DECODE);
     }
     if op.is_matvec() {
         src.push_str(

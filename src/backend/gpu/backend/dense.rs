@@ -13,6 +13,9 @@ use super::super::weights::GpuMatrix;
 use super::model::{GpuFfn, GpuLayer, GpuLinear};
 use super::{GpuBackend, TOKENS_PER_GROUP, activation_code, bits, check_shape};
 
+/// Output rows one matrix-vector workgroup computes (`R` in matvec_common.wgsl).
+const MATVEC_ROWS: usize = 4;
+
 impl GpuBackend {
     /// `out = W x + b` over every row block of `m`. An output larger than one binding is
     /// computed a group of tokens at a time through a scratch buffer.
@@ -144,7 +147,8 @@ impl GpuBackend {
         }
         let dummy = self.gpu.dummy.clone();
         for block in &m.blocks {
-            let (nx, ny) = self.gpu.grid(block.rows as u64)?;
+            // MATVEC_ROWS rows per workgroup (matvec_common.wgsl).
+            let (nx, ny) = self.gpu.grid(block.rows.div_ceil(MATVEC_ROWS) as u64)?;
             let params = [
                 block.rows as u32,
                 m.cols as u32,
@@ -154,6 +158,10 @@ impl GpuBackend {
                 bias.is_some() as u32,
                 nx,
                 eps,
+                m.row_chunks as u32,
+                0,
+                0,
+                0,
             ];
             let mut binds = vec![
                 x.bind(),
