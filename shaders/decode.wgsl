@@ -55,3 +55,18 @@ fn f16_at(word: u32, high: bool) -> f32 {
     let mag = select(select(normal, sub, e == 0u), special, e == 0x7c00u);
     return bitcast<f32>(bitcast<u32>(mag) | ((bits & 0x8000u) << 16u));
 }
+
+// MXFP4 (src/quant/mxfp4.rs): twice the E2M1 values of the four codes in the low nibbles
+// of the bytes of `u` (mask a word with 0x0f0f0f0f first, or shift it right by 4), built as
+// f32 bits: a code s e1 e0 m with exponent e > 0 is 2^e * (1 + m/2) (biased exponent
+// 127 + e, top mantissa bit m), with e = 0 it is m (1.0 or 0), bit 3 the sign. Exact (the
+// doubled magnitudes 0, 1, 2, 3, 4, 6, 8, 12); no subnormal is built. The factor 2 is
+// taken back in `mx_scaled` (common.wgsl).
+fn fp4x4_x2(u: u32) -> vec4<f32> {
+    let c = vec4<u32>(u & 0xfu, (u >> 8u) & 0xfu, (u >> 16u) & 0xfu, (u >> 24u) & 0xfu);
+    let e = (c >> vec4<u32>(1u)) & vec4<u32>(3u);
+    let m = c & vec4<u32>(1u);
+    let normal = ((e + vec4<u32>(127u)) << vec4<u32>(23u)) | (m << vec4<u32>(22u));
+    let mag = select(m * 0x3f800000u, normal, e != vec4<u32>(0u));
+    return bitcast<vec4<f32>>(mag | ((c & vec4<u32>(8u)) << vec4<u32>(28u)));
+}

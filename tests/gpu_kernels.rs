@@ -824,6 +824,10 @@ fn fused_experts_match_cpu_norm_experts_combine_add() {
         ("f32", random_model(37, Fmt::F32, Fmt::F32)),
         ("mxfp4", mxfp4_model(39)),
         ("qwen3 int4", random_qwen3_model(41, Fmt::F32, Fmt::Int4, true)),
+        // Rows of 98 and 70 inputs: F32 expert rows that are not whole 16-byte chunks,
+        // INT4 groups with padding, dense rows padded at upload.
+        ("f32 98x70", random_model_shaped(43, Fmt::Bf16, Fmt::F32, 98, 70)),
+        ("int4 98x70", random_model_shaped(45, Fmt::Int8, Fmt::Int4, 98, 70)),
     ];
     let mut declined_pools = 0;
     for (variant, base) in variants(&base) {

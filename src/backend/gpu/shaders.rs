@@ -15,6 +15,7 @@ use super::vram::SlotFormat;
 
 const COMMON: &str = include_str!("../../../shaders/common.wgsl");
 const DECODE: &str = include_str!("../../../shaders/decode.wgsl");
+const EXPERT_COMMON: &str = include_str!("../../../shaders/expert_common.wgsl");
 const MATVEC_COMMON: &str = include_str!("../../../shaders/matvec_common.wgsl");
 
 /// Access of a storage binding.
@@ -283,19 +284,57 @@ pub fn preprocess(text: &str, flags: &[&str]) -> Result<String> {
     Ok(out)
 }
 
-/// The pool bindings (from binding 5) and `pool_load(pool, word)` of the expert kernels.
+/// The pool bindings (from binding 5, each `array<vec4<u32>>`: 16-byte loads) and
+/// `pool_load(pool, word)` of the expert kernels (for loads outside the loops).
 fn pool_decls(pools: u32) -> String {
     let mut s = String::new();
     for i in 0..pools {
-        let _ = writeln!(s, "@group(0) @binding({}) var<storage, read> pool{i}: array<u32>;", 5 + i);
+        let _ = writeln!(s, "@group(0) @binding({}) var<storage, read> pool{i}: array<vec4<u32>>;", 5 + i);
     }
     let _ = writeln!(s, "const POOLS: u32 = {pools}u;");
     s.push_str("fn pool_load(pool: u32, i: u32) -> u32 {\n    switch pool {\n");
     for i in 1..pools {
-        let _ = writeln!(s, "        case {i}u: {{ return pool{i}[i]; }}");
+        let _ = writeln!(s, "        case {i}u: {{ return pool{i}[i >> 2u][i & 3u]; }}");
     }
-    s.push_str("        default: { return pool0[i]; }\n    }\n}\n");
+    s.push_str("        default: { return pool0[i >> 2u][i & 3u]; }\n    }\n}\n");
     s
+}
+
+/// Emits the lines between `//#pools` and `//#endpools` once per pool, `POOL_INDEX` replaced
+/// by the pool's index and `POOL` by its binding's name (`pool0`, ...): the per-pool copies
+/// of the expert kernels' inner loops, so no loop chooses a pool.
+pub fn expand_pools(text: &str, pools: u32) -> Result<String> {
+    let mut out = String::with_capacity(text.len());
+    let mut block: Option<Vec<&str>> = None;
+    for (n, line) in text.lines().enumerate() {
+        match (line.trim(), block.as_mut()) {
+            ("//#pools", None) => block = Some(Vec::new()),
+            ("//#pools", Some(_)) => return Err(Error::Backend(format!("line {}: nested //#pools", n + 1))),
+            ("//#endpools", Some(lines)) => {
+                for i in 0..pools {
+                    for l in lines.iter() {
+                        out.push_str(
+                            &l.replace("POOL_INDEX", &i.to_string()).replace("POOL", &format!("pool{i}")),
+                        );
+                        out.push('\n');
+                    }
+                }
+                block = None;
+            }
+            ("//#endpools", None) => {
+                return Err(Error::Backend(format!("line {}: //#endpools without //#pools", n + 1)));
+            }
+            (_, Some(lines)) => lines.push(line),
+            (_, None) => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    if block.is_some() {
+        return Err(Error::Backend("unterminated //#pools".into()));
+    }
+    Ok(out)
 }
 
 /// The full WGSL source of `op` built as `variant`.
@@ -342,6 +381,12 @@ pub fn source(op: Op, variant: Variant) -> Result<String> {
     }
     if op.is_matvec() || op.is_expert() {
         src.push_str(DECODE);
+    }
+    if op.is_expert() {
+        let common = preprocess(EXPERT_COMMON, &flags)
+            .and_then(|t| expand_pools(&t, variant.pools))
+            .map_err(|e| Error::Backend(format!("expert_common.wgsl: {e}")))?;
+        src.push_str(&common);
     }
     if op.is_matvec() {
         src.push_str(
@@ -396,6 +441,14 @@ mod tests {
         assert_eq!(preprocess(text, &["Y"]).unwrap(), "a\ne\nf\n");
         assert!(preprocess("//#if X\n", &[]).is_err());
         assert!(preprocess("//#endif\n", &[]).is_err());
+    }
+
+    #[test]
+    fn pool_blocks_are_emitted_once_per_pool() {
+        let text = "a\n//#pools\nfn f_POOL() { POOL_INDEX }\n//#endpools\nb\n";
+        assert_eq!(expand_pools(text, 2).unwrap(), "a\nfn f_pool0() { 0 }\nfn f_pool1() { 1 }\nb\n");
+        assert!(expand_pools("//#pools\n", 1).is_err());
+        assert!(expand_pools("//#endpools\n", 1).is_err());
     }
 
     #[test]

@@ -129,7 +129,8 @@ impl GpuBackend {
         let pairs = routes.rows() * k;
         let mut v = self.variant(Op::ExpertGateUp);
         v.norm = norm.is_some();
-        let (gx, gy) = self.gpu.grid(i as u64)?;
+        // Two intermediate indices (four gate/up rows) per workgroup.
+        let (gx, gy) = self.gpu.grid(i.div_ceil(2) as u64)?;
         let act_bytes = (pairs * i * 4) as u64;
         let table = self.vram.table.clone();
         let group = self.pool_group(first);
@@ -162,7 +163,7 @@ impl GpuBackend {
         let vd = self.variant(Op::ExpertDown);
         let per = self.vram.pools_per_dispatch as usize;
         let table = self.vram.table.clone();
-        let (dx, dy) = self.gpu.grid(h as u64)?;
+        let (dx, dy) = self.gpu.grid(h.div_ceil(4) as u64)?; // four outputs per workgroup
         let act_bytes = (pairs * i * 4) as u64;
         let contrib_bytes = (pairs * h * 4) as u64;
         for first in (0..self.vram.pools.len()).step_by(per) {
@@ -230,7 +231,7 @@ impl GpuBackend {
         self.dispatch_gate_up(layer, 0, residual_in, routes, act.buf(), Some(norm))?;
         let mut v = self.variant(Op::ExpertDown);
         v.combine = true;
-        let (dx, dy) = self.gpu.grid(h as u64)?;
+        let (dx, dy) = self.gpu.grid(h.div_ceil(4) as u64)?; // four outputs per workgroup
         let params = self.down_params(layer, 0, dx, 0);
         let table = self.vram.table.clone();
         let group = self.pool_group(0);
