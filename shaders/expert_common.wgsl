@@ -23,7 +23,9 @@ var<workgroup> wg_slot: u32;
 fn pair_slot(pair: u32, lid: u32) -> u32 {
     if lid == 0u {
         let r = pair / p.k;
-        let e = routes[r * 2u * p.k + pair % p.k];
+        // Clamped: the table is read without bounds checks (the routes come from
+        // router_topk, or from a host upload).
+        let e = min(routes[r * 2u * p.k + pair % p.k], p.experts - 1u);
         wg_slot = slots[p.layer * p.experts + e];
     }
     return workgroupUniformLoad(&wg_slot);

@@ -143,6 +143,14 @@ impl Op {
         matches!(self, Op::MatvecF32 | Op::MatvecBf16 | Op::MatvecInt8 | Op::MatvecInt4)
     }
 
+    /// True for the kernels built without wgpu's runtime bounds checks and loop bounding
+    /// (`create_shader_module_trusted`): the product kernels, whose every index is kept in
+    /// bounds by construction (matvec_common.wgsl, expert_common.wgsl) and whose loops are
+    /// all counted. They dominate a token's time; the other kernels keep the checks.
+    pub fn bounds_by_construction(self) -> bool {
+        self.is_matvec() || self.is_expert()
+    }
+
     /// True if the op has NORM variants (the input row RMS-normalized inside the kernel):
     /// the matrix-vector kernels and `expert_gate_up.wgsl`.
     pub fn has_norm(self) -> bool {

@@ -71,6 +71,11 @@ impl GpuBackend {
                 w.size, m.cols
             )));
         }
+        if let Some(b) = bias
+            && b.size < (m.rows * 4) as u64
+        {
+            return Err(Error::Backend(format!("linear: a bias of {} bytes for {} rows", b.size, m.rows)));
+        }
         if out.bytes() <= self.gpu.max_binding {
             return self.matvec_into(m, bias, x, out.buf(), out.bytes(), norm, accumulate);
         }

@@ -125,6 +125,9 @@ impl GpuBackend {
         act: &GBuf,
         norm: Option<&GBuf>,
     ) -> Result<()> {
+        if layer >= self.cfg.num_layers {
+            return Err(Error::Backend(format!("no layer {layer}")));
+        }
         let (i, k) = (self.cfg.intermediate_size, self.cfg.experts_per_token);
         let pairs = routes.rows() * k;
         let mut v = self.variant(Op::ExpertGateUp);
