@@ -11,7 +11,7 @@
 // columns across the R rows. Rows are stored padded to whole 16-byte chunks (`row_chunks`,
 // zero padding; src/backend/gpu/weights.rs), so every chunk load is aligned. One token (a
 // decode step) takes a scalar path; more take vec4-over-tokens accumulators. The partial
-// sums of the R rows meet in one reduction (subgroupAdd then one shared-memory pass; or a
+// sums of the R rows meet in one reduction (subgroup sums then one shared-memory pass; or a
 // shared-memory tree), after the loop.
 //
 // Bounds hold by construction (the kernels are built without runtime bounds checks): row
