@@ -15,38 +15,27 @@ fn main(ids: Ids) {
     let row0 = flat_wid(ids, p.nx) * R;
     let t0 = ids.wid.z * 4u;
     begin_tile(t0, ids);
+    let nt = tile_tokens(t0);
     var base: array<u32, 4>;
     for (var r = 0u; r < R; r++) {
         base[r] = row_at(row0, r) * p.row_chunks;
     }
     var acc: array<vec4<f32>, 4>;
-    if p.tokens - t0 == 1u {
-        for (var q = ids.lid; q < p.row_chunks; q += WG) {
-            var wv: array<vec4<u32>, 4>;
-            for (var r = 0u; r < R; r++) {
-                wv[r] = w[base[r] + q];
-            }
-            let c = q * 8u;
-            let xe = vec4<f32>(x1(t0, c), x1(t0, c + 2u), x1(t0, c + 4u), x1(t0, c + 6u));
-            let xo = vec4<f32>(x1(t0, c + 1u), x1(t0, c + 3u), x1(t0, c + 5u), x1(t0, c + 7u));
-            for (var r = 0u; r < R; r++) {
-                acc[r].x += dot(bf16_even(wv[r]), xe) + dot(bf16_odd(wv[r]), xo);
-            }
+    for (var q = ids.lid; q < p.row_chunks; q += WG) {
+        var we: array<vec4<f32>, 4>;
+        var wo: array<vec4<f32>, 4>;
+        for (var r = 0u; r < R; r++) {
+            let v = w[base[r] + q];
+            we[r] = bf16_even(v);
+            wo[r] = bf16_odd(v);
         }
-    } else {
-        for (var q = ids.lid; q < p.row_chunks; q += WG) {
-            var wv: array<vec4<u32>, 4>;
-            for (var r = 0u; r < R; r++) {
-                wv[r] = w[base[r] + q];
-            }
-            let c = q * 8u;
-            for (var j = 0u; j < 4u; j++) {
-                let xe = xs(t0, c + 2u * j);
-                let xo = xs(t0, c + 2u * j + 1u);
+        let c = q * 8u;
+        for (var t = 0u; t < 4u; t++) {
+            if t < nt {
+                let xe = vec4<f32>(x1(t0, t, c), x1(t0, t, c + 2u), x1(t0, t, c + 4u), x1(t0, t, c + 6u));
+                let xo = vec4<f32>(x1(t0, t, c + 1u), x1(t0, t, c + 3u), x1(t0, t, c + 5u), x1(t0, t, c + 7u));
                 for (var r = 0u; r < R; r++) {
-                    let e = bf16_even(wv[r]);
-                    let o = bf16_odd(wv[r]);
-                    acc[r] += e[j] * xe + o[j] * xo;
+                    acc[r][t] += dot(we[r], xe) + dot(wo[r], xo);
                 }
             }
         }

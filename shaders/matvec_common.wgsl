@@ -9,15 +9,18 @@
 // (invocation i takes chunks i, i + 64, ...; neighbours read neighbouring 16 bytes), so
 // each step issues R independent 16-byte weight loads per invocation and shares the input
 // columns across the R rows. Rows are stored padded to whole 16-byte chunks (`row_chunks`,
-// zero padding; src/backend/gpu/weights.rs), so every chunk load is aligned. One token (a
-// decode step) takes a scalar path; more take vec4-over-tokens accumulators. The partial
+// zero padding; src/backend/gpu/weights.rs), so every chunk load is aligned. Each chunk is
+// decoded once and applied to each token of the tile by the same code (a loop over the
+// tile's tokens), so a token's result is bit-identical whatever tile it is in: a row of a
+// batched decode step equals the same row decoded alone. The partial
 // sums of the R rows meet in one reduction (subgroup sums then one shared-memory pass; or a
 // shared-memory tree), after the loop.
 //
 // Bounds hold by construction (the kernels are built without runtime bounds checks): row
-// indices are clamped to the block's last row and token indices to the last token (their
-// results are never stored), input columns to the last column (and multiplied by zero
-// weights past it, as 0), chunk indices stay below `row_chunks`.
+// indices are clamped to the block's last row (their results are never stored), tokens
+// stay below `tokens` (the NORM prologue clamps them to the last), input columns are
+// clamped to the last column (and count as 0 past it), chunk indices stay below
+// `row_chunks`.
 //
 // Variants:
 // * NORM: `x` is the raw residual; token t's input is `norm_w[c] * (x[t][c] * inv_t)` with
@@ -68,32 +71,27 @@ fn x_raw(t0: u32, c: u32) -> vec4<f32> {
     );
 }
 
-// Input column `c` of the tile's tokens as the product sees it (normalized in NORM
-// variants); 0 for columns past `cols` (padding), without reading past the input.
-fn xs(t0: u32, c: u32) -> vec4<f32> {
+// Input column `c` of token t0 + tt as the product sees it (normalized with the token's
+// factor in NORM variants); 0 for columns past `cols` (padding), without reading past the
+// input.
+fn x1(t0: u32, tt: u32, c: u32) -> f32 {
     let cc = min(c, p.cols - 1u);
 //#if NORM
-    let v = norm_w[cc] * (x_raw(t0, cc) * inv_rms);
+    let v = norm_w[cc] * (x[(t0 + tt) * p.cols + cc] * inv_rms[tt]);
 //#else
-    let v = x_raw(t0, cc);
-//#endif
-    return select(vec4<f32>(0.0), v, c < p.cols);
-}
-
-// Input column `c` of the single token `t` (the decode path).
-fn x1(t: u32, c: u32) -> f32 {
-    let cc = min(c, p.cols - 1u);
-//#if NORM
-    let v = norm_w[cc] * (x[t * p.cols + cc] * inv_rms.x);
-//#else
-    let v = x[t * p.cols + cc];
+    let v = x[(t0 + tt) * p.cols + cc];
 //#endif
     return select(0.0, v, c < p.cols);
 }
 
-// Input columns c .. c + 3 of the single token `t`.
-fn x4(t: u32, c: u32) -> vec4<f32> {
-    return vec4<f32>(x1(t, c), x1(t, c + 1u), x1(t, c + 2u), x1(t, c + 3u));
+// Input columns c .. c + 3 of token t0 + tt.
+fn x4(t0: u32, tt: u32, c: u32) -> vec4<f32> {
+    return vec4<f32>(x1(t0, tt, c), x1(t0, tt, c + 1u), x1(t0, tt, c + 2u), x1(t0, tt, c + 3u));
+}
+
+// Tokens of the tile (1 to 4).
+fn tile_tokens(t0: u32) -> u32 {
+    return min(4u, p.tokens - t0);
 }
 
 // Call first, from uniform control flow: computes the NORM factors of the tile's tokens.

@@ -13,35 +13,23 @@ fn main(ids: Ids) {
     let row0 = flat_wid(ids, p.nx) * R;
     let t0 = ids.wid.z * 4u;
     begin_tile(t0, ids);
+    let nt = tile_tokens(t0);
     var base: array<u32, 4>;
     for (var r = 0u; r < R; r++) {
         base[r] = row_at(row0, r) * p.row_chunks;
     }
     var acc: array<vec4<f32>, 4>;
-    if p.tokens - t0 == 1u {
-        for (var q = ids.lid; q < p.row_chunks; q += WG) {
-            var wv: array<vec4<f32>, 4>;
-            for (var r = 0u; r < R; r++) {
-                wv[r] = w[base[r] + q];
-            }
-            let xv = x4(t0, q * 4u);
-            for (var r = 0u; r < R; r++) {
-                acc[r].x += dot(wv[r], xv);
-            }
+    for (var q = ids.lid; q < p.row_chunks; q += WG) {
+        var wv: array<vec4<f32>, 4>;
+        for (var r = 0u; r < R; r++) {
+            wv[r] = w[base[r] + q];
         }
-    } else {
-        for (var q = ids.lid; q < p.row_chunks; q += WG) {
-            var wv: array<vec4<f32>, 4>;
-            for (var r = 0u; r < R; r++) {
-                wv[r] = w[base[r] + q];
-            }
-            let c = q * 4u;
-            let xa = xs(t0, c);
-            let xb = xs(t0, c + 1u);
-            let xc = xs(t0, c + 2u);
-            let xd = xs(t0, c + 3u);
-            for (var r = 0u; r < R; r++) {
-                acc[r] += wv[r].x * xa + wv[r].y * xb + wv[r].z * xc + wv[r].w * xd;
+        for (var t = 0u; t < 4u; t++) {
+            if t < nt {
+                let xv = x4(t0, t, q * 4u);
+                for (var r = 0u; r < R; r++) {
+                    acc[r][t] += dot(wv[r], xv);
+                }
             }
         }
     }

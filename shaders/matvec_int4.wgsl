@@ -4,9 +4,9 @@
 // j + 32 in the high nibble, as q + 8) and one f16 scale. A 16-byte chunk is half a group
 // (bytes 16h .. 16h + 15: elements 16h .. 16h + 15 and 16h + 32 .. 16h + 47), loaded as one
 // vec4<u32>; a word's 8 codes are decoded with two masks (`int4_lo`, `int4_hi`,
-// decode.wgsl: exact, no conversions) and the chunk's sum is multiplied by its group's
-// scale once (one scale load per chunk). Rows are whole chunks (32-byte groups); inputs past
-// `cols` count as zero.
+// decode.wgsl: exact, no conversions) once for all the tile's tokens, and the chunk's sum is
+// multiplied by its group's scale once (one scale load per chunk). Rows are whole chunks
+// (32-byte groups); inputs past `cols` count as zero.
 
 @group(0) @binding(4) var<storage, read> codes: array<vec4<u32>>;
 //#if F16
@@ -33,57 +33,42 @@ fn main(ids: Ids) {
     let row0 = flat_wid(ids, p.nx) * R;
     let t0 = ids.wid.z * 4u;
     begin_tile(t0, ids);
+    let nt = tile_tokens(t0);
     let groups = p.row_chunks / 2u;
     var rows: array<u32, 4>;
     for (var r = 0u; r < R; r++) {
         rows[r] = row_at(row0, r);
     }
     var acc: array<vec4<f32>, 4>;
-    if p.tokens - t0 == 1u {
-        for (var q = ids.lid; q < p.row_chunks; q += WG) {
-            let g = q >> 1u;
-            let c = g * 64u + (q & 1u) * 16u;
-            var wv: array<vec4<u32>, 4>;
-            var sc: array<f32, 4>;
-            for (var r = 0u; r < R; r++) {
-                wv[r] = codes[rows[r] * p.row_chunks + q];
-                sc[r] = scale(rows[r] * groups + g);
-            }
-            var s: array<f32, 4>;
-            for (var i = 0u; i < 4u; i++) {
-                let xl = x4(t0, c + 4u * i);
-                let xh = x4(t0, c + 4u * i + 32u);
-                for (var r = 0u; r < R; r++) {
-                    s[r] += dot(int4_lo(wv[r][i]), xl) + dot(int4_hi(wv[r][i]), xh);
-                }
-            }
-            for (var r = 0u; r < R; r++) {
-                acc[r].x += sc[r] * s[r];
-            }
+    for (var q = ids.lid; q < p.row_chunks; q += WG) {
+        let g = q >> 1u;
+        let c = g * 64u + (q & 1u) * 16u;
+        var wv: array<vec4<u32>, 4>;
+        var sc: array<f32, 4>;
+        for (var r = 0u; r < R; r++) {
+            wv[r] = codes[rows[r] * p.row_chunks + q];
+            sc[r] = scale(rows[r] * groups + g);
         }
-    } else {
-        for (var q = ids.lid; q < p.row_chunks; q += WG) {
-            let g = q >> 1u;
-            let c = g * 64u + (q & 1u) * 16u;
-            var wv: array<vec4<u32>, 4>;
-            var sc: array<f32, 4>;
+        var s: array<vec4<f32>, 4>;
+        for (var i = 0u; i < 4u; i++) {
+            var lo: array<vec4<f32>, 4>;
+            var hi: array<vec4<f32>, 4>;
             for (var r = 0u; r < R; r++) {
-                wv[r] = codes[rows[r] * p.row_chunks + q];
-                sc[r] = scale(rows[r] * groups + g);
+                lo[r] = int4_lo(wv[r][i]);
+                hi[r] = int4_hi(wv[r][i]);
             }
-            var s: array<vec4<f32>, 4>;
-            for (var i = 0u; i < 4u; i++) {
-                for (var b = 0u; b < 4u; b++) {
-                    let xl = xs(t0, c + 4u * i + b);
-                    let xh = xs(t0, c + 4u * i + b + 32u);
+            for (var t = 0u; t < 4u; t++) {
+                if t < nt {
+                    let xl = x4(t0, t, c + 4u * i);
+                    let xh = x4(t0, t, c + 4u * i + 32u);
                     for (var r = 0u; r < R; r++) {
-                        s[r] += int4_lo(wv[r][i])[b] * xl + int4_hi(wv[r][i])[b] * xh;
+                        s[r][t] += dot(lo[r], xl) + dot(hi[r], xh);
                     }
                 }
             }
-            for (var r = 0u; r < R; r++) {
-                acc[r] += sc[r] * s[r];
-            }
+        }
+        for (var r = 0u; r < R; r++) {
+            acc[r] += sc[r] * s[r];
         }
     }
     finish(acc, row0, t0, ids);

@@ -17,42 +17,29 @@ fn main(ids: Ids) {
     let row0 = flat_wid(ids, p.nx) * R;
     let t0 = ids.wid.z * 4u;
     begin_tile(t0, ids);
+    let nt = tile_tokens(t0);
     var base: array<u32, 4>;
     for (var r = 0u; r < R; r++) {
         base[r] = row_at(row0, r) * p.row_chunks;
     }
     var acc: array<vec4<f32>, 4>;
-    if p.tokens - t0 == 1u {
-        for (var q = ids.lid; q < p.row_chunks; q += WG) {
-            var wv: array<vec4<u32>, 4>;
-            for (var r = 0u; r < R; r++) {
-                wv[r] = codes[base[r] + q];
-            }
-            let c = q * 16u;
-            let xa = x4(t0, c);
-            let xb = x4(t0, c + 4u);
-            let xc = x4(t0, c + 8u);
-            let xd = x4(t0, c + 12u);
-            for (var r = 0u; r < R; r++) {
-                acc[r].x += dot(int8x4(wv[r].x), xa) + dot(int8x4(wv[r].y), xb)
-                    + dot(int8x4(wv[r].z), xc) + dot(int8x4(wv[r].w), xd);
-            }
+    for (var q = ids.lid; q < p.row_chunks; q += WG) {
+        var wv: array<vec4<u32>, 4>;
+        for (var r = 0u; r < R; r++) {
+            wv[r] = codes[base[r] + q];
         }
-    } else {
-        for (var q = ids.lid; q < p.row_chunks; q += WG) {
-            var wv: array<vec4<u32>, 4>;
+        let c = q * 16u;
+        for (var i = 0u; i < 4u; i++) {
+            var q4: array<vec4<f32>, 4>;
             for (var r = 0u; r < R; r++) {
-                wv[r] = codes[base[r] + q];
+                q4[r] = int8x4(wv[r][i]);
             }
-            let c = q * 16u;
-            for (var i = 0u; i < 4u; i++) {
-                let xa = xs(t0, c + 4u * i);
-                let xb = xs(t0, c + 4u * i + 1u);
-                let xc = xs(t0, c + 4u * i + 2u);
-                let xd = xs(t0, c + 4u * i + 3u);
-                for (var r = 0u; r < R; r++) {
-                    let q4 = int8x4(wv[r][i]);
-                    acc[r] += q4.x * xa + q4.y * xb + q4.z * xc + q4.w * xd;
+            for (var t = 0u; t < 4u; t++) {
+                if t < nt {
+                    let xv = x4(t0, t, c + 4u * i);
+                    for (var r = 0u; r < R; r++) {
+                        acc[r][t] += dot(q4[r], xv);
+                    }
                 }
             }
         }

@@ -72,6 +72,17 @@ fn matvec_every_format_matches_cpu() {
                     let got = g.read(&go).unwrap();
                     let d = rel_diff(&got, &co.data);
                     assert!(d < 2e-5, "{variant} {fmt:?} {id:?} tokens {tokens}: relative difference {d}");
+                    // Each token's row is bit-identical to the token computed alone (a row of
+                    // a batched decode step equals the same row decoded solo).
+                    for t in [0, tokens - 1] {
+                        let gx1 = g.upload(1, cols, &x[t * cols..(t + 1) * cols]).unwrap();
+                        let mut go1 = g.alloc(1, rows_out).unwrap();
+                        g.linear(id, &gx1, &mut go1).unwrap();
+                        assert!(
+                            g.read(&go1).unwrap()[..] == got[t * rows_out..(t + 1) * rows_out],
+                            "{variant} {fmt:?} {id:?}: token {t} of {tokens} differs from the token alone"
+                        );
+                    }
                 }
             }
         }
