@@ -1,8 +1,17 @@
 // expert_down.wgsl: the second half of every selected expert of a layer, in one dispatch
 // for all (row, slot) pairs: contrib[pair][h] = W_down[h] . act[pair] + b_down[h]
 // (unweighted; moe_combine.wgsl applies the routing weights in routing order). Slot
-// lookup, pools and variants (F32, INT4, MXFP4) as in expert_gate_up.wgsl. One workgroup
-// per (h, pair).
+// lookup, pools and slot formats as in expert_gate_up.wgsl (the product is
+// expert_common.wgsl's). A workgroup computes four consecutive outputs h0 .. h0 + 3 of one
+// pair (z); their partial sums meet in one wg_sum.
+//
+// COMBINE variant: a workgroup computes outputs h0 .. h0 + 3 of one token row r (z) over
+// its k experts in routing order, `out[r][h] += sum_j w[r][j] * (W_down_j[h] . act[r][j] +
+// b_j[h])` (binding 4 is then the residual): expert_down, moe_combine.wgsl and add.wgsl in
+// one dispatch, each term and the sum computed exactly as those three compute them (the
+// same product code and reduction, the same order), so the result is bit-identical to the
+// unfused chain. Valid only when the dispatch binds every resident expert (the backend
+// checks); a non-resident expert would contribute nothing.
 
 struct Params {
     layer: u32,
@@ -29,73 +38,53 @@ struct Params {
 @group(0) @binding(3) var<storage, read> slots: array<u32>;
 @group(0) @binding(4) var<storage, read_write> contrib: array<f32>;
 
-const NO_SLOT: u32 = 0xffffffffu;
+fn row_count() -> u32 {
+    return p.hidden;
+}
 
-var<workgroup> wg_slot: u32;
+// Input `c` of the activation row at `base`, 0 past `inter` (INT4 padding).
+fn in_at(base: u32, c: u32) -> f32 {
+    return select(0.0, act[base + min(c, p.inter - 1u)], c < p.inter);
+}
 
-fn av(base: u32, c: u32) -> f32 {
-    return select(0.0, act[base + c], c < p.inter);
+// The down bias `h` of the expert in `slot` of bound pool `lp`.
+fn down_bias(lp: u32, slot: u32, h: u32) -> f32 {
+    return bitcast<f32>(pool_load(lp, (slot % p.slots_per_pool) * p.stride + p.b_off + h));
 }
 
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
-    let h = flat_wid(ids, p.nx);
+    let h0 = flat_wid(ids, p.nx) * 4u;
+    let h = h0 + ids.lid;
+//#if COMBINE
+    let r = ids.wid.z;
+    var sum = 0.0;
+    for (var j = 0u; j < p.k; j++) {
+        let pair = r * p.k + j;
+        let slot = pair_slot(pair, ids.lid);
+        let lp = local_pool(slot);
+        if h0 < p.hidden && lp < POOLS {
+            let t = wg_sum(partial(lp, slot, h0, pair * p.inter, ids.lid), ids);
+            if ids.lid < 4u && h < p.hidden {
+                let term = t[ids.lid] + down_bias(lp, slot, h);
+                sum += bitcast<f32>(routes[r * 2u * p.k + p.k + j]) * term;
+            }
+        }
+    }
+    if ids.lid < 4u && h < p.hidden {
+        let i = r * p.hidden + h;
+        contrib[i] = contrib[i] + sum;
+    }
+//#else
     let pair = p.pair_first + ids.wid.z;
-    let r = pair / p.k;
-    if ids.lid == 0u {
-        let e = routes[r * 2u * p.k + pair % p.k];
-        wg_slot = slots[p.layer * p.experts + e];
-    }
-    let slot = workgroupUniformLoad(&wg_slot);
-    if h >= p.hidden || slot == NO_SLOT {
+    let slot = pair_slot(pair, ids.lid);
+    let lp = local_pool(slot);
+    if h0 >= p.hidden || lp >= POOLS {
         return;
     }
-    let pool = slot / p.slots_per_pool;
-    if pool < p.pool_first || pool >= p.pool_first + POOLS {
-        return;
-    }
-    let lp = pool - p.pool_first;
-    let base = (slot % p.slots_per_pool) * p.stride;
-    let ab = pair * p.inter;
-    let row = base + p.w_off + h * p.row_words;
-    var acc = 0.0;
-//#if INT4
-    let sc = h * p.groups;
-    for (var wi = ids.lid; wi < p.row_words; wi += WG) {
-        let g = wi >> 3u;
-        let c0 = g * 64u + (wi & 7u) * 4u;
-        let word = pool_load(lp, row + wi);
-        var s = 0.0;
-        for (var b = 0u; b < 4u; b++) {
-            s += (f32((word >> (8u * b)) & 15u) - 8.0) * av(ab, c0 + b)
-                + (f32((word >> (8u * b + 4u)) & 15u) - 8.0) * av(ab, c0 + 32u + b);
-        }
-        let d = sc + g;
-        acc += half_of(pool_load(lp, base + p.s_off + (d >> 1u)), (d & 1u) == 1u) * s;
+    let t = wg_sum(partial(lp, slot, h0, pair * p.inter, ids.lid), ids);
+    if ids.lid < 4u && h < p.hidden {
+        contrib[pair * p.hidden + h] = t[ids.lid] + down_bias(lp, slot, h);
     }
 //#endif
-//#if MXFP4
-    let sc = h * p.groups;
-    for (var wi = ids.lid; wi < p.row_words; wi += WG) {
-        let c0 = ab + wi * 8u;
-        let word = pool_load(lp, row + wi);
-        var s = 0.0;
-        for (var j = 0u; j < 8u; j++) {
-            s += fp4_x2(word >> (4u * j)) * act[c0 + j];
-        }
-        let d = sc + (wi >> 2u);
-        acc += mx_scaled(s, (pool_load(lp, base + p.s_off + (d >> 2u)) >> (8u * (d & 3u))) & 255u);
-    }
-//#endif
-//#if !INT4
-//#if !MXFP4
-    for (var c = ids.lid; c < p.inter; c += WG) {
-        acc += bitcast<f32>(pool_load(lp, row + c)) * act[ab + c];
-    }
-//#endif
-//#endif
-    let total = wg_sum(vec4<f32>(acc, 0.0, 0.0, 0.0), ids).x;
-    if ids.lid == 0u {
-        contrib[pair * p.hidden + h] = total + bitcast<f32>(pool_load(lp, base + p.b_off + h));
-    }
 }

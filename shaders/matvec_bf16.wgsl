@@ -1,57 +1,44 @@
-// matvec_bf16.wgsl: y = W x (+ b) for one row block of a BF16 matrix, up to 4 tokens per
-// workgroup. The weights stay BF16 in VRAM: pairs are read as u32 and each half widened
-// exactly to f32 (bf16 is the upper half of an f32). Otherwise as matvec_f32.wgsl.
+// matvec_bf16.wgsl: y = W x (+ b) for one row block of a BF16 matrix, R = 4 rows and up to
+// 4 tokens per workgroup (matvec_common.wgsl). The weights stay BF16 in VRAM: a 16-byte
+// chunk is 8 weights, loaded as one vec4<u32> and widened exactly to f32 (a bf16 is the
+// upper half of an f32): even elements by a shift, odd ones by a mask. Rows are padded to
+// whole chunks.
 
-struct Params {
-    rows: u32,
-    cols: u32,
-    row_offset: u32,
-    out_stride: u32,
-    tokens: u32,
-    has_bias: u32,
-    nx: u32,
-    _pad: u32,
-}
+@group(0) @binding(4) var<storage, read> w: array<vec4<u32>>;
 
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> x: array<f32>;
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;
-@group(0) @binding(3) var<storage, read> bias: array<f32>;
-@group(0) @binding(4) var<storage, read> w: array<u32>;
-
-fn xs(t0: u32, c: u32) -> vec4<f32> {
-    var v = vec4<f32>(0.0);
-    for (var t = 0u; t < 4u; t++) {
-        if t0 + t < p.tokens {
-            v[t] = x[(t0 + t) * p.cols + c];
-        }
-    }
-    return v;
-}
-
-// Element `e` of the block (little-endian: even elements in the low half of a word).
-fn weight(e: u32) -> f32 {
-    let word = w[e >> 1u];
-    return bitcast<f32>(select(word << 16u, word & 0xffff0000u, (e & 1u) == 1u));
+fn row_scale(row: u32) -> f32 {
+    return 1.0;
 }
 
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
-    let row = flat_wid(ids, p.nx);
+    let row0 = flat_wid(ids, p.nx) * R;
     let t0 = ids.wid.z * 4u;
-    var acc = vec4<f32>(0.0);
-    if row < p.rows {
-        let base = row * p.cols;
-        for (var c = ids.lid; c < p.cols; c += WG) {
-            acc += weight(base + c) * xs(t0, c);
+    begin_tile(t0, ids);
+    let nt = tile_tokens(t0);
+    var base: array<u32, 4>;
+    for (var r = 0u; r < R; r++) {
+        base[r] = row_at(row0, r) * p.row_chunks;
+    }
+    var acc: array<vec4<f32>, 4>;
+    for (var q = ids.lid; q < p.row_chunks; q += WG) {
+        var we: array<vec4<f32>, 4>;
+        var wo: array<vec4<f32>, 4>;
+        for (var r = 0u; r < R; r++) {
+            let v = w[base[r] + q];
+            we[r] = bf16_even(v);
+            wo[r] = bf16_odd(v);
+        }
+        let c = q * 8u;
+        for (var t = 0u; t < 4u; t++) {
+            if t < nt {
+                let xe = vec4<f32>(x1(t0, t, c), x1(t0, t, c + 2u), x1(t0, t, c + 4u), x1(t0, t, c + 6u));
+                let xo = vec4<f32>(x1(t0, t, c + 1u), x1(t0, t, c + 3u), x1(t0, t, c + 5u), x1(t0, t, c + 7u));
+                for (var r = 0u; r < R; r++) {
+                    acc[r][t] += dot(we[r], xe) + dot(wo[r], xo);
+                }
+            }
         }
     }
-    let total = wg_sum(acc, ids);
-    if row < p.rows && ids.lid < 4u && t0 + ids.lid < p.tokens {
-        var v = total[ids.lid];
-        if p.has_bias != 0u {
-            v += bias[p.row_offset + row];
-        }
-        y[(t0 + ids.lid) * p.out_stride + p.row_offset + row] = v;
-    }
+    finish(acc, row0, t0, ids);
 }

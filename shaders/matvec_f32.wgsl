@@ -1,53 +1,37 @@
-// matvec_f32.wgsl: y = W x (+ b) for one row block of an F32 matrix, up to 4 tokens per
-// workgroup (z). One workgroup per output row: the 64 invocations stride over the columns
-// and their partial sums meet in wg_sum. The block's rows are [row_offset, row_offset +
-// rows) of the whole matrix (matrices larger than a storage binding are split by rows).
+// matvec_f32.wgsl: y = W x (+ b) for one row block of an F32 matrix, R = 4 rows and up to 4
+// tokens per workgroup (matvec_common.wgsl). A 16-byte chunk is 4 weights, loaded as one
+// vec4<f32>; rows are padded to whole chunks.
 
-struct Params {
-    rows: u32,
-    cols: u32,
-    row_offset: u32,
-    out_stride: u32,
-    tokens: u32,
-    has_bias: u32,
-    nx: u32,
-    _pad: u32,
-}
+@group(0) @binding(4) var<storage, read> w: array<vec4<f32>>;
 
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> x: array<f32>;
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;
-@group(0) @binding(3) var<storage, read> bias: array<f32>;
-@group(0) @binding(4) var<storage, read> w: array<f32>;
-
-// Input column `c` of the tile's tokens (0 past the last token).
-fn xs(t0: u32, c: u32) -> vec4<f32> {
-    var v = vec4<f32>(0.0);
-    for (var t = 0u; t < 4u; t++) {
-        if t0 + t < p.tokens {
-            v[t] = x[(t0 + t) * p.cols + c];
-        }
-    }
-    return v;
+fn row_scale(row: u32) -> f32 {
+    return 1.0;
 }
 
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
-    let row = flat_wid(ids, p.nx);
+    let row0 = flat_wid(ids, p.nx) * R;
     let t0 = ids.wid.z * 4u;
-    var acc = vec4<f32>(0.0);
-    if row < p.rows {
-        let base = row * p.cols;
-        for (var c = ids.lid; c < p.cols; c += WG) {
-            acc += w[base + c] * xs(t0, c);
+    begin_tile(t0, ids);
+    let nt = tile_tokens(t0);
+    var base: array<u32, 4>;
+    for (var r = 0u; r < R; r++) {
+        base[r] = row_at(row0, r) * p.row_chunks;
+    }
+    var acc: array<vec4<f32>, 4>;
+    for (var q = ids.lid; q < p.row_chunks; q += WG) {
+        var wv: array<vec4<f32>, 4>;
+        for (var r = 0u; r < R; r++) {
+            wv[r] = w[base[r] + q];
+        }
+        for (var t = 0u; t < 4u; t++) {
+            if t < nt {
+                let xv = x4(t0, t, q * 4u);
+                for (var r = 0u; r < R; r++) {
+                    acc[r][t] += dot(wv[r], xv);
+                }
+            }
         }
     }
-    let total = wg_sum(acc, ids);
-    if row < p.rows && ids.lid < 4u && t0 + ids.lid < p.tokens {
-        var v = total[ids.lid];
-        if p.has_bias != 0u {
-            v += bias[p.row_offset + row];
-        }
-        y[(t0 + ids.lid) * p.out_stride + p.row_offset + row] = v;
-    }
+    finish(acc, row0, t0, ids);
 }

@@ -1,80 +1,75 @@
-// matvec_int4.wgsl: y = W x (+ b) for one row block of an INT4-gs64 matrix, up to 4 tokens
-// per workgroup. Layout (src/quant/int4.rs): per row, groups of 64 inputs, 32 code bytes
-// each (byte j: element j in the low nibble, element j + 32 in the high nibble, as q + 8)
-// and one f16 scale. Each invocation takes one u32 of codes (8 values) per step; inputs
-// past `cols` count as zero. Otherwise as matvec_f32.wgsl.
+// matvec_int4.wgsl: y = W x (+ b) for one row block of an INT4-gs64 matrix, R = 4 rows and
+// up to 4 tokens per workgroup (matvec_common.wgsl). Layout (src/quant/int4.rs): per row,
+// groups of 64 inputs, 32 code bytes each (byte j: element j in the low nibble, element
+// j + 32 in the high nibble, as q + 8) and one f16 scale. A 16-byte chunk is half a group
+// (bytes 16h .. 16h + 15: elements 16h .. 16h + 15 and 16h + 32 .. 16h + 47), loaded as one
+// vec4<u32>; a word's 8 codes are decoded with two masks (`int4_lo`, `int4_hi`,
+// decode.wgsl: exact, no conversions) once for all the tile's tokens, and the chunk's sum is
+// multiplied by its group's scale once (one scale load per chunk). Rows are whole chunks
+// (32-byte groups); inputs past `cols` count as zero.
 
-struct Params {
-    rows: u32,
-    cols: u32,
-    row_offset: u32,
-    out_stride: u32,
-    tokens: u32,
-    has_bias: u32,
-    nx: u32,
-    _pad: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> x: array<f32>;
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;
-@group(0) @binding(3) var<storage, read> bias: array<f32>;
-@group(0) @binding(4) var<storage, read> codes: array<u32>;
+@group(0) @binding(4) var<storage, read> codes: array<vec4<u32>>;
 //#if F16
 @group(0) @binding(5) var<storage, read> scales: array<f16>;
 //#else
 @group(0) @binding(5) var<storage, read> scales: array<u32>;
 //#endif
 
-fn xs(t0: u32, c: u32) -> vec4<f32> {
-    var v = vec4<f32>(0.0);
-    if c < p.cols {
-        for (var t = 0u; t < 4u; t++) {
-            if t0 + t < p.tokens {
-                v[t] = x[(t0 + t) * p.cols + c];
-            }
-        }
-    }
-    return v;
+fn row_scale(row: u32) -> f32 {
+    return 1.0;
 }
 
-// The f16 scale `i` of the block, widened (SHADER_F16: loaded as f16; else decoded from
-// the u32 holding it).
+// The f16 scale `i` of the block, widened exactly (SHADER_F16: loaded as f16).
 fn scale(i: u32) -> f32 {
 //#if F16
     return f32(scales[i]);
 //#else
-    return half_of(scales[i >> 1u], (i & 1u) == 1u);
+    return f16_at(scales[i >> 1u], (i & 1u) == 1u);
 //#endif
 }
 
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
-    let row = flat_wid(ids, p.nx);
+    let row0 = flat_wid(ids, p.nx) * R;
     let t0 = ids.wid.z * 4u;
-    let groups = (p.cols + 63u) / 64u;
-    let row_words = groups * 8u;
-    var acc = vec4<f32>(0.0);
-    if row < p.rows {
-        for (var wi = ids.lid; wi < row_words; wi += WG) {
-            let g = wi >> 3u;
-            let c0 = g * 64u + (wi & 7u) * 4u;
-            let word = codes[row * row_words + wi];
-            var s = vec4<f32>(0.0);
-            for (var b = 0u; b < 4u; b++) {
-                let lo = f32((word >> (8u * b)) & 15u) - 8.0;
-                let hi = f32((word >> (8u * b + 4u)) & 15u) - 8.0;
-                s += lo * xs(t0, c0 + b) + hi * xs(t0, c0 + 32u + b);
+    begin_tile(t0, ids);
+    let nt = tile_tokens(t0);
+    let groups = p.row_chunks / 2u;
+    var rows: array<u32, 4>;
+    for (var r = 0u; r < R; r++) {
+        rows[r] = row_at(row0, r);
+    }
+    var acc: array<vec4<f32>, 4>;
+    for (var q = ids.lid; q < p.row_chunks; q += WG) {
+        let g = q >> 1u;
+        let c = g * 64u + (q & 1u) * 16u;
+        var wv: array<vec4<u32>, 4>;
+        var sc: array<f32, 4>;
+        for (var r = 0u; r < R; r++) {
+            wv[r] = codes[rows[r] * p.row_chunks + q];
+            sc[r] = scale(rows[r] * groups + g);
+        }
+        var s: array<vec4<f32>, 4>;
+        for (var i = 0u; i < 4u; i++) {
+            var lo: array<vec4<f32>, 4>;
+            var hi: array<vec4<f32>, 4>;
+            for (var r = 0u; r < R; r++) {
+                lo[r] = int4_lo(wv[r][i]);
+                hi[r] = int4_hi(wv[r][i]);
             }
-            acc += scale(row * groups + g) * s;
+            for (var t = 0u; t < 4u; t++) {
+                if t < nt {
+                    let xl = x4(t0, t, c + 4u * i);
+                    let xh = x4(t0, t, c + 4u * i + 32u);
+                    for (var r = 0u; r < R; r++) {
+                        s[r][t] += dot(lo[r], xl) + dot(hi[r], xh);
+                    }
+                }
+            }
+        }
+        for (var r = 0u; r < R; r++) {
+            acc[r] += sc[r] * s[r];
         }
     }
-    let total = wg_sum(acc, ids);
-    if row < p.rows && ids.lid < 4u && t0 + ids.lid < p.tokens {
-        var v = total[ids.lid];
-        if p.has_bias != 0u {
-            v += bias[p.row_offset + row];
-        }
-        y[(t0 + ids.lid) * p.out_stride + p.row_offset + row] = v;
-    }
+    finish(acc, row0, t0, ids);
 }

@@ -1,64 +1,48 @@
 // matvec_int8.wgsl: y = W x (+ b) for one row block of an INT8-per-row matrix (the output
-// head and the embedding format), up to 4 tokens per workgroup. Codes are read four to a
-// u32 and sign-extended; the row's f32 scale multiplies the reduced sum, as in the CPU
-// reference (`scale * sum q x`). Otherwise as matvec_f32.wgsl.
+// head and the embedding format), R = 4 rows and up to 4 tokens per workgroup
+// (matvec_common.wgsl). A 16-byte chunk is 16 codes, loaded as one vec4<u32>; each word's
+// four codes are decoded at once (`int8x4`, decode.wgsl: exact, no conversions). The row's
+// f32 scale multiplies the reduced sum, as in the CPU reference (`scale * sum q x`). Rows are
+// padded to whole chunks.
 
-struct Params {
-    rows: u32,
-    cols: u32,
-    row_offset: u32,
-    out_stride: u32,
-    tokens: u32,
-    has_bias: u32,
-    nx: u32,
-    _pad: u32,
-}
-
-@group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> x: array<f32>;
-@group(0) @binding(2) var<storage, read_write> y: array<f32>;
-@group(0) @binding(3) var<storage, read> bias: array<f32>;
-@group(0) @binding(4) var<storage, read> codes: array<u32>;
+@group(0) @binding(4) var<storage, read> codes: array<vec4<u32>>;
 @group(0) @binding(5) var<storage, read> scales: array<f32>;
 
-fn xs(t0: u32, c: u32) -> vec4<f32> {
-    var v = vec4<f32>(0.0);
-    for (var t = 0u; t < 4u; t++) {
-        if t0 + t < p.tokens {
-            v[t] = x[(t0 + t) * p.cols + c];
-        }
-    }
-    return v;
-}
-
-// Code `e` of the block as a float (-127..=127).
-fn code(e: u32) -> f32 {
-    return f32(extractBits(bitcast<i32>(codes[e >> 2u]), (e & 3u) * 8u, 8u));
+fn row_scale(row: u32) -> f32 {
+    return scales[row];
 }
 
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
-    let row = flat_wid(ids, p.nx);
+    let row0 = flat_wid(ids, p.nx) * R;
     let t0 = ids.wid.z * 4u;
-    var acc = vec4<f32>(0.0);
-    if row < p.rows {
-        let base = row * p.cols;
-        // Four consecutive columns per step, so neighbouring invocations read neighbouring words.
-        for (var c0 = ids.lid * 4u; c0 < p.cols; c0 += WG * 4u) {
-            for (var u = 0u; u < 4u; u++) {
-                let c = c0 + u;
-                if c < p.cols {
-                    acc += code(base + c) * xs(t0, c);
+    begin_tile(t0, ids);
+    let nt = tile_tokens(t0);
+    var base: array<u32, 4>;
+    for (var r = 0u; r < R; r++) {
+        base[r] = row_at(row0, r) * p.row_chunks;
+    }
+    var acc: array<vec4<f32>, 4>;
+    for (var q = ids.lid; q < p.row_chunks; q += WG) {
+        var wv: array<vec4<u32>, 4>;
+        for (var r = 0u; r < R; r++) {
+            wv[r] = codes[base[r] + q];
+        }
+        let c = q * 16u;
+        for (var i = 0u; i < 4u; i++) {
+            var q4: array<vec4<f32>, 4>;
+            for (var r = 0u; r < R; r++) {
+                q4[r] = int8x4(wv[r][i]);
+            }
+            for (var t = 0u; t < 4u; t++) {
+                if t < nt {
+                    let xv = x4(t0, t, c + 4u * i);
+                    for (var r = 0u; r < R; r++) {
+                        acc[r][t] += dot(q4[r], xv);
+                    }
                 }
             }
         }
     }
-    let total = wg_sum(acc, ids);
-    if row < p.rows && ids.lid < 4u && t0 + ids.lid < p.tokens {
-        var v = scales[row] * total[ids.lid];
-        if p.has_bias != 0u {
-            v += bias[p.row_offset + row];
-        }
-        y[(t0 + ids.lid) * p.out_stride + p.row_offset + row] = v;
-    }
+    finish(acc, row0, t0, ids);
 }

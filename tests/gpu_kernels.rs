@@ -72,6 +72,17 @@ fn matvec_every_format_matches_cpu() {
                     let got = g.read(&go).unwrap();
                     let d = rel_diff(&got, &co.data);
                     assert!(d < 2e-5, "{variant} {fmt:?} {id:?} tokens {tokens}: relative difference {d}");
+                    // Each token's row is bit-identical to the token computed alone (a row of
+                    // a batched decode step equals the same row decoded solo).
+                    for t in [0, tokens - 1] {
+                        let gx1 = g.upload(1, cols, &x[t * cols..(t + 1) * cols]).unwrap();
+                        let mut go1 = g.alloc(1, rows_out).unwrap();
+                        g.linear(id, &gx1, &mut go1).unwrap();
+                        assert!(
+                            g.read(&go1).unwrap()[..] == got[t * rows_out..(t + 1) * rows_out],
+                            "{variant} {fmt:?} {id:?}: token {t} of {tokens} differs from the token alone"
+                        );
+                    }
                 }
             }
         }
@@ -683,4 +694,230 @@ fn dense_mlp_matches_cpu_in_every_dense_format() {
             assert!(g.dense_mlp(0, &gx, &mut go).is_err(), "layer 0 is a MoE layer");
         }
     });
+}
+
+// Fusion variants (NORM, ACCUMULATE, COMBINE): each against the CPU composition of the ops
+// it fuses, and bit for bit against the GPU's own unfused chain (the forward pass may use
+// either, and a placement must never change a number).
+
+/// The (linear, norm) pairs of the fused-product tests: every role a NORM product has in
+/// the forward pass (attention input, router input, head), plus O with the MLP norm.
+fn fused_linears(cfg: &picchio::ModelConfig) -> Vec<(LinearId, NormId, usize, usize)> {
+    vec![
+        (LinearId::Q(0), NormId::Attention(0), cfg.hidden_size, cfg.q_dim()),
+        (LinearId::K(2), NormId::Attention(2), cfg.hidden_size, cfg.kv_dim()),
+        (LinearId::Router(1), NormId::Mlp(1), cfg.hidden_size, cfg.num_experts),
+        (LinearId::LmHead, NormId::Final, cfg.hidden_size, cfg.vocab_size),
+    ]
+}
+
+#[test]
+fn fused_norm_product_matches_cpu_rms_norm_then_product() {
+    // A 64 KiB binding limit splits the head into row blocks and its 9-token output into
+    // token groups.
+    each_variant("matvec norm", Some(64 << 10), |variant, opts| {
+        for fmt in [Fmt::F32, Fmt::Bf16, Fmt::Int8, Fmt::Int4] {
+            let model = random_model(31, fmt, Fmt::Int4);
+            let cfg = model.config.clone();
+            let (mut c, mut g) = (cpu(&model), gpu(&model, opts));
+            let mut rng = Rng::new(32);
+            for (id, norm, cols, rows_out) in fused_linears(&cfg) {
+                for tokens in [1, 3, 5, 9] {
+                    let what = format!("{variant} {fmt:?} {id:?} {norm:?} tokens {tokens}");
+                    let x = rng.vec(tokens * cols, 3.0);
+                    let mut cn = c.alloc(tokens, cols).unwrap();
+                    c.rms_norm(norm, &host(tokens, cols, x.clone()), &mut cn).unwrap();
+                    let mut co = c.alloc(tokens, rows_out).unwrap();
+                    c.linear(id, &cn, &mut co).unwrap();
+                    let gx = g.upload(tokens, cols, &x).unwrap();
+                    let mut go = g.alloc(tokens, rows_out).unwrap();
+                    g.linear_fused(id, &gx, &mut go, Some(norm), false).unwrap();
+                    let got = g.read(&go).unwrap();
+                    let d = rel_diff(&got, &co.data);
+                    assert!(d < 2e-5, "{what}: relative difference {d}");
+                    // The GPU's unfused chain gives the same bits.
+                    let mut gn = g.alloc(tokens, cols).unwrap();
+                    g.rms_norm(norm, &gx, &mut gn).unwrap();
+                    let mut gu = g.alloc(tokens, rows_out).unwrap();
+                    g.linear(id, &gn, &mut gu).unwrap();
+                    assert!(g.read(&gu).unwrap() == got, "{what}: differs from rms_norm then linear");
+                }
+            }
+        }
+    });
+}
+
+#[test]
+fn fused_accumulate_product_matches_cpu_product_then_add() {
+    each_variant("matvec accumulate", Some(64 << 10), |variant, opts| {
+        for fmt in [Fmt::F32, Fmt::Bf16, Fmt::Int8, Fmt::Int4] {
+            let model = random_model(33, fmt, Fmt::Int4);
+            let cfg = model.config.clone();
+            let (mut c, mut g) = (cpu(&model), gpu(&model, opts));
+            let mut rng = Rng::new(34);
+            let mut ids: Vec<(LinearId, Option<NormId>, usize, usize)> =
+                vec![(LinearId::O(1), None, cfg.q_dim(), cfg.hidden_size)];
+            ids.extend(fused_linears(&cfg).into_iter().map(|(id, n, c, r)| (id, Some(n), c, r)));
+            for (id, norm, cols, rows_out) in ids {
+                for tokens in [1, 3, 5, 9] {
+                    let what = format!("{variant} {fmt:?} {id:?} {norm:?} tokens {tokens}");
+                    let x = rng.vec(tokens * cols, 1.0);
+                    let residual = rng.vec(tokens * rows_out, 2.0);
+                    let mut cin = host(tokens, cols, x.clone());
+                    if let Some(n) = norm {
+                        let mut cn = c.alloc(tokens, cols).unwrap();
+                        c.rms_norm(n, &cin, &mut cn).unwrap();
+                        cin = cn;
+                    }
+                    let mut co = c.alloc(tokens, rows_out).unwrap();
+                    c.linear(id, &cin, &mut co).unwrap();
+                    let mut want = host(tokens, rows_out, residual.clone());
+                    c.add(&mut want, &co).unwrap();
+                    let gx = g.upload(tokens, cols, &x).unwrap();
+                    let mut gy = g.upload(tokens, rows_out, &residual).unwrap();
+                    g.linear_fused(id, &gx, &mut gy, norm, true).unwrap();
+                    let got = g.read(&gy).unwrap();
+                    let d = rel_diff(&got, &want.data);
+                    assert!(d < 2e-5, "{what}: relative difference {d}");
+                    // The GPU's unfused chain (norm, product, add) gives the same bits.
+                    let gin = match norm {
+                        Some(n) => {
+                            let mut gn = g.alloc(tokens, cols).unwrap();
+                            g.rms_norm(n, &gx, &mut gn).unwrap();
+                            gn
+                        }
+                        None => g.upload(tokens, cols, &x).unwrap(),
+                    };
+                    let mut gp = g.alloc(tokens, rows_out).unwrap();
+                    g.linear(id, &gin, &mut gp).unwrap();
+                    if (tokens * rows_out * 4) as u64 > 64 << 10 {
+                        continue; // add.wgsl binds the whole output: within one binding only
+                    }
+                    let mut gr = g.upload(tokens, rows_out, &residual).unwrap();
+                    g.add(&mut gr, &gp).unwrap();
+                    assert!(g.read(&gr).unwrap() == got, "{what}: differs from linear then add");
+                }
+            }
+            let gx = g.upload(1, cfg.hidden_size, &rng.vec(cfg.hidden_size, 1.0)).unwrap();
+            let mut gy = g.alloc(1, cfg.hidden_size).unwrap();
+            assert!(g.linear_fused(LinearId::Q(0), &gx, &mut gy, None, true).is_err(), "wrong shape refused");
+        }
+    });
+}
+
+/// A model of hidden 96 and intermediate 160 (whole MXFP4 blocks, no multiple of 64) with
+/// random MXFP4 experts at realistic scales.
+fn mxfp4_model(seed: u64) -> LoadedModel {
+    let (h, inter) = (96, 160);
+    let shaped = random_model_shaped(seed, Fmt::F32, Fmt::F32, h, inter);
+    let cfg = shaped.config.clone();
+    let mut rng = Rng::new(seed + 1);
+    let experts: Vec<Vec<ExpertWeights>> = (0..cfg.num_layers)
+        .map(|_| {
+            (0..cfg.num_experts)
+                .map(|_| ExpertWeights {
+                    gate_up: mxfp4_matrix(&mut rng, 2 * inter, h, |r, b| 120 + ((r * 3 + b) % 7) as u8),
+                    gate_up_bias: rng.vec(2 * inter, 0.5),
+                    down: mxfp4_matrix(&mut rng, h, inter, |r, b| 118 + ((r * 5 + b * 3) % 9) as u8),
+                    down_bias: rng.vec(h, 0.5),
+                })
+                .collect()
+        })
+        .collect();
+    LoadedModel { experts: Arc::new(ResidentExperts::new(experts)), ..shaped }
+}
+
+#[test]
+fn fused_experts_match_cpu_norm_experts_combine_add() {
+    let Some(base) = gpu_options("experts norm+combine") else { return };
+    let models = [
+        ("int4", random_model(35, Fmt::F32, Fmt::Int4)),
+        ("f32", random_model(37, Fmt::F32, Fmt::F32)),
+        ("mxfp4", mxfp4_model(39)),
+        ("qwen3 int4", random_qwen3_model(41, Fmt::F32, Fmt::Int4, true)),
+        // Rows of 98 and 70 inputs: F32 expert rows that are not whole 16-byte chunks,
+        // INT4 groups with padding, dense rows padded at upload.
+        ("f32 98x70", random_model_shaped(43, Fmt::Bf16, Fmt::F32, 98, 70)),
+        ("int4 98x70", random_model_shaped(45, Fmt::Int8, Fmt::Int4, 98, 70)),
+    ];
+    let mut declined_pools = 0;
+    for (variant, base) in variants(&base) {
+        for (name, model) in &models {
+            let cfg = model.config.clone();
+            let (h, k) = (cfg.hidden_size, cfg.experts_per_token);
+            let slot = model.experts.expert_bytes();
+            let total = (cfg.num_layers * cfg.num_experts) as u64;
+            let layers: Vec<usize> =
+                (0..cfg.num_layers).filter(|&l| cfg.mlp_kinds[l] == picchio::config::MlpKind::Moe).collect();
+            let mut c = cpu(model);
+            let mut rng = Rng::new(36);
+            let cases: Vec<(usize, usize, RouteTable, Vec<f32>)> = [1, 5, 70]
+                .into_iter()
+                .enumerate()
+                .map(|(n, rows)| {
+                    let layer = layers[n % layers.len()];
+                    (rows, layer, routes(&mut rng, rows, k, cfg.num_experts), rng.vec(rows * h, 2.0))
+                })
+                .collect();
+            // The CPU composition: h + experts(rms_norm_mlp(h)), combined in routing order.
+            let want: Vec<Vec<f32>> = cases
+                .iter()
+                .map(|(rows, layer, r, x)| {
+                    let mut n = c.alloc(*rows, h).unwrap();
+                    c.rms_norm(NormId::Mlp(*layer), &host(*rows, h, x.clone()), &mut n).unwrap();
+                    let mut o = c.alloc(*rows, h).unwrap();
+                    c.experts(*layer, &n, r, &mut o).unwrap();
+                    let mut res = host(*rows, h, x.clone());
+                    c.add(&mut res, &o).unwrap();
+                    res.data
+                })
+                .collect();
+            // Every expert resident (fused), the minimum cache and many small pools (fused
+            // only when one dispatch binds them all; else declined: nothing recorded, the
+            // residual untouched).
+            for (vram, binding) in [(total * slot * 4, None), (1, None), (total * slot * 4, Some(3 * slot))] {
+                let opts = GpuOptions { vram_bytes: Some(vram), max_binding_bytes: binding, ..base.clone() };
+                let mut g = gpu(model, &opts);
+                let shape = g.residency();
+                let fused = shape.3 && shape.1 <= shape.2 as usize;
+                if binding.is_none() {
+                    assert_eq!(fused, vram > 1, "{variant} {name} {shape:?}: fused iff all resident");
+                }
+                if !fused && shape.3 {
+                    declined_pools += 1;
+                }
+                for ((rows, layer, r, x), w) in cases.iter().zip(&want) {
+                    if binding.is_some() && *rows > 5 {
+                        continue;
+                    }
+                    let what = format!("{variant} {name} vram {vram}: layer {layer} rows {rows}");
+                    let gr = g.upload_routes(r).unwrap();
+                    let gx = g.upload(*rows, h, x).unwrap();
+                    // In place, as the forward pass uses it: h += moe(norm(h)).
+                    assert_eq!(g.mlp_experts_fused(*layer, &gx, &gr, &gx).unwrap(), fused, "{what}");
+                    let got = g.read(&gx).unwrap();
+                    if !fused {
+                        assert!(&got == x, "{what}: the declined fusion changed the residual");
+                        continue;
+                    }
+                    let d = rel_diff(&got, w);
+                    assert!(d < 2e-5, "{what}: relative difference {d}");
+                    // Into another residual buffer: the same bits.
+                    let (gin, gy) = (g.upload(*rows, h, x).unwrap(), g.upload(*rows, h, x).unwrap());
+                    assert!(g.mlp_experts_fused(*layer, &gin, &gr, &gy).unwrap(), "{what}");
+                    assert!(g.read(&gy).unwrap() == got, "{what}: separate output differs");
+                    // The unfused chain (rms_norm, experts, moe_combine, add) gives the same bits.
+                    let gx = g.upload(*rows, h, x).unwrap();
+                    let mut gn = g.alloc(*rows, h).unwrap();
+                    g.rms_norm(NormId::Mlp(*layer), &gx, &mut gn).unwrap();
+                    let mut ge = g.alloc(*rows, h).unwrap();
+                    g.experts(*layer, &gn, &gr, &mut ge).unwrap();
+                    let mut gres = g.upload(*rows, h, x).unwrap();
+                    g.add(&mut gres, &ge).unwrap();
+                    assert!(g.read(&gres).unwrap() == got, "{what}: differs from the unfused chain");
+                }
+            }
+        }
+    }
+    assert!(declined_pools > 0, "no case had every expert resident in more pools than one dispatch binds");
 }

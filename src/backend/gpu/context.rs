@@ -287,10 +287,27 @@ impl Gpu {
         let src = source(op, variant)?;
         let what = format!("building {} [{}]", op.file(), variant.label());
         self.scoped(&what, || {
-            let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            let desc = wgpu::ShaderModuleDescriptor {
                 label: Some(op.file()),
                 source: wgpu::ShaderSource::Wgsl(src.into()),
-            });
+            };
+            let module = if op.bounds_by_construction() {
+                // SAFETY: wgpu's requirements for dropping these checks are that the shader
+                // never indexes a binding out of bounds and has no infinite loop. The product
+                // kernels (`Op::bounds_by_construction`) keep every index in bounds by
+                // construction (clamped rows, tokens and columns, chunk counts derived from
+                // the buffers' own sizes, host-side checks of the norm weight, bias and
+                // output sizes; see the header comments of matvec_common.wgsl and
+                // expert_common.wgsl, and tests/gpu_kernels.rs for sizes that are not
+                // multiples of anything), and every loop is a counted loop with a uniform
+                // bound. Integer division checks stay on.
+                let mut checks = wgpu::ShaderRuntimeChecks::checked();
+                checks.bounds_checks = false;
+                checks.force_loop_bounding = false;
+                unsafe { self.device.create_shader_module_trusted(desc, checks) }
+            } else {
+                self.device.create_shader_module(desc)
+            };
             let mut entries = vec![wgpu::BindGroupLayoutEntry {
                 binding: 0,
                 visibility: wgpu::ShaderStages::COMPUTE,
@@ -301,7 +318,7 @@ impl Gpu {
                 },
                 count: None,
             }];
-            for (i, access) in op.bindings(variant.pools).into_iter().enumerate() {
+            for (i, access) in op.bindings(variant).into_iter().enumerate() {
                 entries.push(wgpu::BindGroupLayoutEntry {
                     binding: 1 + i as u32,
                     visibility: wgpu::ShaderStages::COMPUTE,

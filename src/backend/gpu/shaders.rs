@@ -15,6 +15,9 @@ use crate::error::{Error, Result};
 use super::vram::SlotFormat;
 
 const COMMON: &str = include_str!("../../../shaders/common.wgsl");
+const DECODE: &str = include_str!("../../../shaders/decode.wgsl");
+const EXPERT_COMMON: &str = include_str!("../../../shaders/expert_common.wgsl");
+const MATVEC_COMMON: &str = include_str!("../../../shaders/matvec_common.wgsl");
 
 /// Access of a storage binding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -157,6 +160,36 @@ impl Op {
         matches!(self, Op::ExpertGateUp | Op::ExpertDown)
     }
 
+    /// True for the matrix-vector kernels (`matvec_*.wgsl`).
+    pub fn is_matvec(self) -> bool {
+        matches!(self, Op::MatvecF32 | Op::MatvecBf16 | Op::MatvecInt8 | Op::MatvecInt4)
+    }
+
+    /// True for the kernels built without wgpu's runtime bounds checks and loop bounding
+    /// (`create_shader_module_trusted`): the product kernels, whose every index is kept in
+    /// bounds by construction (matvec_common.wgsl, expert_common.wgsl) and whose loops are
+    /// all counted. They dominate a token's time; the other kernels keep the checks.
+    pub fn bounds_by_construction(self) -> bool {
+        self.is_matvec() || self.is_expert()
+    }
+
+    /// True if the op has NORM variants (the input row RMS-normalized inside the kernel):
+    /// the matrix-vector kernels and `expert_gate_up.wgsl`.
+    pub fn has_norm(self) -> bool {
+        self.is_matvec() || self == Op::ExpertGateUp
+    }
+
+    /// True if the op has ACCUMULATE variants (`y += W x + b`): the matrix-vector kernels.
+    pub fn has_accumulate(self) -> bool {
+        self.is_matvec()
+    }
+
+    /// True if the op has COMBINE variants (down, routing-weighted sum and residual add in
+    /// one dispatch): `expert_down.wgsl`.
+    pub fn has_combine(self) -> bool {
+        self == Op::ExpertDown
+    }
+
     /// True if the op has SHADER_F16 variants (f16 scales loaded as f16). The expert kernels
     /// read their records as u32 words (naga cannot bitcast a u32 to two f16), so they
     /// decode f16 scales with integer operations in every variant.
@@ -164,8 +197,10 @@ impl Op {
         self == Op::MatvecInt4
     }
 
-    /// The storage bindings after the uniform parameters at binding 0, in order.
-    pub fn bindings(self, pools: u32) -> Vec<Access> {
+    /// The storage bindings after the uniform parameters at binding 0, in order, for the
+    /// build `variant`: the op's own, then (expert kernels) `variant.pools` pools, then
+    /// (NORM variants) the norm weight.
+    pub fn bindings(self, variant: Variant) -> Vec<Access> {
         use Access::{Read as R, ReadWrite as W};
         let mut v = match self {
             Op::MatvecF32 | Op::MatvecBf16 => vec![R, W, R, R],
@@ -186,7 +221,10 @@ impl Op {
             Op::Argmax => vec![R, W, W],
         };
         if self.is_expert() {
-            v.extend(std::iter::repeat_n(R, pools as usize));
+            v.extend(std::iter::repeat_n(R, variant.pools as usize));
+        }
+        if variant.norm && self.has_norm() {
+            v.push(R);
         }
         v
     }
@@ -206,6 +244,15 @@ pub struct Variant {
     pub experts: SlotFormat,
     /// Expert kernels: pool buffers bound (one of [`POOL_VARIANTS`]); 0 for other ops.
     pub pools: u32,
+    /// NORM (matrix-vector kernels, `expert_gate_up`): the input is the raw residual row
+    /// and the kernel uses `norm_w[c] * (x[c] * inv)` with `inv = 1 / sqrt(sum(x^2) / cols
+    /// + eps)`, as `model::math::rms_norm_in_place` and rmsnorm.wgsl (the same sum order).
+    pub norm: bool,
+    /// ACCUMULATE (matrix-vector kernels): `y += W x + b` instead of `y = W x + b`.
+    pub accumulate: bool,
+    /// COMBINE (`expert_down`): `out[r] += sum_j w[r][j] * (down_j act[r][j] + b_j)` in
+    /// routing order, one workgroup per (output block, token row) over all k experts.
+    pub combine: bool,
 }
 
 impl Variant {
@@ -223,6 +270,15 @@ impl Variant {
         }
         if self.pools > 0 {
             parts.push(format!("p{}", self.pools));
+        }
+        if self.norm {
+            parts.push("norm".to_string());
+        }
+        if self.accumulate {
+            parts.push("acc".to_string());
+        }
+        if self.combine {
+            parts.push("combine".to_string());
         }
         if parts.is_empty() { "portable".into() } else { parts.join("+") }
     }
@@ -309,19 +365,57 @@ fn with_entry_point(text: &str, subgroup: bool) -> Result<String> {
     Ok(out)
 }
 
-/// The pool bindings (from binding 5) and `pool_load(pool, word)` of the expert kernels.
+/// The pool bindings (from binding 5, each `array<vec4<u32>>`: 16-byte loads) and
+/// `pool_load(pool, word)` of the expert kernels (for loads outside the loops).
 fn pool_decls(pools: u32) -> String {
     let mut s = String::new();
     for i in 0..pools {
-        let _ = writeln!(s, "@group(0) @binding({}) var<storage, read> pool{i}: array<u32>;", 5 + i);
+        let _ = writeln!(s, "@group(0) @binding({}) var<storage, read> pool{i}: array<vec4<u32>>;", 5 + i);
     }
     let _ = writeln!(s, "const POOLS: u32 = {pools}u;");
     s.push_str("fn pool_load(pool: u32, i: u32) -> u32 {\n    switch pool {\n");
     for i in 1..pools {
-        let _ = writeln!(s, "        case {i}u: {{ return pool{i}[i]; }}");
+        let _ = writeln!(s, "        case {i}u: {{ return pool{i}[i >> 2u][i & 3u]; }}");
     }
-    s.push_str("        default: { return pool0[i]; }\n    }\n}\n");
+    s.push_str("        default: { return pool0[i >> 2u][i & 3u]; }\n    }\n}\n");
     s
+}
+
+/// Emits the lines between `//#pools` and `//#endpools` once per pool, `POOL_INDEX` replaced
+/// by the pool's index and `POOL` by its binding's name (`pool0`, ...): the per-pool copies
+/// of the expert kernels' inner loops, so no loop chooses a pool.
+pub fn expand_pools(text: &str, pools: u32) -> Result<String> {
+    let mut out = String::with_capacity(text.len());
+    let mut block: Option<Vec<&str>> = None;
+    for (n, line) in text.lines().enumerate() {
+        match (line.trim(), block.as_mut()) {
+            ("//#pools", None) => block = Some(Vec::new()),
+            ("//#pools", Some(_)) => return Err(Error::Backend(format!("line {}: nested //#pools", n + 1))),
+            ("//#endpools", Some(lines)) => {
+                for i in 0..pools {
+                    for l in lines.iter() {
+                        out.push_str(
+                            &l.replace("POOL_INDEX", &i.to_string()).replace("POOL", &format!("pool{i}")),
+                        );
+                        out.push('\n');
+                    }
+                }
+                block = None;
+            }
+            ("//#endpools", None) => {
+                return Err(Error::Backend(format!("line {}: //#endpools without //#pools", n + 1)));
+            }
+            (_, Some(lines)) => lines.push(line),
+            (_, None) => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    if block.is_some() {
+        return Err(Error::Backend("unterminated //#pools".into()));
+    }
+    Ok(out)
 }
 
 /// The full WGSL source of `op` built as `variant`.
@@ -336,12 +430,50 @@ pub fn source(op: Op, variant: Variant) -> Result<String> {
     if let Some(flag) = variant.experts.flag() {
         flags.push(flag);
     }
+    if variant.norm {
+        if !op.has_norm() {
+            return Err(Error::Backend(format!("{} has no NORM variant", op.file())));
+        }
+        flags.push("NORM");
+    }
+    if variant.accumulate {
+        if !op.has_accumulate() {
+            return Err(Error::Backend(format!("{} has no ACCUMULATE variant", op.file())));
+        }
+        flags.push("ACCUMULATE");
+    }
+    if variant.combine {
+        if !op.has_combine() {
+            return Err(Error::Backend(format!("{} has no COMBINE variant", op.file())));
+        }
+        flags.push("COMBINE");
+    }
     let mut src = preprocess(COMMON, &flags)?;
     if op.is_expert() {
         if !POOL_VARIANTS.contains(&variant.pools) {
             return Err(Error::Backend(format!("no expert kernel for {} pools", variant.pools)));
         }
         src.push_str(&pool_decls(variant.pools));
+    }
+    if variant.norm {
+        // The norm weight is the last binding, after the op's own (and the pools).
+        let binding = op.bindings(variant).len();
+        let _ = writeln!(src, "@group(0) @binding({binding}) var<storage, read> norm_w: array<f32>;");
+    }
+    if op.is_matvec() || op.is_expert() {
+        src.push_str(DECODE);
+    }
+    if op.is_expert() {
+        let common = preprocess(EXPERT_COMMON, &flags)
+            .and_then(|t| expand_pools(&t, variant.pools))
+            .map_err(|e| Error::Backend(format!("expert_common.wgsl: {e}")))?;
+        src.push_str(&common);
+    }
+    if op.is_matvec() {
+        src.push_str(
+            &preprocess(MATVEC_COMMON, &flags)
+                .map_err(|e| Error::Backend(format!("matvec_common.wgsl: {e}")))?,
+        );
     }
     let kernel = preprocess(op.text(), &flags).and_then(|k| with_entry_point(&k, variant.subgroup));
     src.push_str(&kernel.map_err(|e| Error::Backend(format!("{}: {e}", op.file())))?);
@@ -358,7 +490,19 @@ pub fn all_variants() -> Vec<(Op, Variant)> {
                 for f16 in if op.uses_f16() { vec![false, true] } else { vec![false] } {
                     let pools: &[u32] = if op.is_expert() { &POOL_VARIANTS } else { &[0] };
                     for &pools in pools {
-                        out.push((op, Variant { f16, subgroup, experts, pools }));
+                        for norm in if op.has_norm() { vec![false, true] } else { vec![false] } {
+                            for accumulate in
+                                if op.has_accumulate() { vec![false, true] } else { vec![false] }
+                            {
+                                for combine in if op.has_combine() { vec![false, true] } else { vec![false] }
+                                {
+                                    out.push((
+                                        op,
+                                        Variant { f16, subgroup, experts, pools, norm, accumulate, combine },
+                                    ));
+                                }
+                            }
+                        }
                     }
                 }
             }
@@ -379,6 +523,14 @@ mod tests {
         assert_eq!(preprocess(text, &["Y"]).unwrap(), "a\ne\nf\n");
         assert!(preprocess("//#if X\n", &[]).is_err());
         assert!(preprocess("//#endif\n", &[]).is_err());
+    }
+
+    #[test]
+    fn pool_blocks_are_emitted_once_per_pool() {
+        let text = "a\n//#pools\nfn f_POOL() { POOL_INDEX }\n//#endpools\nb\n";
+        assert_eq!(expand_pools(text, 2).unwrap(), "a\nfn f_pool0() { 0 }\nfn f_pool1() { 1 }\nb\n");
+        assert!(expand_pools("//#pools\n", 1).is_err());
+        assert!(expand_pools("//#endpools\n", 1).is_err());
     }
 
     #[test]

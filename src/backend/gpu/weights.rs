@@ -2,12 +2,22 @@
 //! INT8 codes with row scales, INT4 codes with f16 group scales: nothing is expanded to
 //! f32). A matrix larger than one storage binding is split by rows into blocks, each its
 //! own buffer(s) within the binding limit; a product dispatches once per block.
+//!
+//! Alignment by construction: every row of values or codes is stored padded with zeros to
+//! a whole number of 16-byte chunks ([`CHUNK_BYTES`], `GpuMatrix::row_chunks`), so the
+//! matrix-vector kernels read rows as `array<vec4<...>>` with aligned 16-byte loads. F32
+//! rows of a multiple of 4 columns, BF16 of 8, INT8 of 16 and every INT4-gs64 row (32-byte
+//! groups) need no padding and are uploaded as stored; others are copied padded. Scales
+//! are not padded (INT8: one f32 per row; INT4: `groups` f16 per row).
 
 use crate::error::{Error, Result};
 use crate::quant::{Matrix, MatrixData, int4};
 
 use super::context::{GBuf, Gpu};
 use super::shaders::Op;
+
+/// Bytes of one aligned load of the matrix-vector kernels: rows are padded to a multiple.
+pub const CHUNK_BYTES: usize = 16;
 
 /// One row block of a matrix.
 pub struct MatrixBlock {
@@ -29,6 +39,8 @@ pub struct GpuMatrix {
     pub cols: usize,
     /// The kernel for its format.
     pub op: Op,
+    /// 16-byte chunks per stored (padded) row of values or codes.
+    pub row_chunks: usize,
     /// Row blocks, in order.
     pub blocks: Vec<MatrixBlock>,
 }
@@ -55,10 +67,15 @@ pub fn upload_matrix(gpu: &mut Gpu, name: &str, m: &Matrix) -> Result<GpuMatrix>
             return Err(Error::Backend(format!("{name}: MXFP4 matrices have no GPU kernel yet")));
         }
     };
-    // Rows per block: every buffer (padded to whole words) within the binding limit.
+    if m.cols == 0 {
+        return Err(Error::Backend(format!("{name}: a matrix with no columns")));
+    }
+    // Rows padded to whole chunks; rows per block: every buffer (padded to whole words)
+    // within the binding limit.
+    let padded_row = data_row.next_multiple_of(CHUNK_BYTES).max(CHUNK_BYTES);
     let limit = gpu.max_binding as usize;
     let room = limit.saturating_sub(4);
-    let per_block = (room / data_row.max(1)).min(room.checked_div(scale_row).unwrap_or(usize::MAX));
+    let per_block = (room / padded_row).min(room.checked_div(scale_row).unwrap_or(usize::MAX));
     if per_block == 0 {
         return Err(Error::Backend(format!(
             "{name}: one row ({data_row} bytes) exceeds the storage binding limit of {limit} bytes"
@@ -80,7 +97,16 @@ pub fn upload_matrix(gpu: &mut Gpu, name: &str, m: &Matrix) -> Result<GpuMatrix>
             }
             MatrixData::Mxfp4 { codes, scales } => (codes.as_slice(), Some(scales.as_slice())),
         };
-        let data = gpu.buffer_init(&label, &d[row0 * data_row..(row0 + rows) * data_row])?;
+        let stored = &d[row0 * data_row..(row0 + rows) * data_row];
+        let data = if padded_row == data_row {
+            gpu.buffer_init(&label, stored)?
+        } else {
+            let mut padded = vec![0u8; rows * padded_row];
+            for (dst, src) in padded.chunks_exact_mut(padded_row).zip(stored.chunks_exact(data_row)) {
+                dst[..data_row].copy_from_slice(src);
+            }
+            gpu.buffer_init(&label, &padded)?
+        };
         let scales = match s {
             Some(s) => Some(
                 gpu.buffer_init(&format!("{label} scales"), &s[row0 * scale_row..(row0 + rows) * scale_row])?,
@@ -90,7 +116,7 @@ pub fn upload_matrix(gpu: &mut Gpu, name: &str, m: &Matrix) -> Result<GpuMatrix>
         blocks.push(MatrixBlock { row0, rows, data, scales });
         row0 += rows;
     }
-    Ok(GpuMatrix { rows: m.rows, cols: m.cols, op, blocks })
+    Ok(GpuMatrix { rows: m.rows, cols: m.cols, op, row_chunks: padded_row / CHUNK_BYTES, blocks })
 }
 
 /// Uploads an f32 vector (norm weight, bias, sinks).

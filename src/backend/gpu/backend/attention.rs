@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::backend::{Backend, NormId, SeqPos, check_step_rows};
+use crate::backend::{Backend, SeqPos, check_step_rows};
 use crate::error::{Error, Result};
 
 use super::super::buffers::GpuAct;
@@ -217,10 +217,10 @@ fn splits_for(keys: usize) -> (usize, usize) {
 
 impl GpuBackend {
     /// The attention half of decoded tokens' layer in four kernels: the stacked Q/K/V
-    /// product of the normalized residual (all rows at once), then per row
+    /// product of the residual with the attention norm inside it (all rows at once), then per row
     /// attention_decode.wgsl (QK-norm, RoPE, the key/value store and attention over the key
     /// splits, in the row's own sequence's cache at its position) and attention_merge.wgsl,
-    /// and the output projection added to the residual. Each row of `x` is one token at
+    /// and the output projection adding itself to the residual. Each row of `x` is one token at
     /// `rows[i]` (sequence, position); the caller has checked them. `false` where the model's
     /// shape has no fused decode attention (then the ops run one by one). A row is computed
     /// the same way whatever the other rows are, so a batched step's rows equal solo runs.
@@ -237,9 +237,8 @@ impl GpuBackend {
         let n = x.rows();
         let owner =
             self.layers.get(layer).cloned().ok_or_else(|| Error::Backend(format!("no layer {layer}")))?;
-        let mut normed = self.alloc(n, cfg.hidden_size)?;
-        self.rms_norm(NormId::Attention(layer), x, &mut normed)?;
-        let qkv = self.qkv_product(&owner, &normed)?;
+        // The attention norm runs inside the product (matvec NORM variant).
+        let qkv = self.qkv_product(&owner, x, Some(&owner.attn_norm))?;
         let attn = self.alloc(n, cfg.q_dim())?;
         let group = cfg.num_heads / cfg.num_kv_heads;
         let dummy = self.gpu.dummy.clone();
@@ -297,9 +296,8 @@ impl GpuBackend {
             let binds = [Bind::whole(&partial), Bind::whole(&sinks), attn.bind()];
             self.gpu.dispatch(Op::AttentionMerge, v, &params, &binds, (nx, ny, 1))?;
         }
-        let proj = self.alloc(n, cfg.hidden_size)?;
-        self.matvec(&owner.o.m, owner.o.bias.as_ref(), &attn, &proj)?;
-        self.add(x, &proj)?;
+        // The output projection adds itself to the residual (matvec ACCUMULATE variant).
+        self.matvec_fused(&owner.o.m, owner.o.bias.as_ref(), &attn, x, None, true)?;
         Ok(true)
     }
 }

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::backend::{Backend, LinearId};
+use crate::backend::{Backend, LinearId, NormId};
 use crate::error::{Error, Result};
 
 use super::super::buffers::GpuAct;
@@ -12,6 +12,9 @@ use super::super::shaders::Op;
 use super::super::weights::GpuMatrix;
 use super::model::{GpuFfn, GpuLayer, GpuLinear};
 use super::{GpuBackend, TOKENS_PER_GROUP, activation_code, bits, check_shape};
+
+/// Output rows one matrix-vector workgroup computes (`R` in matvec_common.wgsl).
+const MATVEC_ROWS: usize = 4;
 
 impl GpuBackend {
     /// `out = W x + b` over every row block of `m`. An output larger than one binding is
@@ -22,6 +25,28 @@ impl GpuBackend {
         bias: Option<&GBuf>,
         x: &GpuAct,
         out: &GpuAct,
+    ) -> Result<()> {
+        self.matvec_fused(m, bias, x, out, None, false)
+    }
+
+    /// The product with its fusions, one dispatch per row block:
+    ///
+    /// * `norm: Some(w)`: `x` is the raw residual and token t's input is
+    ///   `w[c] * (x[t][c] * inv_t)`, `inv_t = 1 / sqrt(sum_c x[t][c]^2 / cols + eps)` (the
+    ///   model's `rms_norm_eps`): exactly what `rms_norm` writes (same expression, same
+    ///   reduction), so `matvec_fused(.., Some(w), ..)` equals `rms_norm` then `matvec`;
+    /// * `accumulate`: `out[t][row] += W x + b` (the residual add of `Backend::add`,
+    ///   `out + (W x + b)`) instead of `=`.
+    ///
+    /// `x` and `out` must be different buffers. With neither flag this is [`Self::matvec`].
+    pub(super) fn matvec_fused(
+        &mut self,
+        m: &GpuMatrix,
+        bias: Option<&GBuf>,
+        x: &GpuAct,
+        out: &GpuAct,
+        norm: Option<&GBuf>,
+        accumulate: bool,
     ) -> Result<()> {
         if x.width() != m.cols || out.width() != m.rows || out.rows() != x.rows() {
             return Err(Error::Backend(format!(
@@ -35,8 +60,24 @@ impl GpuBackend {
             )));
         }
         let row_bytes = (m.rows * 4) as u64;
+        if x.buf().id == out.buf().id {
+            return Err(Error::Backend("linear: the input and the output are the same buffer".into()));
+        }
+        if let Some(w) = norm
+            && w.size < (m.cols * 4) as u64
+        {
+            return Err(Error::Backend(format!(
+                "linear: a norm weight of {} bytes for {} columns",
+                w.size, m.cols
+            )));
+        }
+        if let Some(b) = bias
+            && b.size < (m.rows * 4) as u64
+        {
+            return Err(Error::Backend(format!("linear: a bias of {} bytes for {} rows", b.size, m.rows)));
+        }
         if out.bytes() <= self.gpu.max_binding {
-            return self.matvec_into(m, bias, x, out.buf(), out.bytes());
+            return self.matvec_into(m, bias, x, out.buf(), out.bytes(), norm, accumulate);
         }
         let per = (self.gpu.max_binding / row_bytes) as usize;
         if per == 0 {
@@ -51,7 +92,10 @@ impl GpuBackend {
             let xs = GpuAct::new(n, m.cols, self.scratch(n as u64 * cols_bytes)?);
             self.copy_words(x.buf(), t0 * m.cols, xs.buf(), 0, n * m.cols)?;
             let ys = self.scratch(n as u64 * row_bytes)?;
-            self.matvec_into(m, bias, &xs, ys.buf(), n as u64 * row_bytes)?;
+            if accumulate {
+                self.copy_words(out.buf(), t0 * m.rows, ys.buf(), 0, n * m.rows)?;
+            }
+            self.matvec_into(m, bias, &xs, ys.buf(), n as u64 * row_bytes, norm, accumulate)?;
             self.copy_words(ys.buf(), 0, out.buf(), t0 * m.rows, n * m.rows)?;
             t0 += n;
         }
@@ -86,6 +130,7 @@ impl GpuBackend {
         self.gpu.dispatch(Op::Copy, v, &params, &binds, (nx, ny, 1))
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn matvec_into(
         &mut self,
         m: &GpuMatrix,
@@ -93,8 +138,13 @@ impl GpuBackend {
         x: &GpuAct,
         out: &GBuf,
         out_bytes: u64,
+        norm: Option<&GBuf>,
+        accumulate: bool,
     ) -> Result<()> {
-        let v = self.variant(m.op);
+        let mut v = self.variant(m.op);
+        v.norm = norm.is_some();
+        v.accumulate = accumulate;
+        let eps = bits(self.cfg.rms_norm_eps);
         let tokens = x.rows();
         let tiles = tokens.div_ceil(TOKENS_PER_GROUP);
         if tiles > self.gpu.max_groups as usize {
@@ -102,7 +152,8 @@ impl GpuBackend {
         }
         let dummy = self.gpu.dummy.clone();
         for block in &m.blocks {
-            let (nx, ny) = self.gpu.grid(block.rows as u64)?;
+            // MATVEC_ROWS rows per workgroup (matvec_common.wgsl).
+            let (nx, ny) = self.gpu.grid(block.rows.div_ceil(MATVEC_ROWS) as u64)?;
             let params = [
                 block.rows as u32,
                 m.cols as u32,
@@ -111,6 +162,10 @@ impl GpuBackend {
                 tokens as u32,
                 bias.is_some() as u32,
                 nx,
+                eps,
+                m.row_chunks as u32,
+                0,
+                0,
                 0,
             ];
             let mut binds = vec![
@@ -121,6 +176,9 @@ impl GpuBackend {
             ];
             if let Some(s) = &block.scales {
                 binds.push(Bind::whole(s));
+            }
+            if let Some(w) = norm {
+                binds.push(Bind::whole(w));
             }
             self.gpu.dispatch(m.op, v, &params, &binds, (nx, ny, tiles as u32))?;
         }
@@ -194,39 +252,76 @@ impl GpuBackend {
         Ok(())
     }
 
-    pub(super) fn run_linear(&mut self, id: LinearId, x: &GpuAct, out: &mut GpuAct) -> Result<()> {
+    /// The norm weight of `norm` (attention, MLP or final; QK-norm weights are per head).
+    pub(super) fn norm_weight(&self, norm: NormId) -> Result<GBuf> {
+        let layer = |l: usize| self.layers.get(l).ok_or_else(|| Error::Backend(format!("no layer {l}")));
+        match norm {
+            NormId::Attention(l) => Ok(layer(l)?.attn_norm.clone()),
+            NormId::Mlp(l) => Ok(layer(l)?.mlp_norm.clone()),
+            NormId::Final => Ok(self.final_norm.clone()),
+            NormId::Query(_) | NormId::Key(_) => {
+                Err(Error::Backend(format!("{norm:?} is a QK-norm weight, not a row norm")))
+            }
+        }
+    }
+
+    /// The linear layer `id` with the fusions of [`Self::matvec_fused`]: `norm: Some(n)`
+    /// reads `x` as the raw residual and normalizes it with `n`'s weight inside the
+    /// product; `accumulate` adds the result to `out` (`out += W x + b`). Equal to
+    /// `rms_norm(n)` then `linear(id)` (then `add`) on the unfused path. For the forward
+    /// pass's fused orchestration and for tests.
+    pub fn linear_fused(
+        &mut self,
+        id: LinearId,
+        x: &GpuAct,
+        out: &mut GpuAct,
+        norm: Option<NormId>,
+        accumulate: bool,
+    ) -> Result<()> {
+        let w = norm.map(|n| self.norm_weight(n)).transpose()?;
+        let w = w.as_ref();
         let layer =
             |l: usize| self.layers.get(l).cloned().ok_or_else(|| Error::Backend(format!("no layer {l}")));
         let (q, kv) = (self.cfg.q_dim(), self.cfg.kv_dim());
-        let (owner, part) = match id {
-            LinearId::Q(l) => (layer(l)?, (0, q)),
-            LinearId::K(l) => (layer(l)?, (q, kv)),
-            LinearId::V(l) => (layer(l)?, (q + kv, kv)),
+        let (owner, col0) = match id {
+            LinearId::Q(l) => (layer(l)?, 0),
+            LinearId::K(l) => (layer(l)?, q),
+            LinearId::V(l) => (layer(l)?, q + kv),
             LinearId::O(l) => {
                 let owner = layer(l)?;
-                return self.matvec(&owner.o.m, owner.o.bias.as_ref(), x, out);
+                return self.matvec_fused(&owner.o.m, owner.o.bias.as_ref(), x, out, w, accumulate);
             }
             LinearId::Router(l) => {
                 let owner = layer(l)?;
                 let Some(router) = owner.router() else {
                     return Err(Error::Backend(format!("layer {l} is a dense layer and has no router")));
                 };
-                return self.matvec(&router.m, router.bias.as_ref(), x, out);
+                return self.matvec_fused(&router.m, router.bias.as_ref(), x, out, w, accumulate);
             }
             LinearId::LmHead => {
                 let head = Arc::clone(&self.head);
-                return self.matvec(&head, None, x, out);
+                return self.matvec_fused(&head, None, x, out, w, accumulate);
             }
         };
         // One projection alone: the stacked product, then its columns.
-        let qkv = self.qkv_product(&owner, x)?;
-        self.gather_cols(&qkv, part.0, out)
+        let qkv = self.qkv_product(&owner, x, w)?;
+        if !accumulate {
+            return self.gather_cols(&qkv, col0, out);
+        }
+        let part = self.alloc(out.rows(), out.width())?;
+        self.gather_cols(&qkv, col0, &part)?;
+        self.add(out, &part)
     }
 
-    /// The stacked query/key/value product of `layer` over `x`: `[rows, q_dim + 2 kv_dim]`.
-    pub(super) fn qkv_product(&mut self, layer: &GpuLayer, x: &GpuAct) -> Result<GpuAct> {
+    pub(super) fn run_linear(&mut self, id: LinearId, x: &GpuAct, out: &mut GpuAct) -> Result<()> {
+        self.linear_fused(id, x, out, None, false)
+    }
+
+    /// The stacked query/key/value product of `layer` over `x`: `[rows, q_dim + 2 kv_dim]`;
+    /// with `norm`, `x` is the raw residual normalized inside the product.
+    pub(super) fn qkv_product(&mut self, layer: &GpuLayer, x: &GpuAct, norm: Option<&GBuf>) -> Result<GpuAct> {
         let qkv = self.alloc(x.rows(), layer.qkv.m.rows)?;
-        self.matvec(&layer.qkv.m, layer.qkv.bias.as_ref(), x, &qkv)?;
+        self.matvec_fused(&layer.qkv.m, layer.qkv.bias.as_ref(), x, &qkv, norm, false)?;
         Ok(qkv)
     }
 
@@ -242,7 +337,7 @@ impl GpuBackend {
         let owner =
             self.layers.get(layer).cloned().ok_or_else(|| Error::Backend(format!("no layer {layer}")))?;
         let (qd, kvd) = (self.cfg.q_dim(), self.cfg.kv_dim());
-        let qkv = self.qkv_product(&owner, x)?;
+        let qkv = self.qkv_product(&owner, x, None)?;
         self.gather_cols(&qkv, 0, q)?;
         self.gather_cols(&qkv, qd, k)?;
         self.gather_cols(&qkv, qd + kvd, v)

@@ -550,6 +550,17 @@ impl Backend for GpuBackend {
         self.run_fused_attention(layer, rows, x)
     }
 
+    fn fused_moe(&mut self, layer: usize, x: &mut GpuAct, routes: &mut GpuRoutes) -> Result<bool> {
+        self.run_fused_moe(layer, x, routes)
+    }
+
+    fn fused_head(&mut self, x: &GpuAct, logits: &mut GpuAct) -> Result<bool> {
+        // The final norm runs inside the head's product (matvec NORM variant).
+        let (head, norm) = (Arc::clone(&self.head), self.final_norm.clone());
+        self.matvec_fused(&head, None, x, logits, Some(&norm), false)?;
+        Ok(true)
+    }
+
     fn argmax_rows(&mut self, logits: &GpuAct, first_position: usize) -> Result<Vec<u32>> {
         self.run_argmax(logits, first_position)
     }

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::backend::{Backend, LinearId};
+use crate::backend::{Backend, LinearId, NormId};
 use crate::error::{Error, Result};
 
 use super::super::buffers::{GpuAct, GpuRoutes, decode_routes};
@@ -50,6 +50,108 @@ impl GpuBackend {
         Ok(())
     }
 
+    /// The parameters of expert_gate_up.wgsl for pool group `first`, pairs from `p0`.
+    fn gate_up_params(&self, layer: usize, first: usize, nx: u32, p0: usize) -> [u32; 20] {
+        let cfg = &self.cfg;
+        let lay = self.vram.layout;
+        [
+            layer as u32,
+            cfg.experts_per_token as u32,
+            cfg.num_experts as u32,
+            cfg.hidden_size as u32,
+            cfg.intermediate_size as u32,
+            first as u32,
+            self.vram.slots_per_pool as u32,
+            lay.stride,
+            lay.gu_w,
+            lay.gu_s,
+            lay.gu_b,
+            lay.gu_row_words,
+            lay.gu_groups,
+            nx,
+            p0 as u32,
+            bits(cfg.swiglu_limit),
+            bits(cfg.swiglu_alpha),
+            activation_code(cfg.recipe.activation),
+            bits(cfg.rms_norm_eps),
+            0,
+        ]
+    }
+
+    /// The parameters of expert_down.wgsl for pool group `first`, pairs from `p0`.
+    fn down_params(&self, layer: usize, first: usize, nx: u32, p0: usize) -> [u32; 16] {
+        let cfg = &self.cfg;
+        let lay = self.vram.layout;
+        [
+            layer as u32,
+            cfg.experts_per_token as u32,
+            cfg.num_experts as u32,
+            cfg.hidden_size as u32,
+            cfg.intermediate_size as u32,
+            first as u32,
+            self.vram.slots_per_pool as u32,
+            lay.stride,
+            lay.dn_w,
+            lay.dn_s,
+            lay.dn_b,
+            lay.dn_row_words,
+            lay.dn_groups,
+            nx,
+            p0 as u32,
+            0,
+        ]
+    }
+
+    /// The pool buffers of the group starting at `first`, padded with the placeholder to
+    /// the pools a dispatch binds.
+    fn pool_group(&self, first: usize) -> Vec<GBuf> {
+        let per = self.vram.pools_per_dispatch as usize;
+        let pools = &self.vram.pools;
+        let mut group: Vec<GBuf> = pools[first..pools.len().min(first + per)].to_vec();
+        while group.len() < per {
+            group.push(self.gpu.dummy.clone());
+        }
+        group
+    }
+
+    /// Records expert_gate_up.wgsl for pool group `first` and every pair of `routes`
+    /// (NORM variant when `norm` is given: `x` is then the raw residual).
+    fn dispatch_gate_up(
+        &mut self,
+        layer: usize,
+        first: usize,
+        x: &GpuAct,
+        routes: &GpuRoutes,
+        act: &GBuf,
+        norm: Option<&GBuf>,
+    ) -> Result<()> {
+        if layer >= self.cfg.num_layers {
+            return Err(Error::Backend(format!("no layer {layer}")));
+        }
+        let (i, k) = (self.cfg.intermediate_size, self.cfg.experts_per_token);
+        let pairs = routes.rows() * k;
+        let mut v = self.variant(Op::ExpertGateUp);
+        v.norm = norm.is_some();
+        // Two intermediate indices (four gate/up rows) per workgroup.
+        let (gx, gy) = self.gpu.grid(i.div_ceil(2) as u64)?;
+        let act_bytes = (pairs * i * 4) as u64;
+        let table = self.vram.table.clone();
+        let group = self.pool_group(first);
+        let mut p0 = 0;
+        while p0 < pairs {
+            let n = (self.gpu.max_groups as usize).min(pairs - p0);
+            let params = self.gate_up_params(layer, first, gx, p0);
+            let mut binds = vec![x.bind(), routes.bind(), Bind::whole(&table), Bind::first(act, act_bytes)];
+            binds.extend(group.iter().map(Bind::whole));
+            if let Some(w) = norm {
+                binds.push(Bind::whole(w));
+            }
+            self.gpu.dispatch(Op::ExpertGateUp, v, &params, &binds, (gx, gy, n as u32))?;
+            p0 += n;
+        }
+        Ok(())
+    }
+
     /// Records the expert kernels of `layer` for every pair whose expert is resident.
     pub(super) fn dispatch_experts(
         &mut self,
@@ -59,86 +161,138 @@ impl GpuBackend {
         act: &GBuf,
         contrib: &GBuf,
     ) -> Result<()> {
-        let cfg = Arc::clone(&self.cfg);
-        let (h, i, k) = (cfg.hidden_size, cfg.intermediate_size, cfg.experts_per_token);
+        let (h, i, k) = (self.cfg.hidden_size, self.cfg.intermediate_size, self.cfg.experts_per_token);
         let pairs = routes.rows() * k;
-        let lay = self.vram.layout;
-        let vg = self.variant(Op::ExpertGateUp);
         let vd = self.variant(Op::ExpertDown);
         let per = self.vram.pools_per_dispatch as usize;
-        let pools = self.vram.pools.clone();
         let table = self.vram.table.clone();
-        let spp = self.vram.slots_per_pool as u32;
-        let dummy = self.gpu.dummy.clone();
-        let (gx, gy) = self.gpu.grid(i as u64)?;
-        let (dx, dy) = self.gpu.grid(h as u64)?;
+        let (dx, dy) = self.gpu.grid(h.div_ceil(4) as u64)?; // four outputs per workgroup
         let act_bytes = (pairs * i * 4) as u64;
         let contrib_bytes = (pairs * h * 4) as u64;
-        for first in (0..pools.len()).step_by(per) {
-            let mut pool_binds: Vec<Bind<'_>> =
-                pools[first..pools.len().min(first + per)].iter().map(Bind::whole).collect();
-            while pool_binds.len() < per {
-                pool_binds.push(Bind::whole(&dummy));
-            }
+        for first in (0..self.vram.pools.len()).step_by(per) {
+            self.dispatch_gate_up(layer, first, x, routes, act, None)?;
+            let group = self.pool_group(first);
             let mut p0 = 0;
             while p0 < pairs {
                 let n = (self.gpu.max_groups as usize).min(pairs - p0);
-                let gu = [
-                    layer as u32,
-                    k as u32,
-                    cfg.num_experts as u32,
-                    h as u32,
-                    i as u32,
-                    first as u32,
-                    spp,
-                    lay.stride,
-                    lay.gu_w,
-                    lay.gu_s,
-                    lay.gu_b,
-                    lay.gu_row_words,
-                    lay.gu_groups,
-                    gx,
-                    p0 as u32,
-                    bits(cfg.swiglu_limit),
-                    bits(cfg.swiglu_alpha),
-                    activation_code(cfg.recipe.activation),
-                    0,
-                    0,
-                ];
-                let mut binds =
-                    vec![x.bind(), routes.bind(), Bind::whole(&table), Bind::first(act, act_bytes)];
-                binds.extend(pool_binds.iter().copied());
-                self.gpu.dispatch(Op::ExpertGateUp, vg, &gu, &binds, (gx, gy, n as u32))?;
-                let dn = [
-                    layer as u32,
-                    k as u32,
-                    cfg.num_experts as u32,
-                    h as u32,
-                    i as u32,
-                    first as u32,
-                    spp,
-                    lay.stride,
-                    lay.dn_w,
-                    lay.dn_s,
-                    lay.dn_b,
-                    lay.dn_row_words,
-                    lay.dn_groups,
-                    dx,
-                    p0 as u32,
-                    0,
-                ];
+                let params = self.down_params(layer, first, dx, p0);
                 let mut binds = vec![
                     Bind::first(act, act_bytes),
                     routes.bind(),
                     Bind::whole(&table),
                     Bind::first(contrib, contrib_bytes),
                 ];
-                binds.extend(pool_binds.iter().copied());
-                self.gpu.dispatch(Op::ExpertDown, vd, &dn, &binds, (dx, dy, n as u32))?;
+                binds.extend(group.iter().map(Bind::whole));
+                self.gpu.dispatch(Op::ExpertDown, vd, &params, &binds, (dx, dy, n as u32))?;
                 p0 += n;
             }
         }
         Ok(())
+    }
+
+    /// The whole MoE block of `layer` fused, when it applies:
+    /// `out_residual[r] += sum_j w[r][j] * expert_{e_j}(rms_norm(residual_in[r]) * norm)` over
+    /// each row's k routed experts in routing order (`routes`: k expert indices then k f32
+    /// weights per row), where the norm is computed inside expert_gate_up.wgsl (NORM) and
+    /// the down projection, bias, weighted sum and residual add in one expert_down.wgsl
+    /// dispatch (COMBINE). The result is bit-identical to `rms_norm` + `experts` + `add`.
+    ///
+    /// Applies only when one dispatch covers every pair: every expert resident, every pool
+    /// bound by one dispatch, the norm weight bindable beside them, and at most
+    /// `max_compute_workgroups_per_dimension` rows. Otherwise returns `Ok(false)` having
+    /// recorded nothing, and the caller runs the unfused chain. `residual_in` may be
+    /// `out_residual` (the usual `h += moe(norm(h))`).
+    /// Whether [`Self::experts_fused`] takes `rows` rows: every expert resident and every
+    /// pool bound by one dispatch, so one dispatch computes every pair in routing order.
+    pub(super) fn experts_fusable(&self, rows: usize) -> bool {
+        let per = self.vram.pools_per_dispatch;
+        self.vram.is_full()
+            && self.vram.pools.len() <= per as usize
+            && per + 5 <= self.gpu.max_storage_bindings
+            && rows <= self.gpu.max_groups as usize
+    }
+
+    /// The MoE half of a layer in four kernels when every expert is resident and no
+    /// prediction runs: the router over the residual with the MLP norm inside the product
+    /// (matvec NORM), router_topk, gate/up with the same norm inside (expert_gate_up NORM),
+    /// and down with the routing-weighted sum and the residual add (expert_down COMBINE).
+    /// `false`, having recorded nothing, otherwise (a dense layer, partial residency, or
+    /// the prediction on): the forward pass then runs the ops.
+    pub(super) fn run_fused_moe(&mut self, layer: usize, x: &GpuAct, routes: &GpuRoutes) -> Result<bool> {
+        let rows = x.rows();
+        if self.predict || !self.experts_fusable(rows) || routes.rows() != rows {
+            return Ok(false);
+        }
+        let owner =
+            self.layers.get(layer).cloned().ok_or_else(|| Error::Backend(format!("no layer {layer}")))?;
+        let Some(router) = owner.router() else {
+            return Ok(false);
+        };
+        let logits = self.alloc(rows, self.cfg.num_experts)?;
+        self.matvec_fused(&router.m, router.bias.as_ref(), x, &logits, Some(&owner.mlp_norm), false)?;
+        self.topk(&logits, routes)?;
+        if !self.experts_fused(layer, x, &owner.mlp_norm, routes, x)? {
+            return Err(Error::Backend(format!("layer {layer}: the fused experts refused a fusable block")));
+        }
+        Ok(true)
+    }
+
+    pub(super) fn experts_fused(
+        &mut self,
+        layer: usize,
+        residual_in: &GpuAct,
+        norm: &GBuf,
+        routes: &GpuRoutes,
+        out_residual: &GpuAct,
+    ) -> Result<bool> {
+        let (h, i, k) = (self.cfg.hidden_size, self.cfg.intermediate_size, self.cfg.experts_per_token);
+        let rows = residual_in.rows();
+        check_shape("experts in", residual_in, rows, h)?;
+        check_shape("experts out", out_residual, rows, h)?;
+        if routes.rows() != rows {
+            return Err(Error::Backend(format!("experts: {} routing rows for {rows} rows", routes.rows())));
+        }
+        if norm.size < (h * 4) as u64 {
+            return Err(Error::Backend(format!("experts: a norm weight of {} bytes", norm.size)));
+        }
+        if !self.experts_fusable(rows) {
+            return Ok(false);
+        }
+        let pairs = rows * k;
+        self.vram.stats.hits += pairs as u64;
+        let act = self.scratch((pairs * i * 4) as u64)?;
+        self.dispatch_gate_up(layer, 0, residual_in, routes, act.buf(), Some(norm))?;
+        let mut v = self.variant(Op::ExpertDown);
+        v.combine = true;
+        let (dx, dy) = self.gpu.grid(h.div_ceil(4) as u64)?; // four outputs per workgroup
+        let params = self.down_params(layer, 0, dx, 0);
+        let table = self.vram.table.clone();
+        let group = self.pool_group(0);
+        let mut binds = vec![
+            Bind::first(act.buf(), (pairs * i * 4) as u64),
+            routes.bind(),
+            Bind::whole(&table),
+            out_residual.bind(),
+        ];
+        binds.extend(group.iter().map(Bind::whole));
+        self.gpu.dispatch(Op::ExpertDown, v, &params, &binds, (dx, dy, rows as u32))?;
+        Ok(true)
+    }
+
+    /// [`Self::experts_fused`] with `layer`'s MLP norm weight, for the forward pass's fused
+    /// orchestration and for tests: `out_residual += experts(rms_norm_mlp(residual_in))`
+    /// (the two may be the same activation) when every
+    /// expert is resident in one pool group (returns `Ok(true)`), else `Ok(false)` with
+    /// nothing recorded.
+    pub fn mlp_experts_fused(
+        &mut self,
+        layer: usize,
+        residual_in: &GpuAct,
+        routes: &GpuRoutes,
+        out_residual: &GpuAct,
+    ) -> Result<bool> {
+        let w = self.norm_weight(NormId::Mlp(layer))?;
+        self.experts_fused(layer, residual_in, &w, routes, out_residual)
     }
 
     pub(super) fn run_route(&mut self, layer: usize, x: &GpuAct, routes: &mut GpuRoutes) -> Result<()> {
