@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 
 use super::super::buffers::GpuAct;
 use super::super::context::{Bind, GBuf, STORAGE_ALIGN};
-use super::super::shaders::Op;
+use super::super::shaders::{Op, Variant};
 use super::super::weights::GpuMatrix;
 use super::model::{GpuFfn, GpuLayer, GpuLinear};
 use super::{GpuBackend, TOKENS_PER_GROUP, activation_code, bits, check_shape};
@@ -248,6 +248,39 @@ impl GpuBackend {
             self.dense_block(gate_up, down, &xs, &ys)?;
             self.copy_words(ys.buf(), 0, out.buf(), t0 * h, n * h)?;
             t0 += n;
+        }
+        Ok(())
+    }
+
+    /// Builds the fused kernel variants a fused forward pass uses (so that a broken shader
+    /// fails at load, not mid-token): NORM and ACCUMULATE of every dense matrix format in the
+    /// model, and, when [`Self::experts_fused`] can apply (every expert resident in one
+    /// pool group), expert_gate_up NORM and expert_down COMBINE. Unfused variants are built
+    /// by `prepare_kernels`.
+    pub fn prepare_fused_kernels(&mut self) -> Result<()> {
+        let mut ops: Vec<Op> = self
+            .layers
+            .iter()
+            .flat_map(|l| {
+                [l.q.m.op, l.k.m.op, l.v.m.op, l.o.m.op]
+                    .into_iter()
+                    .chain(l.ffn.matrices().into_iter().map(|m| m.op))
+            })
+            .collect();
+        ops.push(self.head.op);
+        ops.sort_by_key(|op| op.file());
+        ops.dedup();
+        for op in ops {
+            for (norm, accumulate) in [(true, false), (false, true)] {
+                let v = Variant { norm, accumulate, ..self.variant(op) };
+                self.gpu.prepare(op, v)?;
+            }
+        }
+        if self.fused_experts_fit(1) {
+            let gate_up = Variant { norm: true, ..self.variant(Op::ExpertGateUp) };
+            self.gpu.prepare(Op::ExpertGateUp, gate_up)?;
+            let down = Variant { combine: true, ..self.variant(Op::ExpertDown) };
+            self.gpu.prepare(Op::ExpertDown, down)?;
         }
         Ok(())
     }

@@ -190,6 +190,17 @@ impl GpuBackend {
         Ok(())
     }
 
+    /// True when [`Self::experts_fused`] applies to `rows` token rows: every expert
+    /// resident, every pool bound by one dispatch, the norm weight bindable beside them
+    /// (5 + pools storage bindings), and the rows within one grid dimension.
+    pub(super) fn fused_experts_fit(&self, rows: usize) -> bool {
+        let per = self.vram.pools_per_dispatch;
+        self.vram.is_full()
+            && self.vram.pools.len() <= per as usize
+            && per + 5 <= self.gpu.max_storage_bindings
+            && rows <= self.gpu.max_groups as usize
+    }
+
     /// The whole MoE block of `layer` fused, when it applies:
     /// `out_residual[r] += sum_j w[r][j] * expert_{e_j}(rms_norm(residual_in[r]) * norm)` over
     /// each row's k routed experts in routing order (`routes`: k expert indices then k f32
@@ -220,12 +231,7 @@ impl GpuBackend {
         if norm.size < (h * 4) as u64 {
             return Err(Error::Backend(format!("experts: a norm weight of {} bytes", norm.size)));
         }
-        let per = self.vram.pools_per_dispatch;
-        let fits = self.vram.is_full()
-            && self.vram.pools.len() <= per as usize
-            && per + 5 <= self.gpu.max_storage_bindings
-            && rows <= self.gpu.max_groups as usize;
-        if !fits {
+        if !self.fused_experts_fit(rows) {
             return Ok(false);
         }
         let pairs = rows * k;
