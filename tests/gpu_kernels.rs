@@ -720,6 +720,7 @@ fn fused_norm_product_matches_cpu_rms_norm_then_product() {
             let model = random_model(31, fmt, Fmt::Int4);
             let cfg = model.config.clone();
             let (mut c, mut g) = (cpu(&model), gpu(&model, opts));
+            g.prepare_fused_kernels().unwrap();
             let mut rng = Rng::new(32);
             for (id, norm, cols, rows_out) in fused_linears(&cfg) {
                 for tokens in [1, 3, 5, 9] {
@@ -878,6 +879,7 @@ fn fused_experts_match_cpu_norm_experts_combine_add() {
             for (vram, binding) in [(total * slot * 4, None), (1, None), (total * slot * 4, Some(3 * slot))] {
                 let opts = GpuOptions { vram_bytes: Some(vram), max_binding_bytes: binding, ..base.clone() };
                 let mut g = gpu(model, &opts);
+                g.prepare_fused_kernels().unwrap();
                 let shape = g.residency();
                 let fused = shape.3 && shape.1 <= shape.2 as usize;
                 if binding.is_none() {

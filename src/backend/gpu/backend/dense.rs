@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 
 use super::super::buffers::GpuAct;
 use super::super::context::{Bind, GBuf, STORAGE_ALIGN};
-use super::super::shaders::Op;
+use super::super::shaders::{Op, Variant};
 use super::super::weights::GpuMatrix;
 use super::model::{GpuFfn, GpuLayer, GpuLinear};
 use super::{GpuBackend, TOKENS_PER_GROUP, activation_code, bits, check_shape};
@@ -252,6 +252,37 @@ impl GpuBackend {
         Ok(())
     }
 
+    /// Builds the fused kernel variants a fused forward pass uses (so that a broken shader
+    /// fails at load, not mid-token): NORM and ACCUMULATE of every dense matrix format in the
+    /// model, and, when [`Self::experts_fused`] can apply (every expert resident in one
+    /// pool group), expert_gate_up NORM and expert_down COMBINE. Unfused variants are built
+    /// by `prepare_kernels`.
+    pub fn prepare_fused_kernels(&mut self) -> Result<()> {
+        let mut ops: Vec<Op> = self
+            .layers
+            .iter()
+            .flat_map(|l| {
+                [l.qkv.m.op, l.o.m.op].into_iter().chain(l.ffn.matrices().into_iter().map(|m| m.op))
+            })
+            .collect();
+        ops.push(self.head.op);
+        ops.sort_by_key(|op| op.file());
+        ops.dedup();
+        for op in ops {
+            for (norm, accumulate) in [(true, false), (false, true)] {
+                let v = Variant { norm, accumulate, ..self.variant(op) };
+                self.gpu.prepare(op, v)?;
+            }
+        }
+        if self.fused_experts_fit(1) {
+            let gate_up = Variant { norm: true, ..self.variant(Op::ExpertGateUp) };
+            self.gpu.prepare(Op::ExpertGateUp, gate_up)?;
+            let down = Variant { combine: true, ..self.variant(Op::ExpertDown) };
+            self.gpu.prepare(Op::ExpertDown, down)?;
+        }
+        Ok(())
+    }
+
     /// The norm weight of `norm` (attention, MLP or final; QK-norm weights are per head).
     pub(super) fn norm_weight(&self, norm: NormId) -> Result<GBuf> {
         let layer = |l: usize| self.layers.get(l).ok_or_else(|| Error::Backend(format!("no layer {l}")));
@@ -319,7 +350,12 @@ impl GpuBackend {
 
     /// The stacked query/key/value product of `layer` over `x`: `[rows, q_dim + 2 kv_dim]`;
     /// with `norm`, `x` is the raw residual normalized inside the product.
-    pub(super) fn qkv_product(&mut self, layer: &GpuLayer, x: &GpuAct, norm: Option<&GBuf>) -> Result<GpuAct> {
+    pub(super) fn qkv_product(
+        &mut self,
+        layer: &GpuLayer,
+        x: &GpuAct,
+        norm: Option<&GBuf>,
+    ) -> Result<GpuAct> {
         let qkv = self.alloc(x.rows(), layer.qkv.m.rows)?;
         self.matvec_fused(&layer.qkv.m, layer.qkv.bias.as_ref(), x, &qkv, norm, false)?;
         Ok(qkv)

@@ -240,6 +240,7 @@ impl GpuBackend {
         };
         b.stats.decode.layer_dispatches = vec![0; b.cfg.num_layers];
         b.prepare_kernels()?;
+        b.prepare_fused_kernels()?;
         b.gpu.sync()?;
         b.stats.full_residency = b.vram.is_full();
         tracing::info!("{}", b.describe());
@@ -531,6 +532,7 @@ impl Backend for GpuBackend {
         k: &mut GpuAct,
         v: &mut GpuAct,
     ) -> Result<()> {
+        self.enter(Segment::Layer(layer));
         self.run_linear_qkv(layer, x, q, k, v)
     }
 
@@ -542,26 +544,31 @@ impl Backend for GpuBackend {
         if start_pos >= self.capacity {
             return Err(Error::ContextFull { needed: start_pos + 1, capacity: self.capacity });
         }
+        self.enter(Segment::Layer(layer));
         self.run_fused_attention(layer, &[SeqPos { seq: self.current, pos: start_pos }], x)
     }
 
     fn fused_attention_rows(&mut self, layer: usize, rows: &[SeqPos], x: &mut GpuAct) -> Result<bool> {
         check_step_rows(x.rows(), rows, self.kv.len(), self.capacity)?;
+        self.enter(Segment::Layer(layer));
         self.run_fused_attention(layer, rows, x)
     }
 
     fn fused_moe(&mut self, layer: usize, x: &mut GpuAct, routes: &mut GpuRoutes) -> Result<bool> {
+        self.enter(Segment::Layer(layer));
         self.run_fused_moe(layer, x, routes)
     }
 
     fn fused_head(&mut self, x: &GpuAct, logits: &mut GpuAct) -> Result<bool> {
         // The final norm runs inside the head's product (matvec NORM variant).
+        self.enter(Segment::Head);
         let (head, norm) = (Arc::clone(&self.head), self.final_norm.clone());
         self.matvec_fused(&head, None, x, logits, Some(&norm), false)?;
         Ok(true)
     }
 
     fn argmax_rows(&mut self, logits: &GpuAct, first_position: usize) -> Result<Vec<u32>> {
+        self.enter(Segment::Head);
         self.run_argmax(logits, first_position)
     }
 

@@ -190,6 +190,17 @@ impl GpuBackend {
         Ok(())
     }
 
+    /// True when [`Self::experts_fused`] applies to `rows` token rows: every expert
+    /// resident, every pool bound by one dispatch, the norm weight bindable beside them
+    /// (5 + pools storage bindings), and the rows within one grid dimension.
+    pub(super) fn fused_experts_fit(&self, rows: usize) -> bool {
+        let per = self.vram.pools_per_dispatch;
+        self.vram.is_full()
+            && self.vram.pools.len() <= per as usize
+            && per + 5 <= self.gpu.max_storage_bindings
+            && rows <= self.gpu.max_groups as usize
+    }
+
     /// The whole MoE block of `layer` fused, when it applies:
     /// `out_residual[r] += sum_j w[r][j] * expert_{e_j}(rms_norm(residual_in[r]) * norm)` over
     /// each row's k routed experts in routing order (`routes`: k expert indices then k f32
@@ -202,16 +213,6 @@ impl GpuBackend {
     /// `max_compute_workgroups_per_dimension` rows. Otherwise returns `Ok(false)` having
     /// recorded nothing, and the caller runs the unfused chain. `residual_in` may be
     /// `out_residual` (the usual `h += moe(norm(h))`).
-    /// Whether [`Self::experts_fused`] takes `rows` rows: every expert resident and every
-    /// pool bound by one dispatch, so one dispatch computes every pair in routing order.
-    pub(super) fn experts_fusable(&self, rows: usize) -> bool {
-        let per = self.vram.pools_per_dispatch;
-        self.vram.is_full()
-            && self.vram.pools.len() <= per as usize
-            && per + 5 <= self.gpu.max_storage_bindings
-            && rows <= self.gpu.max_groups as usize
-    }
-
     /// The MoE half of a layer in four kernels when every expert is resident and no
     /// prediction runs: the router over the residual with the MLP norm inside the product
     /// (matvec NORM), router_topk, gate/up with the same norm inside (expert_gate_up NORM),
@@ -220,7 +221,7 @@ impl GpuBackend {
     /// the prediction on): the forward pass then runs the ops.
     pub(super) fn run_fused_moe(&mut self, layer: usize, x: &GpuAct, routes: &GpuRoutes) -> Result<bool> {
         let rows = x.rows();
-        if self.predict || !self.experts_fusable(rows) || routes.rows() != rows {
+        if self.predict || !self.fused_experts_fit(rows) || routes.rows() != rows {
             return Ok(false);
         }
         let owner =
@@ -255,7 +256,7 @@ impl GpuBackend {
         if norm.size < (h * 4) as u64 {
             return Err(Error::Backend(format!("experts: a norm weight of {} bytes", norm.size)));
         }
-        if !self.experts_fusable(rows) {
+        if !self.fused_experts_fit(rows) {
             return Ok(false);
         }
         let pairs = rows * k;
