@@ -314,10 +314,10 @@ impl GpuBackend {
         let layer =
             |l: usize| self.layers.get(l).cloned().ok_or_else(|| Error::Backend(format!("no layer {l}")));
         let (q, kv) = (self.cfg.q_dim(), self.cfg.kv_dim());
-        let (owner, col0) = match id {
-            LinearId::Q(l) => (layer(l)?, 0),
-            LinearId::K(l) => (layer(l)?, q),
-            LinearId::V(l) => (layer(l)?, q + kv),
+        let (owner, col0, width) = match id {
+            LinearId::Q(l) => (layer(l)?, 0, q),
+            LinearId::K(l) => (layer(l)?, q, kv),
+            LinearId::V(l) => (layer(l)?, q + kv, kv),
             LinearId::O(l) => {
                 let owner = layer(l)?;
                 return self.matvec_fused(&owner.o.m, owner.o.bias.as_ref(), x, out, w, accumulate);
@@ -335,6 +335,8 @@ impl GpuBackend {
             }
         };
         // One projection alone: the stacked product, then its columns.
+        let want = (x.rows(), width);
+        crate::backend::check_shape(&format!("{id:?} out"), (out.rows(), out.width()), want)?;
         let qkv = self.qkv_product(&owner, x, w)?;
         if !accumulate {
             return self.gather_cols(&qkv, col0, out);
