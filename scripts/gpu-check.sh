@@ -12,7 +12,7 @@
 #
 # Build first (here):
 #   cargo build --release
-#   cargo test --release --no-run --test gpu_translate --test gpu_kernels --test gpu_parity \
+#   cargo test --release --no-run --test gpu_translate --test gpu_kernels --test gpu_fused --test gpu_parity \
 #       --test gpu_slots --test gpu_qwen3 --test gpu_cli
 #
 # For the device machine's carry (ignored paths only, 64 MiB): --prepare target/gpu-pack, then
@@ -48,7 +48,7 @@ while [ $# -gt 0 ]; do
     shift
 done
 
-GPU_TESTS="gpu_translate gpu_kernels gpu_parity gpu_slots gpu_qwen3 gpu_cli"
+GPU_TESTS="gpu_translate gpu_kernels gpu_fused gpu_parity gpu_slots gpu_qwen3 gpu_cli"
 
 # The newest executable of test $1 under $2 (cargo names them NAME-HASH).
 newest_test() {
