@@ -267,6 +267,35 @@ impl<P: FnMut(&CaseResult)> Bench<'_, P> {
             cfg.head_dim,
             pos + 1
         );
-        self.record("attention", &format!("f32 cache, ctx {}", pos + 1), detail, bytes, layers, t)
+        self.record("attention", &format!("f32 cache, ctx {}", pos + 1), detail, bytes, layers, t)?;
+        self.attention_half(ctx)
+    }
+
+    /// A decoded token's whole attention half as the forward pass runs it on the GPU
+    /// (`Backend::fused_attention`: the stacked Q/K/V product with the norm inside,
+    /// attention_decode over the key splits, attention_merge, the output projection added to
+    /// the residual) over `ctx` cached positions, cycling through the layers.
+    fn attention_half(&mut self, ctx: usize) -> Result<()> {
+        let cfg = self.model.config.clone();
+        let (kv, h, layers) = (cfg.kv_dim(), cfg.hidden_size, cfg.num_layers);
+        let pos = ctx.clamp(1, self.b.capacity()) - 1;
+        let attn = &self.model.dense.layers[0].attn;
+        let weights: usize = [&attn.q, &attn.k, &attn.v, &attn.o].iter().map(|l| l.weight.byte_len()).sum();
+        let bytes = (weights + 2 * (pos + 1) * kv * 4 + 2 * h * 4) as u64;
+        let format = attn.q.weight.format_name();
+        let mut x = self.b.upload(1, h, &vec![0.1; h])?;
+        let t = self.time(|b, i| {
+            if b.fused_attention(i % layers, pos, &mut x)? {
+                Ok(())
+            } else {
+                Err(crate::error::Error::Backend("this shape has no fused decode attention".into()))
+            }
+        })?;
+        let detail = format!(
+            "norm + Q/K/V [{} x {h}] + attention over {} positions + O + residual, {format} weights",
+            cfg.q_dim() + 2 * kv,
+            pos + 1
+        );
+        self.record("attention half (fused)", &format!("ctx {}", pos + 1), detail, bytes, layers, t)
     }
 }
