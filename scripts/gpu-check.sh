@@ -16,7 +16,7 @@
 #       --test gpu_slots --test gpu_qwen3 --test gpu_cli
 #
 # For the device machine's carry (ignored paths only, 64 MiB): --prepare target/gpu-pack, then
-# carry target/gpu-pack.tar.xz (27 MB with 3 test executables; about 45 MB with all 6 expected)
+# carry target/gpu-pack.tar.xz (38 MB with the binary and all 7 GPU test executables, measured at 529ae7f)
 # and run: mkdir -p /tmp/p && tar -C /tmp/p -xf target/gpu-pack.tar.xz && /tmp/p/gpu-check.sh "$OUT"
 #
 # --small: small shapes everywhere (bench-gpu --quick, a 2-layer synthetic of hidden 256) to
