@@ -235,8 +235,7 @@ impl GpuBackend {
         };
         let cfg = Arc::clone(&self.cfg);
         let n = x.rows();
-        let owner =
-            self.layers.get(layer).cloned().ok_or_else(|| Error::Backend(format!("no layer {layer}")))?;
+        let owner = self.layer(layer)?;
         // The attention norm runs inside the product (matvec NORM variant).
         let qkv = self.qkv_product(&owner, x, Some(&owner.attn_norm))?;
         let attn = self.alloc(n, cfg.q_dim())?;

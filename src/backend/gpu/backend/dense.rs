@@ -222,8 +222,7 @@ impl GpuBackend {
         let cfg = Arc::clone(&self.cfg);
         let rows = x.rows();
         check_shape("dense mlp out", out, rows, cfg.hidden_size)?;
-        let owner =
-            self.layers.get(layer).cloned().ok_or_else(|| Error::Backend(format!("no layer {layer}")))?;
+        let owner = self.layer(layer)?;
         let GpuFfn::Dense { gate_up, down } = &owner.ffn else {
             return Err(Error::Backend(format!("layer {layer} is a MoE layer, not a dense one")));
         };
@@ -258,16 +257,7 @@ impl GpuBackend {
     /// pool group), expert_gate_up NORM and expert_down COMBINE. Unfused variants are built
     /// by `prepare_kernels`.
     pub fn prepare_fused_kernels(&mut self) -> Result<()> {
-        let mut ops: Vec<Op> = self
-            .layers
-            .iter()
-            .flat_map(|l| {
-                [l.qkv.m.op, l.o.m.op].into_iter().chain(l.ffn.matrices().into_iter().map(|m| m.op))
-            })
-            .collect();
-        ops.push(self.head.op);
-        ops.sort_by_key(|op| op.file());
-        ops.dedup();
+        let ops = self.matrix_ops();
         for op in ops {
             for (norm, accumulate) in [(true, false), (false, true)] {
                 let v = Variant { norm, accumulate, ..self.variant(op) };
@@ -311,8 +301,7 @@ impl GpuBackend {
     ) -> Result<()> {
         let w = norm.map(|n| self.norm_weight(n)).transpose()?;
         let w = w.as_ref();
-        let layer =
-            |l: usize| self.layers.get(l).cloned().ok_or_else(|| Error::Backend(format!("no layer {l}")));
+        let layer = |l: usize| self.layer(l);
         let (q, kv) = (self.cfg.q_dim(), self.cfg.kv_dim());
         let (owner, col0, width) = match id {
             LinearId::Q(l) => (layer(l)?, 0, q),
@@ -372,8 +361,7 @@ impl GpuBackend {
         k: &mut GpuAct,
         v: &mut GpuAct,
     ) -> Result<()> {
-        let owner =
-            self.layers.get(layer).cloned().ok_or_else(|| Error::Backend(format!("no layer {layer}")))?;
+        let owner = self.layer(layer)?;
         let (qd, kvd) = (self.cfg.q_dim(), self.cfg.kv_dim());
         let qkv = self.qkv_product(&owner, x, None)?;
         self.gather_cols(&qkv, 0, q)?;

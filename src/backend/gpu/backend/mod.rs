@@ -259,33 +259,31 @@ impl GpuBackend {
         v
     }
 
-    fn prepare_kernels(&mut self) -> Result<()> {
-        let mut ops = vec![
-            Op::RmsNorm,
-            Op::RmsNormHeads,
-            Op::Rope,
-            Op::Attention,
-            Op::RouterTopk,
-            Op::RouteAgree,
-            Op::Add,
-            Op::MoeCombine,
-            Op::ExpertGateUp,
-            Op::ExpertDown,
-            Op::KvStore,
-            Op::Copy,
-            Op::Glu,
-            Op::GatherCols,
-            Op::AttentionDecode,
-            Op::AttentionMerge,
-            Op::Argmax,
-        ];
-        for l in &self.layers {
-            for m in [&l.qkv.m, &l.o.m].into_iter().chain(l.ffn.matrices()) {
-                ops.push(m.op);
-            }
-        }
-        ops.push(self.head.op);
+    /// The kernels of the model's dense matrices (one per storage format in use), in a
+    /// fixed order without repeats.
+    fn matrix_ops(&self) -> Vec<Op> {
+        let mut ops: Vec<Op> = self
+            .layers
+            .iter()
+            .flat_map(|l| {
+                [l.qkv.m.op, l.o.m.op].into_iter().chain(l.ffn.matrices().into_iter().map(|m| m.op))
+            })
+            .chain([self.head.op])
+            .collect();
+        ops.sort_by_key(|op| op.file());
         ops.dedup();
+        ops
+    }
+
+    /// The layer `l`, or an error naming it.
+    fn layer(&self, l: usize) -> Result<Arc<GpuLayer>> {
+        self.layers.get(l).cloned().ok_or_else(|| Error::Backend(format!("no layer {l}")))
+    }
+
+    fn prepare_kernels(&mut self) -> Result<()> {
+        // Every op but the products in their unused formats.
+        let mut ops: Vec<Op> = Op::ALL.into_iter().filter(|op| !op.is_matvec()).collect();
+        ops.extend(self.matrix_ops());
         for op in ops {
             let v = self.variant(op);
             self.gpu.prepare(op, v)?;
@@ -496,7 +494,7 @@ impl Backend for GpuBackend {
                 x.width()
             )));
         }
-        let layer = self.layers.get(l).cloned().ok_or_else(|| Error::Backend(format!("no layer {l}")))?;
+        let layer = self.layer(l)?;
         self.enter(Segment::Layer(l));
         let (q, k) = layer.qk_norm.as_ref().ok_or_else(|| {
             Error::Backend(format!("layer {l} has no QK-norm weights (the recipe has no QK-norm)"))

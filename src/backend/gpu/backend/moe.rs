@@ -224,8 +224,7 @@ impl GpuBackend {
         if self.predict || !self.fused_experts_fit(rows) || routes.rows() != rows {
             return Ok(false);
         }
-        let owner =
-            self.layers.get(layer).cloned().ok_or_else(|| Error::Backend(format!("no layer {layer}")))?;
+        let owner = self.layer(layer)?;
         let Some(router) = owner.router() else {
             return Ok(false);
         };
