@@ -12,11 +12,11 @@
 #
 # Build first (here):
 #   cargo build --release
-#   cargo test --release --no-run --test gpu_translate --test gpu_kernels --test gpu_fused --test gpu_parity \
-#       --test gpu_slots --test gpu_qwen3 --test gpu_cli
+#   cargo test --release --no-run --test gpu_translate --test gpu_kernels --test gpu_fused --test gpu_sampling \
+#       --test gpu_parity --test gpu_slots --test gpu_qwen3 --test gpu_cli
 #
 # For the device machine's carry (ignored paths only, 64 MiB): --prepare target/gpu-pack, then
-# carry target/gpu-pack.tar.xz (38 MB with the binary and all 7 GPU test executables, measured at 529ae7f)
+# carry target/gpu-pack.tar.xz (38 MB with the binary and the 7 GPU test executables, measured at 529ae7f)
 # and run: mkdir -p /tmp/p && tar -C /tmp/p -xf target/gpu-pack.tar.xz && /tmp/p/gpu-check.sh "$OUT"
 #
 # --small: small shapes everywhere (bench-gpu --quick, a 2-layer synthetic of hidden 256) to
@@ -48,7 +48,7 @@ while [ $# -gt 0 ]; do
     shift
 done
 
-GPU_TESTS="gpu_translate gpu_kernels gpu_fused gpu_parity gpu_slots gpu_qwen3 gpu_cli"
+GPU_TESTS="gpu_translate gpu_kernels gpu_fused gpu_sampling gpu_parity gpu_slots gpu_qwen3 gpu_cli"
 
 # The newest executable of test $1 under $2 (cargo names them NAME-HASH).
 newest_test() {

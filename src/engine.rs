@@ -21,6 +21,7 @@ use crate::model::weights::{
     AttentionWeights, DenseWeights, ExpertWeights, FeedForward, LayerWeights, Linear,
 };
 use crate::model::{Forward, LogitRows, Observer};
+use crate::sample::{PlannedLogits, SamplePlan};
 use crate::system::gib;
 
 /// A model on a backend, ready to run positions.
@@ -48,6 +49,15 @@ pub trait Runner: Send {
         let logits = self.forward(ids, start_pos, LogitRows::Last, &mut crate::model::NoObserver)?;
         crate::sample::check_finite(&logits, start_pos + ids.len().saturating_sub(1))?;
         Ok(crate::model::math::argmax_with_margin(&logits).0 as u32)
+    }
+    /// Runs `ids` at positions `start_pos..` and hands back the last position's logits
+    /// adjusted and reduced as `plan` asks ([`crate::sample::Sampler::plan`]), for
+    /// [`crate::sample::Sampler::finish`]. The default computes the logits and adjusts them
+    /// on the host; a runner on a GPU ranks candidates there and reads back kilobytes.
+    fn forward_planned(&mut self, ids: &[u32], start_pos: usize, plan: &SamplePlan) -> Result<PlannedLogits> {
+        let mut logits = self.forward(ids, start_pos, LogitRows::Last, &mut crate::model::NoObserver)?;
+        plan.adjust_logits(&mut logits);
+        Ok(PlannedLogits::Full(logits))
     }
     /// Most positions one forward call computes at once (the prefill block, `--prefill-block`);
     /// a session feeds long prompts in blocks of this size so it can stop between them.
@@ -131,6 +141,10 @@ impl<B: Backend + Send> Runner for Forward<B> {
 
     fn forward_greedy(&mut self, ids: &[u32], start_pos: usize) -> Result<u32> {
         self.run_greedy(ids, start_pos)
+    }
+
+    fn forward_planned(&mut self, ids: &[u32], start_pos: usize, plan: &SamplePlan) -> Result<PlannedLogits> {
+        self.run_planned(ids, start_pos, plan)
     }
 
     fn times(&self) -> PhaseTimes {

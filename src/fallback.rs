@@ -10,6 +10,7 @@ use crate::error::{Error, Result};
 use crate::experts::ExpertStats;
 use crate::model::forward::PhaseTimes;
 use crate::model::{LogitRows, NoObserver, Observer};
+use crate::sample::{PlannedLogits, SamplePlan};
 
 /// A GPU runner with a CPU fallback.
 pub struct FallbackRunner {
@@ -100,6 +101,21 @@ impl Runner for FallbackRunner {
         self.history[0].truncate(start_pos);
         self.history[0].extend_from_slice(ids);
         Ok(token)
+    }
+
+    fn forward_planned(&mut self, ids: &[u32], start_pos: usize, plan: &SamplePlan) -> Result<PlannedLogits> {
+        self.check_position(0, start_pos)?;
+        let out = match self.current.forward_planned(ids, start_pos, plan) {
+            Err(Error::Backend(why)) if self.on_gpu => {
+                self.history[0].truncate(start_pos);
+                self.fall_back(&why)?;
+                self.current.forward_planned(ids, start_pos, plan)?
+            }
+            r => r?,
+        };
+        self.history[0].truncate(start_pos);
+        self.history[0].extend_from_slice(ids);
+        Ok(out)
     }
 
     fn add_sequence(&mut self) -> Result<usize> {

@@ -7,7 +7,7 @@
 use crate::engine::Runner;
 use crate::error::{Error, Result};
 use crate::model::{LogitRows, NoObserver, Observer};
-use crate::sample::{Sampled, Sampler};
+use crate::sample::{PlannedLogits, SamplePlan, Sampled, Sampler};
 
 /// Why generation stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -43,9 +43,17 @@ pub struct Session {
     /// The logit rows of the last forward pass (its last row belongs to the last consumed
     /// token); empty when they were not computed or no longer match the cache.
     logits: Vec<f32>,
-    /// The greedy next token after the last consumed one, when the last forward pass was a
-    /// greedy step ([`Runner::forward_greedy`]) instead of logits.
-    next_token: Option<u32>,
+    /// The next pick after the last consumed token, when the last forward pass was a
+    /// greedy or planned step instead of logits.
+    next_token: Option<Pending>,
+}
+
+/// The next pick, as a greedy or planned step left it.
+enum Pending {
+    /// The greedy token ([`Runner::forward_greedy`]).
+    Greedy(u32),
+    /// A planned pick and what the runner handed back for it ([`Runner::forward_planned`]).
+    Planned(Box<(SamplePlan, PlannedLogits)>),
 }
 
 impl Session {
@@ -200,7 +208,21 @@ impl Session {
         self.next_token = None;
         let next = self.runner.forward_greedy(&[token], self.pos())?;
         self.tokens.push(token);
-        self.next_token = Some(next);
+        self.next_token = Some(Pending::Greedy(next));
+        Ok(())
+    }
+
+    /// Consumes `token` and keeps what the runner hands back for the sampler's planned
+    /// next pick instead of logits (on a GPU, candidates of a few kilobytes). On error
+    /// nothing has changed but the logits, which no longer match.
+    fn consume_planned(&mut self, token: u32, plan: SamplePlan) -> Result<()> {
+        self.check_ids(&[token])?;
+        self.check_fits(self.pos(), 1)?;
+        self.logits.clear();
+        self.next_token = None;
+        let handed = self.runner.forward_planned(&[token], self.pos(), &plan)?;
+        self.tokens.push(token);
+        self.next_token = Some(Pending::Planned(Box::new((plan, handed))));
         Ok(())
     }
 
@@ -262,7 +284,11 @@ impl Session {
                 return Ok(Generation { tokens: out, stop: StopReason::ContextFull });
             }
             let sampled = match self.next_token.take() {
-                Some(token) => Sampled::token(token),
+                Some(Pending::Greedy(token)) => Sampled::token(token),
+                Some(Pending::Planned(planned)) => {
+                    let (plan, handed) = *planned;
+                    sampler.finish(&plan, &handed)?
+                }
                 None => {
                     let Some(logits) = self.last_logits() else {
                         break;
@@ -281,8 +307,12 @@ impl Session {
             let more = keep_going && !is_stop && out.len() < max_new;
             // Consume what was emitted, so the cache matches the history. A plain greedy
             // sampler takes the next token straight from the runner.
+            // Any other sampler without a grammar plans its pick, so the runner reduces the
+            // logits where they are.
             if more && sampler.is_plain_greedy() {
                 self.consume_greedy(token)?;
+            } else if let Some(plan) = more.then(|| sampler.plan(&self.tokens, &[token])).flatten() {
+                self.consume_planned(token, plan)?;
             } else {
                 self.consume(
                     &[token],

@@ -11,8 +11,9 @@ pub mod gpu;
 pub use decode_counters::DecodeCounters;
 
 use crate::config::ModelConfig;
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::experts::ExpertStats;
+use crate::sample::{PlannedLogits, SamplePlan};
 
 /// A dense linear layer of the model, by role.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -279,6 +280,23 @@ pub trait Backend {
             out.push(crate::model::math::argmax_with_margin(row).0 as u32);
         }
         Ok(out)
+    }
+
+    /// The last row of `logits` (`[rows, vocab]`) adjusted by `plan`'s bias and penalties
+    /// and reduced as it asks ([`crate::sample::SamplePlan`]): candidates that decide the
+    /// pick, or the whole adjusted row. A synchronization point. The default reads the row
+    /// back and adjusts it on the host; a GPU adjusts and ranks on the device and reads back
+    /// the candidates (kilobytes), reading the row only when they do not decide.
+    fn reduce_logits(&mut self, logits: &Self::Act, plan: &SamplePlan) -> Result<PlannedLogits> {
+        let values = self.read(logits)?;
+        let vocab = self.config().vocab_size;
+        let start = values
+            .len()
+            .checked_sub(vocab)
+            .ok_or_else(|| Error::Backend(format!("{} logits for a vocabulary of {vocab}", values.len())))?;
+        let mut row = values[start..].to_vec();
+        plan.adjust_logits(&mut row);
+        Ok(PlannedLogits::Full(row))
     }
 
     /// Counters of the expert source behind the backend.

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use crate::backend::{Backend, LayerPoint, LinearId, NormId, RouteTable, RowKind, SeqPos};
 use crate::config::MlpKind;
 use crate::error::{Error, Result};
+use crate::sample::{PlannedLogits, SamplePlan};
 
 /// Which positions of a batch get logits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -188,20 +189,37 @@ impl<B: Backend> Forward<B> {
     /// [`Backend::argmax_rows`] finds it: a GPU reads back the token ID, not the logits.
     /// The caller has validated IDs and capacity.
     pub fn run_greedy(&mut self, ids: &[u32], start_pos: usize) -> Result<u32> {
-        let Some(last) = ids.len().checked_sub(1) else {
-            return Err(Error::invalid("a greedy step needs at least one token"));
-        };
+        let logits = self.last_logits(ids, start_pos)?;
+        let t0 = Instant::now();
+        let token = self.backend.argmax_rows(&logits, start_pos + ids.len() - 1)?;
+        self.times.head += t0.elapsed();
+        token.first().copied().ok_or_else(|| Error::Backend("argmax of no rows".into()))
+    }
+
+    /// Runs `ids` at positions `start_pos..` of the selected sequence and hands back the
+    /// last position's logits adjusted and reduced as `plan` asks
+    /// ([`Backend::reduce_logits`]: on a GPU, candidates of a few kilobytes). The caller
+    /// has validated IDs and capacity.
+    pub fn run_planned(&mut self, ids: &[u32], start_pos: usize, plan: &SamplePlan) -> Result<PlannedLogits> {
+        let logits = self.last_logits(ids, start_pos)?;
+        let t0 = Instant::now();
+        let reduced = self.backend.reduce_logits(&logits, plan);
+        self.times.head += t0.elapsed();
+        reduced
+    }
+
+    /// Runs `ids` block by block and returns the last position's logits, on the device.
+    fn last_logits(&mut self, ids: &[u32], start_pos: usize) -> Result<B::Act> {
+        if ids.is_empty() {
+            return Err(Error::invalid("a decoding step needs at least one token"));
+        }
         let blocks = ids.len().div_ceil(self.max_batch);
         let mut logits = None;
         for (b, block) in ids.chunks(self.max_batch).enumerate() {
             let rows = (b + 1 == blocks).then(|| block.len() - 1..block.len());
             logits = self.run_layers(block, start_pos + b * self.max_batch, rows, &mut NoObserver)?;
         }
-        let logits = logits.ok_or_else(|| Error::Backend("the last block computed no logits".into()))?;
-        let t0 = Instant::now();
-        let token = self.backend.argmax_rows(&logits, start_pos + last)?;
-        self.times.head += t0.elapsed();
-        token.first().copied().ok_or_else(|| Error::Backend("argmax of no rows".into()))
+        logits.ok_or_else(|| Error::Backend("the last block computed no logits".into()))
     }
 
     /// Reads the logits a block computed back to the host (none: an empty vector).

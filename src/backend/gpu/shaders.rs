@@ -74,11 +74,16 @@ pub enum Op {
     Argmax,
     /// A column range of a row-major activation (Q, K or V of the fused projection).
     GatherCols,
+    /// A sampler's logit bias and penalties, applied in place to a row of logits.
+    LogitsAdjust,
+    /// The most likely tokens of a row of logits, ranked, and the row's statistics (sampling
+    /// from candidates), in rounds.
+    LogitsTopk,
 }
 
 impl Op {
     /// Every op.
-    pub const ALL: [Op; 21] = [
+    pub const ALL: [Op; 23] = [
         Op::MatvecF32,
         Op::MatvecBf16,
         Op::MatvecInt8,
@@ -100,6 +105,8 @@ impl Op {
         Op::AttentionMerge,
         Op::Argmax,
         Op::GatherCols,
+        Op::LogitsAdjust,
+        Op::LogitsTopk,
     ];
 
     /// File name under `shaders/`.
@@ -126,6 +133,8 @@ impl Op {
             Op::AttentionMerge => "attention_merge.wgsl",
             Op::Argmax => "argmax.wgsl",
             Op::GatherCols => "gather_cols.wgsl",
+            Op::LogitsAdjust => "logits_adjust.wgsl",
+            Op::LogitsTopk => "logits_topk.wgsl",
         }
     }
 
@@ -152,6 +161,8 @@ impl Op {
             Op::AttentionMerge => include_str!("../../../shaders/attention_merge.wgsl"),
             Op::Argmax => include_str!("../../../shaders/argmax.wgsl"),
             Op::GatherCols => include_str!("../../../shaders/gather_cols.wgsl"),
+            Op::LogitsAdjust => include_str!("../../../shaders/logits_adjust.wgsl"),
+            Op::LogitsTopk => include_str!("../../../shaders/logits_topk.wgsl"),
         }
     }
 
@@ -219,6 +230,8 @@ impl Op {
             Op::AttentionDecode => vec![R, W, W, R, R, R, W],
             Op::AttentionMerge => vec![R, R, W],
             Op::Argmax => vec![R, W, W],
+            Op::LogitsAdjust => vec![W, R],
+            Op::LogitsTopk => vec![R, R, W, W],
         };
         if self.is_expert() {
             v.extend(std::iter::repeat_n(R, variant.pools as usize));

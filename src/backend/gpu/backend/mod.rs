@@ -15,6 +15,7 @@ use crate::error::{Error, Result};
 use crate::experts::{ExpertSource, ExpertStats};
 use crate::model::rope::RopeFrequencies;
 use crate::model::weights::DenseWeights;
+use crate::sample::{PlannedLogits, SamplePlan};
 
 use super::GpuOptions;
 use super::buffers::{BufferPool, GpuAct, GpuRoutes, Pooled, decode_routes, floats, words};
@@ -568,6 +569,11 @@ impl Backend for GpuBackend {
     fn argmax_rows(&mut self, logits: &GpuAct, first_position: usize) -> Result<Vec<u32>> {
         self.enter(Segment::Head);
         self.run_argmax(logits, first_position)
+    }
+
+    fn reduce_logits(&mut self, logits: &GpuAct, plan: &SamplePlan) -> Result<PlannedLogits> {
+        self.enter(Segment::Head);
+        self.run_reduce(logits, plan)
     }
 
     fn rope(&mut self, x: &mut GpuAct, start_pos: usize) -> Result<()> {

@@ -32,6 +32,11 @@ pub struct GpuStats {
     pub predicted_total: u64,
     /// True when every expert is resident.
     pub full_residency: bool,
+    /// Sampled picks decided by the candidates ranked on the device (kilobytes read back).
+    pub sampled_from_candidates: u64,
+    /// Sampled picks that read the whole row of logits (the draw landed beyond the
+    /// candidates, or a top-k above the device's limit).
+    pub sampled_from_logits: u64,
 }
 
 impl GpuStats {
@@ -164,6 +169,12 @@ impl GpuBackend {
         ));
         if s.decode.steps > 0 {
             lines.push(format!("  {}", s.decode.line()));
+        }
+        if s.sampled_from_candidates + s.sampled_from_logits > 0 {
+            lines.push(format!(
+                "  sampling: {} picks from candidates ranked on the device, {} from the full logits",
+                s.sampled_from_candidates, s.sampled_from_logits
+            ));
         }
         lines.push(format!(
             "  dense weights in VRAM: {:.1} MiB; output head in {} row block(s) (storage binding limit {:.0} MiB)",

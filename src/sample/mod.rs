@@ -3,8 +3,18 @@
 //! settings give the same tokens. Before any of that the logits can be shifted by a
 //! per-token bias and by OpenAI's presence and frequency penalties, and the log
 //! probabilities of the distribution the model then gives can be reported with the token.
+//!
+//! Every pick follows one rule ([`choose`]): the tokens ranked by logit, the kept ones a
+//! prefix of that ranking, the draw walking it in order. So a pick can be planned before
+//! the forward pass ([`Sampler::plan`]) and decided where the logits are: a GPU applies the
+//! plan's bias and penalties, ranks a few hundred candidates and reads back kilobytes
+//! ([`crate::engine::Runner::forward_planned`]), and [`Sampler::finish`] picks the token the
+//! full logits would have given.
 
-use std::collections::HashMap;
+mod choose;
+mod plan;
+
+use std::collections::{BTreeMap, HashMap};
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -12,6 +22,11 @@ use rand_chacha::ChaCha8Rng;
 use crate::constrain::TokenConstraint;
 use crate::error::{Error, Result};
 use crate::model::math::argmax_with_margin;
+
+pub use choose::{
+    Candidates, DrawRule, LogitStats, PlannedLogits, check_ranking, choose, rank, ranks_before,
+};
+pub use plan::{DEFAULT_CANDIDATES, LogitAdjust, MAX_DEVICE_CANDIDATES, SamplePlan};
 
 /// The most alternatives [`SamplingParams::logprobs`] may ask for (OpenAI's `top_logprobs`
 /// limit).
@@ -34,7 +49,9 @@ pub struct SamplingParams {
     pub top_p: f32,
     /// Drop tokens less likely than `min_p` times the most likely one (0: off).
     pub min_p: f32,
-    /// Divide positive (multiply negative) logits of recently seen tokens (1: off).
+    /// Divide positive (multiply negative) logits of recently seen tokens (1: off). A
+    /// positive logit is multiplied by `1 / penalty` (one rounding, the same on every
+    /// backend; [`LogitAdjust`]).
     pub repetition_penalty: f32,
     /// How many recent tokens the penalty looks at.
     pub repetition_window: usize,
@@ -172,9 +189,7 @@ pub struct Sampler {
     /// Scratch of [`Sampler::sample`], kept so that a token allocates nothing once these
     /// have grown to the vocabulary: the logits after the bias and the penalties,
     penalized: Vec<f32>,
-    /// the distinct tokens of the penalty window,
-    seen: Vec<u32>,
-    /// and the candidate (token, logit or probability) pairs.
+    /// and the ranked candidate (token, logit) pairs.
     cand: Vec<(u32, f32)>,
     /// How often each token was picked, for the presence and frequency penalties (empty
     /// when both are off).
@@ -205,7 +220,6 @@ impl Sampler {
             params,
             rng,
             penalized: Vec::new(),
-            seen: Vec::new(),
             cand: Vec::new(),
             picked: HashMap::new(),
             constraint: None,
@@ -306,147 +320,139 @@ impl Sampler {
 
     /// [`Sampler::sample_with_logprobs`] on logits known to be finite and non-empty.
     fn pick(&mut self, logits: &[f32], history: &[u32]) -> Sampled {
-        let Sampler { params: p, rng, penalized, seen, cand, picked, .. } = self;
-        let logits = if needs_adjusting(p, history, picked) {
-            penalized.clear();
-            penalized.extend_from_slice(logits);
-            // vLLM's order: the bias, then the penalties.
-            apply_logit_bias(penalized, &p.logit_bias);
-            apply_repetition_penalty(penalized, history, p, seen);
-            apply_presence_frequency(penalized, picked, p.presence_penalty, p.frequency_penalty);
-            &penalized[..]
+        let plan = self.plan_unconstrained(history, &[]);
+        let sampled = if plan.adjust.is_empty() {
+            self.choose_full(&plan, logits)
         } else {
-            logits
+            let mut adjusted = std::mem::take(&mut self.penalized);
+            adjusted.clear();
+            adjusted.extend_from_slice(logits);
+            plan.adjust_logits(&mut adjusted);
+            let sampled = self.choose_full(&plan, &adjusted);
+            self.penalized = adjusted;
+            sampled
         };
-        let token = if p.temperature == 0.0 {
-            argmax_with_margin(logits).0 as u32
-        } else {
-            draw(p, rng, cand, logits)
-        };
-        if p.counts_tokens() {
-            *picked.entry(token).or_insert(0) += 1;
+        self.count(sampled.token);
+        sampled
+    }
+
+    /// Plans the next pick before the forward pass that computes its logits: `history`
+    /// followed by `then` is the token sequence those logits will follow (the repetition
+    /// penalty's window). Draws the step's random number now, so a plan must be finished
+    /// ([`Sampler::finish`]) for the picks to follow the seed. `None` with a constraint: a
+    /// grammar's mask needs the full logits ([`Sampler::sample_with_logprobs`]).
+    pub fn plan(&mut self, history: &[u32], then: &[u32]) -> Option<SamplePlan> {
+        if self.constraint.is_some() {
+            return None;
         }
-        let logprobs = p.logprobs.map(|n| token_logprobs(logits, token, n, cand));
+        Some(self.plan_unconstrained(history, then))
+    }
+
+    /// [`Sampler::plan`] regardless of a constraint.
+    fn plan_unconstrained(&mut self, history: &[u32], then: &[u32]) -> SamplePlan {
+        let p = &self.params;
+        let rule = DrawRule { temperature: p.temperature, top_k: p.top_k, top_p: p.top_p, min_p: p.min_p };
+        let u = if rule.is_greedy() { 0.0 } else { self.rng.random::<f64>() };
+        // vLLM's order: the bias, then the penalties; one entry per distinct token.
+        let mut adjust: BTreeMap<u32, LogitAdjust> = BTreeMap::new();
+        for &(t, b) in &p.logit_bias {
+            let a = adjust.entry(t).or_insert_with(|| LogitAdjust::identity(t));
+            a.add += b;
+        }
+        if p.repetition_penalty != 1.0 {
+            let total = history.len() + then.len();
+            let recent = history.iter().chain(then).skip(total.saturating_sub(p.repetition_window));
+            for &t in recent {
+                let a = adjust.entry(t).or_insert_with(|| LogitAdjust::identity(t));
+                a.scale_positive = 1.0 / p.repetition_penalty;
+                a.scale_negative = p.repetition_penalty;
+            }
+        }
+        for (&t, &c) in &self.picked {
+            let a = adjust.entry(t).or_insert_with(|| LogitAdjust::identity(t));
+            a.subtract_once = p.presence_penalty;
+            a.subtract_counted = c as f32 * p.frequency_penalty;
+        }
+        let wanted = p.logprobs.unwrap_or(0).max(1);
+        let candidates = if rule.is_greedy() {
+            wanted
+        } else if rule.top_k > 0 {
+            rule.top_k.max(wanted)
+        } else {
+            DEFAULT_CANDIDATES.max(wanted)
+        };
+        SamplePlan {
+            adjust: adjust.into_values().collect(),
+            rule,
+            u,
+            logprobs: p.logprobs,
+            candidates,
+            position: (history.len() + then.len()).saturating_sub(1),
+        }
+    }
+
+    /// Picks the token of a planned step from what the runner handed back
+    /// ([`crate::engine::Runner::forward_planned`]): the token [`Sampler::sample_with_logprobs`]
+    /// would pick from the same (adjusted) logits, with the same seed. Fails on non-finite
+    /// logits as it does.
+    pub fn finish(&mut self, plan: &SamplePlan, logits: &PlannedLogits) -> Result<Sampled> {
+        let sampled = match logits {
+            PlannedLogits::Full(values) => {
+                check_finite(values, plan.position)?;
+                self.choose_full(plan, values)
+            }
+            PlannedLogits::Candidates(c) => {
+                check_ranking(&c.ranked, c.stats.vocab)?;
+                let token = choose(&plan.rule, plan.u, &c.ranked, &c.stats)
+                    .ok_or_else(|| Error::Backend("the device's candidates do not decide the draw".into()))?;
+                let logit = c.ranked.iter().find(|r| r.0 == token).map_or(f32::NEG_INFINITY, |r| r.1);
+                let logprobs = plan.logprobs.map(|n| report(logit, &c.ranked, n, c.stats.log_partition));
+                Sampled { token, logprobs }
+            }
+        };
+        self.count(sampled.token);
+        Ok(sampled)
+    }
+
+    /// The pick of `plan` from the whole vocabulary's adjusted `logits` (finite, non-empty).
+    fn choose_full(&mut self, plan: &SamplePlan, logits: &[f32]) -> Sampled {
+        let rule = &plan.rule;
+        if rule.is_greedy() && plan.logprobs.is_none() {
+            return Sampled::token(argmax_with_margin(logits).0 as u32);
+        }
+        let stats = LogitStats::of(logits, rule, plan.logprobs.is_some());
+        let ranked = &mut self.cand;
+        rank(logits, plan.candidates.max(1), ranked);
+        let token = match choose(rule, plan.u, ranked, &stats) {
+            Some(t) => t,
+            None => {
+                // The draw lands beyond the first candidates: rank the whole vocabulary.
+                rank(logits, logits.len(), ranked);
+                choose(rule, plan.u, ranked, &stats).unwrap_or_else(|| ranked[ranked.len() - 1].0)
+            }
+        };
+        let logit = logits.get(token as usize).copied().unwrap_or(f32::NEG_INFINITY);
+        let logprobs = plan.logprobs.map(|n| report(logit, ranked, n, stats.log_partition));
         Sampled { token, logprobs }
     }
-}
 
-/// Whether any setting changes the logits before the token is chosen.
-fn needs_adjusting(p: &SamplingParams, history: &[u32], picked: &HashMap<u32, u32>) -> bool {
-    (p.repetition_penalty != 1.0 && !history.is_empty()) || !picked.is_empty() || !p.logit_bias.is_empty()
-}
-
-/// Divides positive (multiplies negative) logits of the distinct tokens of the last
-/// `repetition_window` tokens of `history` by the repetition penalty.
-fn apply_repetition_penalty(logits: &mut [f32], history: &[u32], p: &SamplingParams, seen: &mut Vec<u32>) {
-    if p.repetition_penalty == 1.0 || history.is_empty() {
-        return;
-    }
-    let start = history.len().saturating_sub(p.repetition_window);
-    seen.clear();
-    seen.extend_from_slice(&history[start..]);
-    seen.sort_unstable();
-    seen.dedup();
-    for &t in seen.iter() {
-        if let Some(v) = logits.get_mut(t as usize) {
-            let scaled = if *v > 0.0 { *v / p.repetition_penalty } else { *v * p.repetition_penalty };
-            // An extreme penalty must not turn a finite logit into an infinity
-            // (which would make the softmax NaN): saturate instead.
-            *v = scaled.clamp(f32::MIN, f32::MAX);
+    /// Counts a picked token for the presence and frequency penalties.
+    fn count(&mut self, token: u32) {
+        if self.params.counts_tokens() {
+            *self.picked.entry(token).or_insert(0) += 1;
         }
     }
 }
 
-/// OpenAI's presence and frequency penalties: the logit of a token picked `c > 0` times
-/// loses `presence + c * frequency`.
-fn apply_presence_frequency(logits: &mut [f32], picked: &HashMap<u32, u32>, presence: f32, frequency: f32) {
-    for (&t, &c) in picked {
-        if let Some(v) = logits.get_mut(t as usize) {
-            *v = (*v - presence - c as f32 * frequency).clamp(f32::MIN, f32::MAX);
-        }
-    }
-}
-
-/// Adds each bias to its token's logit (saturating, so the logits stay finite).
-fn apply_logit_bias(logits: &mut [f32], bias: &[(u32, f32)]) {
-    for &(t, b) in bias {
-        if let Some(v) = logits.get_mut(t as usize) {
-            *v = (*v + b).clamp(f32::MIN, f32::MAX);
-        }
-    }
-}
-
-/// Draws a token at temperature `p.temperature` (> 0) from the candidates top-k, top-p and
-/// min-p leave.
-fn draw(p: &SamplingParams, rng: &mut ChaCha8Rng, cand: &mut Vec<(u32, f32)>, logits: &[f32]) -> u32 {
-    // Candidates, most likely first where an order is needed.
-    cand.clear();
-    cand.extend(logits.iter().enumerate().map(|(i, &l)| (i as u32, l)));
-    if p.top_k > 0 && p.top_k < cand.len() {
-        cand.select_nth_unstable_by(p.top_k - 1, |a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        cand.truncate(p.top_k);
-    }
-    let max = cand.iter().map(|c| c.1).fold(f32::NEG_INFINITY, f32::max);
-    let mut total = 0.0f64;
-    for c in cand.iter_mut() {
-        c.1 = ((c.1 - max) / p.temperature).exp();
-        total += c.1 as f64;
-    }
-    for c in cand.iter_mut() {
-        c.1 = (c.1 as f64 / total) as f32;
-    }
-    if p.top_p < 1.0 {
-        cand.sort_unstable_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
-        let mut cum = 0.0f32;
-        let keep = cand
-            .iter()
-            .position(|c| {
-                cum += c.1;
-                cum >= p.top_p
-            })
-            .map_or(cand.len(), |i| i + 1);
-        cand.truncate(keep);
-    }
-    if p.min_p > 0.0 {
-        let top = cand.iter().map(|c| c.1).fold(0.0f32, f32::max);
-        cand.retain(|c| c.1 >= p.min_p * top);
-    }
-    let mass: f64 = cand.iter().map(|c| c.1 as f64).sum();
-    let mut r = rng.random::<f64>() * mass;
-    for c in cand.iter() {
-        r -= c.1 as f64;
-        if r <= 0.0 {
-            return c.0;
-        }
-    }
-    cand.last().map_or(0, |c| c.0)
-}
-
-/// The log-softmax of `logits` at `token`, and the `n` most likely tokens with theirs
-/// (most likely first, ties by token ID). `best` is scratch.
-fn token_logprobs(logits: &[f32], token: u32, n: usize, best: &mut Vec<(u32, f32)>) -> TokenLogprobs {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = logits.iter().map(|&l| f64::from((l - max).exp())).sum();
-    let log_z = f64::from(max) + sum.ln();
+/// The log probabilities of a pick: the picked token's (its logit `logit`) and the first `n` of
+/// `ranked`, against the log partition function `log_z` (always there when log
+/// probabilities were asked for).
+fn report(logit: f32, ranked: &[(u32, f32)], n: usize, log_z: Option<f64>) -> TokenLogprobs {
+    let log_z = log_z.unwrap_or(f64::INFINITY);
     let logprob = |l: f32| (f64::from(l) - log_z) as f32;
-    // One pass keeping the n best in order: most logits lose to the n-th at once.
-    best.clear();
-    if n > 0 {
-        for (i, &l) in logits.iter().enumerate() {
-            if best.len() == n && best.last().is_some_and(|&(_, worst)| l <= worst) {
-                continue;
-            }
-            // After the equal ones already kept: they have lower IDs.
-            let at = best.partition_point(|&(_, b)| b >= l);
-            if best.len() == n {
-                best.pop();
-            }
-            best.insert(at, (i as u32, l));
-        }
-    }
     TokenLogprobs {
-        logprob: logits.get(token as usize).map_or(f32::NEG_INFINITY, |&l| logprob(l)),
-        top: best.iter().map(|&(t, l)| (t, logprob(l))).collect(),
+        logprob: logprob(logit),
+        top: ranked.iter().take(n).map(|&(t, l)| (t, logprob(l))).collect(),
     }
 }
 
@@ -682,6 +688,75 @@ mod tests {
         let mut s = Sampler::new(SamplingParams { repetition_penalty: 1e-30, ..params(1.0) }).unwrap();
         assert_eq!(s.sample(&[1e30, -1.0], &[0]).unwrap(), 0);
         // The sampler still works afterwards.
-        assert_eq!(s.sample(&[0.0, 1.0], &[]).unwrap(), 1);
+        assert_eq!(s.sample(&[0.0, 50.0], &[]).unwrap(), 1);
+    }
+
+    /// A host stand-in for a device's reduction: the plan's candidates ranked, the
+    /// statistics merged from parts of 100 tokens as a device's workgroups report them.
+    fn reduce_like_a_device(plan: &SamplePlan, adjusted: &[f32]) -> Candidates {
+        let mut ranked = Vec::new();
+        rank(adjusted, plan.candidates, &mut ranked);
+        let t = if plan.rule.is_greedy() { 1.0 } else { plan.rule.temperature };
+        let parts: Vec<(f32, f32, f32)> = adjusted
+            .chunks(100)
+            .map(|c| {
+                let m = c.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                (m, c.iter().map(|&v| ((v - m) / t).exp()).sum(), c.iter().map(|&v| (v - m).exp()).sum())
+            })
+            .collect();
+        Candidates { ranked, stats: LogitStats::merge(adjusted.len(), &plan.rule, true, &parts) }
+    }
+
+    #[test]
+    fn a_planned_pick_equals_the_pick_from_the_full_logits() {
+        let vocab = 1500;
+        let logits: Vec<f32> = (0..vocab).map(|i| ((i * 7919 % 997) as f32 * 0.031).sin() * 6.0).collect();
+        let settings = [
+            params(0.0),
+            SamplingParams { logprobs: Some(4), repetition_penalty: 1.3, ..params(0.0) },
+            params(1.0),
+            SamplingParams { top_k: 20, ..params(0.8) },
+            SamplingParams { top_p: 0.5, presence_penalty: 0.7, frequency_penalty: 0.3, ..params(1.2) },
+            SamplingParams { min_p: 0.3, logit_bias: vec![(5, 3.0), (5, 1.5), (900, -100.0)], ..params(1.0) },
+            SamplingParams { top_k: 600, logprobs: Some(20), repetition_penalty: 0.8, ..params(1.0) },
+        ];
+        let (mut by_candidates, mut by_full) = (0, 0);
+        for p in settings {
+            let mut reference = Sampler::new(p.clone()).unwrap();
+            let mut planned = Sampler::new(p.clone()).unwrap();
+            let mut history = vec![3u32, 77, 900];
+            for step in 0..40 {
+                // Shift the logits a little every step so the picks vary.
+                let l: Vec<f32> = logits.iter().map(|&v| v + ((step * 31) % 7) as f32 * 0.01).collect();
+                let (last, before) = history.split_last().unwrap();
+                let plan = planned.plan(before, &[*last]).unwrap();
+                let want = reference.sample_with_logprobs(&l, &history).unwrap();
+                let mut adjusted = l.clone();
+                plan.adjust_logits(&mut adjusted);
+                let cands = reduce_like_a_device(&plan, &adjusted);
+                let handed = if plan.reducible() && plan.decides(&cands) {
+                    by_candidates += 1;
+                    PlannedLogits::Candidates(cands)
+                } else {
+                    by_full += 1;
+                    PlannedLogits::Full(adjusted)
+                };
+                let got = planned.finish(&plan, &handed).unwrap();
+                assert_eq!(got.token, want.token, "{p:?} step {step}");
+                match (&got.logprobs, &want.logprobs) {
+                    (Some(g), Some(w)) => {
+                        assert!((g.logprob - w.logprob).abs() < 1e-4, "{g:?} {w:?}");
+                        assert_eq!(
+                            g.top.iter().map(|t| t.0).collect::<Vec<_>>(),
+                            w.top.iter().map(|t| t.0).collect::<Vec<_>>()
+                        );
+                    }
+                    (None, None) => {}
+                    other => panic!("logprobs differ: {other:?}"),
+                }
+                history.push(got.token);
+            }
+        }
+        assert!(by_candidates > 100 && by_full > 0, "{by_candidates} {by_full}");
     }
 }
