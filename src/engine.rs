@@ -41,23 +41,17 @@ pub trait Runner: Send {
         rows: LogitRows,
         observer: &mut dyn Observer,
     ) -> Result<Vec<f32>>;
-    /// Runs `ids` at positions `start_pos..` and returns the greedy next token: the argmax
-    /// of the last position's logits (the first of equal maxima), failing on non-finite
-    /// logits as the sampler does. The default computes the logits and picks on the host;
-    /// a runner on a GPU reads back only the token ID.
-    fn forward_greedy(&mut self, ids: &[u32], start_pos: usize) -> Result<u32> {
-        let logits = self.forward(ids, start_pos, LogitRows::Last, &mut crate::model::NoObserver)?;
-        crate::sample::check_finite(&logits, start_pos + ids.len().saturating_sub(1))?;
-        Ok(crate::model::math::argmax_with_margin(&logits).0 as u32)
-    }
-    /// Runs `ids` at positions `start_pos..` and hands back the last position's logits
-    /// adjusted and reduced as `plan` asks ([`crate::sample::Sampler::plan`]), for
-    /// [`crate::sample::Sampler::finish`]. The default computes the logits and adjusts them
-    /// on the host; a runner on a GPU ranks candidates there and reads back kilobytes.
-    fn forward_planned(&mut self, ids: &[u32], start_pos: usize, plan: &SamplePlan) -> Result<PlannedLogits> {
-        let mut logits = self.forward(ids, start_pos, LogitRows::Last, &mut crate::model::NoObserver)?;
-        plan.adjust_logits(&mut logits);
-        Ok(PlannedLogits::Full(logits))
+    /// Runs `ids` on sequence `seq` at positions `start_pos..` and hands back what `pick`
+    /// asks of the last position: nothing, its logits, the greedy next token (the argmax,
+    /// the first of equal maxima, failing on non-finite logits as the sampler does), or a
+    /// sampler's planned pick ([`crate::sample::Sampler::plan`]: the logits adjusted and
+    /// reduced for [`crate::sample::Sampler::finish`]). The default computes the logits and
+    /// makes the pick on the host; a runner on a GPU makes it there and reads back the token
+    /// ID or a few kilobytes of candidates.
+    fn forward_pick(&mut self, seq: usize, ids: &[u32], start_pos: usize, pick: &Pick) -> Result<Picked> {
+        let rows = if matches!(pick, Pick::Nothing) { LogitRows::None } else { LogitRows::Last };
+        let logits = self.forward_on(seq, ids, start_pos, rows, &mut crate::model::NoObserver)?;
+        pick.on_host(logits, start_pos + ids.len().saturating_sub(1))
     }
     /// Most positions one forward call computes at once (the prefill block, `--prefill-block`);
     /// a session feeds long prompts in blocks of this size so it can stop between them.
@@ -98,6 +92,7 @@ pub trait Runner: Send {
         }
         self.forward(ids, start_pos, rows, observer)
     }
+
     /// One batched decode step: sequence `rows[i].seq` consumes `ids[i]` at position
     /// `rows[i].pos`; returns every row's logits, `[rows, vocab]`. The sequences are
     /// distinct; the caller has validated IDs and capacity. A row's logits do not depend on
@@ -108,6 +103,66 @@ pub trait Runner: Send {
                 self.forward_on(at.seq, ids, at.pos, LogitRows::Last, &mut crate::model::NoObserver)
             }
             _ => Err(Error::Backend(format!("{} has no batched decode step", self.describe()))),
+        }
+    }
+
+    /// [`step`](Self::step) where row `i` hands back what `picks[i]` asks
+    /// ([`forward_pick`](Self::forward_pick)). The default reads every row's logits and
+    /// makes the picks on the host.
+    fn step_picks(&mut self, rows: &[SeqPos], ids: &[u32], picks: &[Pick]) -> Result<Vec<Picked>> {
+        if picks.len() != rows.len() {
+            return Err(Error::Backend(format!("step: {} picks for {} rows", picks.len(), rows.len())));
+        }
+        let logits = self.step(rows, ids)?;
+        let vocab = self.config().vocab_size.max(1);
+        logits
+            .chunks(vocab)
+            .zip(picks.iter().zip(rows))
+            .map(|(row, (pick, at))| pick.on_host(row.to_vec(), at.pos))
+            .collect()
+    }
+}
+
+/// What a forward call hands back for its last position ([`Runner::forward_pick`]).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Pick {
+    /// Nothing: only the cache changes (a turn's last token).
+    Nothing,
+    /// The logits.
+    Logits,
+    /// The greedy next token.
+    Greedy,
+    /// A sampler's planned pick.
+    Planned(Box<SamplePlan>),
+}
+
+/// What a [`Pick`] got.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Picked {
+    /// Nothing was asked.
+    Nothing,
+    /// The logits (of the last position, or of the rows a plain forward call asked for).
+    Logits(Vec<f32>),
+    /// The greedy next token.
+    Greedy(u32),
+    /// The planned pick's adjusted, reduced logits.
+    Planned(PlannedLogits),
+}
+
+impl Pick {
+    /// The pick made on the host from `logits`, the row of `position` (named in errors).
+    pub fn on_host(&self, mut logits: Vec<f32>, position: usize) -> Result<Picked> {
+        match self {
+            Pick::Nothing => Ok(Picked::Nothing),
+            Pick::Logits => Ok(Picked::Logits(logits)),
+            Pick::Greedy => {
+                crate::sample::check_finite(&logits, position)?;
+                Ok(Picked::Greedy(crate::model::math::argmax_with_margin(&logits).0 as u32))
+            }
+            Pick::Planned(plan) => {
+                plan.adjust_logits(&mut logits);
+                Ok(Picked::Planned(PlannedLogits::Full(logits)))
+            }
         }
     }
 }
@@ -139,12 +194,9 @@ impl<B: Backend + Send> Runner for Forward<B> {
         self.max_batch()
     }
 
-    fn forward_greedy(&mut self, ids: &[u32], start_pos: usize) -> Result<u32> {
-        self.run_greedy(ids, start_pos)
-    }
-
-    fn forward_planned(&mut self, ids: &[u32], start_pos: usize, plan: &SamplePlan) -> Result<PlannedLogits> {
-        self.run_planned(ids, start_pos, plan)
+    fn forward_pick(&mut self, seq: usize, ids: &[u32], start_pos: usize, pick: &Pick) -> Result<Picked> {
+        self.backend_mut().select_sequence(seq)?;
+        self.run_pick(ids, start_pos, pick)
     }
 
     fn times(&self) -> PhaseTimes {
@@ -180,6 +232,10 @@ impl<B: Backend + Send> Runner for Forward<B> {
 
     fn step(&mut self, rows: &[SeqPos], ids: &[u32]) -> Result<Vec<f32>> {
         Forward::step(self, rows, ids)
+    }
+
+    fn step_picks(&mut self, rows: &[SeqPos], ids: &[u32], picks: &[Pick]) -> Result<Vec<Picked>> {
+        Forward::step_picks(self, rows, ids, picks)
     }
 }
 

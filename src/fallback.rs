@@ -5,12 +5,11 @@
 
 use crate::ModelConfig;
 use crate::backend::SeqPos;
-use crate::engine::{LoadedModel, RunOptions, Runner, cpu_runner};
+use crate::engine::{LoadedModel, Pick, Picked, RunOptions, Runner, cpu_runner};
 use crate::error::{Error, Result};
 use crate::experts::ExpertStats;
 use crate::model::forward::PhaseTimes;
 use crate::model::{LogitRows, NoObserver, Observer};
-use crate::sample::{PlannedLogits, SamplePlan};
 
 /// A GPU runner with a CPU fallback.
 pub struct FallbackRunner {
@@ -88,33 +87,18 @@ impl Runner for FallbackRunner {
         self.forward_on(0, ids, start_pos, rows, observer)
     }
 
-    fn forward_greedy(&mut self, ids: &[u32], start_pos: usize) -> Result<u32> {
-        self.check_position(0, start_pos)?;
-        let token = match self.current.forward_greedy(ids, start_pos) {
+    fn forward_pick(&mut self, seq: usize, ids: &[u32], start_pos: usize, pick: &Pick) -> Result<Picked> {
+        self.check_position(seq, start_pos)?;
+        let out = match self.current.forward_pick(seq, ids, start_pos, pick) {
             Err(Error::Backend(why)) if self.on_gpu => {
-                self.history[0].truncate(start_pos);
+                self.history[seq].truncate(start_pos);
                 self.fall_back(&why)?;
-                self.current.forward_greedy(ids, start_pos)?
+                self.current.forward_pick(seq, ids, start_pos, pick)?
             }
             r => r?,
         };
-        self.history[0].truncate(start_pos);
-        self.history[0].extend_from_slice(ids);
-        Ok(token)
-    }
-
-    fn forward_planned(&mut self, ids: &[u32], start_pos: usize, plan: &SamplePlan) -> Result<PlannedLogits> {
-        self.check_position(0, start_pos)?;
-        let out = match self.current.forward_planned(ids, start_pos, plan) {
-            Err(Error::Backend(why)) if self.on_gpu => {
-                self.history[0].truncate(start_pos);
-                self.fall_back(&why)?;
-                self.current.forward_planned(ids, start_pos, plan)?
-            }
-            r => r?,
-        };
-        self.history[0].truncate(start_pos);
-        self.history[0].extend_from_slice(ids);
+        self.history[seq].truncate(start_pos);
+        self.history[seq].extend_from_slice(ids);
         Ok(out)
     }
 
@@ -157,6 +141,27 @@ impl Runner for FallbackRunner {
                 }
                 self.fall_back(&why)?;
                 self.current.step(rows, ids)?
+            }
+            r => r?,
+        };
+        for (at, &id) in rows.iter().zip(ids) {
+            self.history[at.seq].truncate(at.pos);
+            self.history[at.seq].push(id);
+        }
+        Ok(out)
+    }
+
+    fn step_picks(&mut self, rows: &[SeqPos], ids: &[u32], picks: &[Pick]) -> Result<Vec<Picked>> {
+        for at in rows {
+            self.check_position(at.seq, at.pos)?;
+        }
+        let out = match self.current.step_picks(rows, ids, picks) {
+            Err(Error::Backend(why)) if self.on_gpu => {
+                for at in rows {
+                    self.history[at.seq].truncate(at.pos);
+                }
+                self.fall_back(&why)?;
+                self.current.step_picks(rows, ids, picks)?
             }
             r => r?,
         };

@@ -4,7 +4,7 @@
 //! session emits is also consumed (fed back), so the next turn continues from a cache that
 //! matches the token history exactly. Every request is validated before any state changes.
 
-use crate::engine::Runner;
+use crate::engine::{Pick, Picked, Runner};
 use crate::error::{Error, Result};
 use crate::model::{LogitRows, NoObserver, Observer};
 use crate::sample::{PlannedLogits, SamplePlan, Sampled, Sampler};
@@ -50,9 +50,9 @@ pub struct Session {
 
 /// The next pick, as a greedy or planned step left it.
 enum Pending {
-    /// The greedy token ([`Runner::forward_greedy`]).
+    /// The greedy token ([`Pick::Greedy`]).
     Greedy(u32),
-    /// A planned pick and what the runner handed back for it ([`Runner::forward_planned`]).
+    /// A planned pick and what the runner handed back for it ([`Pick::Planned`]).
     Planned(Box<(SamplePlan, PlannedLogits)>),
 }
 
@@ -206,7 +206,9 @@ impl Session {
         self.check_fits(self.pos(), 1)?;
         self.logits.clear();
         self.next_token = None;
-        let next = self.runner.forward_greedy(&[token], self.pos())?;
+        let Picked::Greedy(next) = self.runner.forward_pick(0, &[token], self.pos(), &Pick::Greedy)? else {
+            return Err(Error::Backend("a greedy step handed back no token".into()));
+        };
         self.tokens.push(token);
         self.next_token = Some(Pending::Greedy(next));
         Ok(())
@@ -220,7 +222,10 @@ impl Session {
         self.check_fits(self.pos(), 1)?;
         self.logits.clear();
         self.next_token = None;
-        let handed = self.runner.forward_planned(&[token], self.pos(), &plan)?;
+        let pick = Pick::Planned(Box::new(plan.clone()));
+        let Picked::Planned(handed) = self.runner.forward_pick(0, &[token], self.pos(), &pick)? else {
+            return Err(Error::Backend("a planned step handed back no logits".into()));
+        };
         self.tokens.push(token);
         self.next_token = Some(Pending::Planned(Box::new((plan, handed))));
         Ok(())

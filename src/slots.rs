@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use crate::backend::SeqPos;
 use crate::config::ModelConfig;
-use crate::engine::Runner;
+use crate::engine::{Pick, Picked, Runner};
 use crate::error::{Error, Result};
 use crate::experts::ExpertStats;
 use crate::model::forward::PhaseTimes;
@@ -71,11 +71,25 @@ struct Call {
     ids: Vec<u32>,
     start_pos: usize,
     rows: LogitRows,
+    /// What the last position hands back instead of logits rows (a greedy token or a
+    /// planned pick, made where the logits are); `None`: the logits of `rows`.
+    pick: Option<Pick>,
     /// IDs already computed (a prompt runs block by block).
     done: usize,
     /// Logits of the blocks computed so far.
     logits: Vec<f32>,
-    reply: mpsc::SyncSender<Result<Vec<f32>>>,
+    reply: mpsc::SyncSender<Result<Picked>>,
+}
+
+impl Call {
+    /// What the call's last position hands back, as a [`Pick`].
+    fn last_pick(&self) -> Pick {
+        match (&self.pick, self.rows) {
+            (Some(p), _) => p.clone(),
+            (None, LogitRows::None) => Pick::Nothing,
+            (None, _) => Pick::Logits,
+        }
+    }
 }
 
 /// The handle of running slots: their counters, and the scheduler thread.
@@ -186,6 +200,26 @@ pub struct SlotRunner {
     shared: Arc<Shared>,
 }
 
+impl SlotRunner {
+    /// Hands a forward call to the scheduler and waits for its answer.
+    fn call(&self, ids: &[u32], start_pos: usize, rows: LogitRows, pick: Option<Pick>) -> Result<Picked> {
+        let (reply, answer) = mpsc::sync_channel(1);
+        let call = Call {
+            seq: self.seq,
+            ids: ids.to_vec(),
+            start_pos,
+            rows,
+            pick,
+            done: 0,
+            logits: Vec::new(),
+            reply,
+        };
+        let gone = || Error::Backend("the slots' scheduler has stopped".into());
+        self.tx.send(call).map_err(|_| gone())?;
+        answer.recv().map_err(|_| gone())?
+    }
+}
+
 impl Runner for SlotRunner {
     fn config(&self) -> &ModelConfig {
         &self.cfg
@@ -209,12 +243,19 @@ impl Runner for SlotRunner {
         if observer.enabled() {
             return Err(Error::invalid("observers cannot watch a slot's forward pass; run a session alone"));
         }
-        let (reply, answer) = mpsc::sync_channel(1);
-        let call =
-            Call { seq: self.seq, ids: ids.to_vec(), start_pos, rows, done: 0, logits: Vec::new(), reply };
-        let gone = || Error::Backend("the slots' scheduler has stopped".into());
-        self.tx.send(call).map_err(|_| gone())?;
-        answer.recv().map_err(|_| gone())?
+        match self.call(ids, start_pos, rows, None)? {
+            Picked::Logits(logits) => Ok(logits),
+            Picked::Nothing => Ok(Vec::new()),
+            _ => Err(Error::Backend("the slots' scheduler answered logits with a pick".into())),
+        }
+    }
+
+    fn forward_pick(&mut self, seq: usize, ids: &[u32], start_pos: usize, pick: &Pick) -> Result<Picked> {
+        if seq != 0 {
+            return Err(Error::Backend(format!("sequence {seq} does not exist (a slot is one sequence)")));
+        }
+        let rows = if matches!(pick, Pick::Nothing) { LogitRows::None } else { LogitRows::Last };
+        self.call(ids, start_pos, rows, Some(pick.clone()))
     }
 
     fn prefill_block(&self) -> usize {
@@ -304,7 +345,7 @@ impl Scheduler {
         // Empty calls (none are sent by sessions) are answered at once.
         rest.retain(|c| {
             if c.ids.is_empty() {
-                let _ = c.reply.send(Ok(Vec::new()));
+                let _ = c.reply.send(Ok(Picked::Nothing));
                 return false;
             }
             true
@@ -322,20 +363,25 @@ impl Scheduler {
         counters.max_step_rows.fetch_max(n, Ordering::SeqCst);
         if let [call] = calls.as_slice() {
             // One row: the runner's own path, as a session alone would run it.
-            let (seq, pos, rows) = (call.seq, call.start_pos, call.rows);
-            let result = catch(|| self.runner.forward_on(seq, &call.ids, pos, rows, &mut NoObserver));
+            let (seq, pos, pick) = (call.seq, call.start_pos, call.last_pick());
+            let result = catch(|| self.runner.forward_pick(seq, &call.ids, pos, &pick));
             self.answer(calls.into_iter().next().expect("one call"), result);
             return;
         }
         let rows: Vec<SeqPos> = calls.iter().map(|c| SeqPos { seq: c.seq, pos: c.start_pos }).collect();
         let ids: Vec<u32> = calls.iter().map(|c| c.ids[0]).collect();
-        let result = catch(|| self.runner.step(&rows, &ids));
-        let vocab = self.runner.config().vocab_size;
+        let picks: Vec<Pick> = calls.iter().map(Call::last_pick).collect();
+        let result = catch(|| self.runner.step_picks(&rows, &ids, &picks));
         match result {
-            Ok(logits) => {
-                for (call, row) in calls.into_iter().zip(logits.chunks_exact(vocab)) {
-                    let want = if matches!(call.rows, LogitRows::None) { Vec::new() } else { row.to_vec() };
-                    self.answer(call, Ok(want));
+            Ok(picked) if picked.len() == calls.len() => {
+                for (call, row) in calls.into_iter().zip(picked) {
+                    self.answer(call, Ok(row));
+                }
+            }
+            Ok(picked) => {
+                let e = format!("the step handed back {} rows for {}", picked.len(), calls.len());
+                for call in calls {
+                    self.answer(call, Err(Error::Backend(e.clone())));
                 }
             }
             Err(e) => {
@@ -347,10 +393,10 @@ impl Scheduler {
     }
 
     /// Answers a finished call and notes whether its slot is expected back.
-    fn answer(&mut self, call: Call, result: Result<Vec<f32>>) {
+    fn answer(&mut self, call: Call, result: Result<Picked>) {
         // A turn ends by consuming its last token without logits; anything else is
         // followed by the slot's next call.
-        let ends_turn = call.ids.len() == 1 && matches!(call.rows, LogitRows::None);
+        let ends_turn = call.ids.len() == 1 && matches!(call.last_pick(), Pick::Nothing);
         if result.is_ok() && !ends_turn {
             self.expected.push(call.seq);
         }
@@ -370,18 +416,26 @@ impl Scheduler {
         let ids = &call.ids[call.done..end];
         let pos = call.start_pos + call.done;
         let seq = call.seq;
-        let result = catch(|| self.runner.forward_on(seq, ids, pos, rows, &mut NoObserver));
+        let result = match (&call.pick, last) {
+            (Some(pick), true) => catch(|| self.runner.forward_pick(seq, ids, pos, pick)),
+            _ => catch(|| self.runner.forward_on(seq, ids, pos, rows, &mut NoObserver)).map(Picked::Logits),
+        };
         self.shared.counters.prefill_blocks.fetch_add(1, Ordering::SeqCst);
         match result {
-            Ok(mut logits) => {
+            Ok(Picked::Logits(mut logits)) if call.pick.is_none() => {
                 call.logits.append(&mut logits);
                 call.done = end;
                 if !last {
                     return Some(call);
                 }
                 let logits = std::mem::take(&mut call.logits);
-                self.answer(call, Ok(logits));
+                self.answer(call, Ok(Picked::Logits(logits)));
             }
+            Ok(_) if !last => {
+                call.done = end;
+                return Some(call);
+            }
+            Ok(picked) => self.answer(call, Ok(picked)),
             Err(e) => self.answer(call, Err(e)),
         }
         None

@@ -11,8 +11,9 @@ mod common;
 use common::gpu::{Fmt, Rng, gpu_options, random_model, variants};
 use picchio::ModelConfig;
 use picchio::backend::Backend;
+use picchio::backend::SeqPos;
 use picchio::backend::gpu::{GpuBackend, GpuOptions};
-use picchio::engine::Runner;
+use picchio::engine::{Pick, Picked, Runner};
 use picchio::experts::ExpertStats;
 use picchio::model::forward::PhaseTimes;
 use picchio::model::{Forward, LogitRows, Observer};
@@ -80,7 +81,7 @@ fn device_candidates_equal_the_host_ranking_and_statistics() {
                 two.extend_from_slice(&raw);
                 let logits = g.upload(2, vocab, &two).unwrap();
                 let what = format!("{variant}, vocab {vocab}, {params:?}");
-                match g.reduce_logits(&logits, &plan).unwrap() {
+                match g.reduce_logits(&logits, 1, &plan).unwrap() {
                     PlannedLogits::Candidates(c) => {
                         from_candidates += 1;
                         let mut want = Vec::new();
@@ -157,7 +158,7 @@ fn non_finite_logits_are_refused_naming_the_position() {
             let mut r = rng.vec(vocab, 1.0);
             r[777] = bad;
             let logits = g.upload(1, vocab, &r).unwrap();
-            let err = g.reduce_logits(&logits, &plan).unwrap_err().to_string();
+            let err = g.reduce_logits(&logits, 0, &plan).unwrap_err().to_string();
             assert!(err.contains("non-finite") && err.contains("position 41"), "{variant}: {err}");
         }
     });
@@ -249,6 +250,58 @@ fn a_session_samples_the_same_tokens_from_device_candidates_reading_back_kilobyt
                 counters.steps,
                 counters.readback_bytes as f64 / counters.steps as f64
             );
+        }
+    });
+}
+
+#[test]
+fn a_batched_step_picks_each_row_as_its_solo_step_does() {
+    each_variant("sampling, batched step", |variant, opts| {
+        let model = random_model(66, Fmt::F32, Fmt::F32);
+        let forward = || {
+            let b = GpuBackend::new(
+                model.config.clone(),
+                model.dense.clone(),
+                model.experts.clone(),
+                CAPACITY,
+                opts,
+            )
+            .unwrap();
+            Forward::new(b, 64)
+        };
+        let prompts: Vec<Vec<u32>> =
+            (0..4).map(|s| (0..5 + s).map(|i| (i * 97 + s * 13) as u32 % 3001).collect()).collect();
+        let params =
+            SamplingParams { temperature: 0.9, top_k: 50, repetition_penalty: 1.1, ..Default::default() };
+        let plan = |prompt: &[u32]| Sampler::new(params.clone()).unwrap().plan(prompt, &[7]).unwrap();
+        let picks: Vec<Pick> = vec![
+            Pick::Greedy,
+            Pick::Planned(Box::new(plan(&prompts[1]))),
+            Pick::Logits,
+            Pick::Planned(Box::new(plan(&prompts[3]))),
+        ];
+        // The batch: four sequences on one runner, one token each after their prompts.
+        let mut batch = forward();
+        for seq in 1..4 {
+            assert_eq!(Runner::add_sequence(&mut batch).unwrap(), seq);
+        }
+        for (seq, prompt) in prompts.iter().enumerate() {
+            batch.forward_on(seq, prompt, 0, LogitRows::None, &mut picchio::model::NoObserver).unwrap();
+        }
+        let rows: Vec<SeqPos> =
+            prompts.iter().enumerate().map(|(seq, p)| SeqPos { seq, pos: p.len() }).collect();
+        let got = Runner::step_picks(&mut batch, &rows, &[7; 4], &picks).unwrap();
+        for (seq, prompt) in prompts.iter().enumerate() {
+            let mut solo = forward();
+            solo.forward_on(0, prompt, 0, LogitRows::None, &mut picchio::model::NoObserver).unwrap();
+            let want = solo.forward_pick(0, &[7], prompt.len(), &picks[seq]).unwrap();
+            match (&got[seq], &want) {
+                (Picked::Logits(a), Picked::Logits(b)) => {
+                    let d = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+                    assert!(d < 1e-4, "{variant}: row {seq}: logits differ by {d}");
+                }
+                (a, b) => assert_eq!(a, b, "{variant}: row {seq}"),
+            }
         }
     });
 }

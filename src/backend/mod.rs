@@ -282,19 +282,19 @@ pub trait Backend {
         Ok(out)
     }
 
-    /// The last row of `logits` (`[rows, vocab]`) adjusted by `plan`'s bias and penalties
-    /// and reduced as it asks ([`crate::sample::SamplePlan`]): candidates that decide the
-    /// pick, or the whole adjusted row. A synchronization point. The default reads the row
-    /// back and adjusts it on the host; a GPU adjusts and ranks on the device and reads back
-    /// the candidates (kilobytes), reading the row only when they do not decide.
-    fn reduce_logits(&mut self, logits: &Self::Act, plan: &SamplePlan) -> Result<PlannedLogits> {
+    /// Row `row` of `logits` (`[rows, vocab]`) adjusted by `plan`'s bias and penalties and
+    /// reduced as it asks ([`crate::sample::SamplePlan`]): candidates that decide the pick,
+    /// or the whole adjusted row. A synchronization point. The default reads the logits
+    /// back and adjusts the row on the host; a GPU adjusts and ranks on the device and reads
+    /// back the candidates (kilobytes), reading the row only when they do not decide.
+    fn reduce_logits(&mut self, logits: &Self::Act, row: usize, plan: &SamplePlan) -> Result<PlannedLogits> {
         let values = self.read(logits)?;
         let vocab = self.config().vocab_size;
-        let start = values
-            .len()
-            .checked_sub(vocab)
-            .ok_or_else(|| Error::Backend(format!("{} logits for a vocabulary of {vocab}", values.len())))?;
-        let mut row = values[start..].to_vec();
+        let start = row * vocab;
+        let mut row = values
+            .get(start..start + vocab)
+            .ok_or_else(|| Error::Backend(format!("no row {row} in {} logits", values.len())))?
+            .to_vec();
         plan.adjust_logits(&mut row);
         Ok(PlannedLogits::Full(row))
     }

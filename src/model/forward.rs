@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use crate::backend::{Backend, LayerPoint, LinearId, NormId, RouteTable, RowKind, SeqPos};
 use crate::config::MlpKind;
+use crate::engine::{Pick, Picked};
 use crate::error::{Error, Result};
-use crate::sample::{PlannedLogits, SamplePlan};
 
 /// Which positions of a batch get logits.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -184,6 +184,62 @@ impl<B: Backend> Forward<B> {
         self.read_logits(result?)
     }
 
+    /// [`step`](Self::step) where row `i` hands back what `picks[i]` asks: logits rows
+    /// read back together, greedy tokens found by [`Backend::argmax_rows`] (8 bytes a row),
+    /// planned picks reduced by [`Backend::reduce_logits`] row by row.
+    pub fn step_picks(&mut self, rows: &[SeqPos], ids: &[u32], picks: &[Pick]) -> Result<Vec<Picked>> {
+        if rows.len() != ids.len() || picks.len() != ids.len() {
+            return Err(Error::Backend(format!(
+                "step: {} tokens and {} picks for {} rows",
+                ids.len(),
+                picks.len(),
+                rows.len()
+            )));
+        }
+        if ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut s = self.scratch(ids.len())?;
+        let (times, scratch, all) = (&mut self.times, &mut s, Some(0..ids.len()));
+        let placement = Placement::Rows(rows);
+        let result =
+            self.backend.on_workers(move |b| layers(b, times, scratch, ids, placement, all, &mut NoObserver));
+        self.scratch = Some(s);
+        let logits = result?.ok_or_else(|| Error::Backend("the step computed no logits".into()))?;
+        let t0 = Instant::now();
+        let vocab = self.backend.config().vocab_size;
+        let values = match picks.iter().any(|p| matches!(p, Pick::Logits)) {
+            true => self.backend.read(&logits)?,
+            false => Vec::new(),
+        };
+        let greedy = match picks.iter().any(|p| matches!(p, Pick::Greedy)) {
+            true => self.backend.argmax_rows(&logits, rows[0].pos).map_err(|e| match e {
+                // The device names the row's index; name the rows' positions instead.
+                Error::Tensor { .. } => Error::tensor(
+                    "logits",
+                    format!(
+                        "the model produced non-finite logits in a batched step (positions {:?}); its weights are \
+                         likely corrupt or non-finite: run `picchio verify` on the model",
+                        rows.iter().map(|r| r.pos).collect::<Vec<_>>()
+                    ),
+                ),
+                other => other,
+            })?,
+            false => Vec::new(),
+        };
+        let mut out = Vec::with_capacity(picks.len());
+        for (r, pick) in picks.iter().enumerate() {
+            out.push(match pick {
+                Pick::Nothing => Picked::Nothing,
+                Pick::Logits => Picked::Logits(values[r * vocab..(r + 1) * vocab].to_vec()),
+                Pick::Greedy => Picked::Greedy(greedy[r]),
+                Pick::Planned(plan) => Picked::Planned(self.backend.reduce_logits(&logits, r, plan)?),
+            });
+        }
+        self.times.head += t0.elapsed();
+        Ok(out)
+    }
+
     /// Runs `ids` at positions `start_pos..` of the selected sequence and returns the
     /// argmax of the last position's logits (the greedy next token), as
     /// [`Backend::argmax_rows`] finds it: a GPU reads back the token ID, not the logits.
@@ -196,16 +252,27 @@ impl<B: Backend> Forward<B> {
         token.first().copied().ok_or_else(|| Error::Backend("argmax of no rows".into()))
     }
 
-    /// Runs `ids` at positions `start_pos..` of the selected sequence and hands back the
-    /// last position's logits adjusted and reduced as `plan` asks
-    /// ([`Backend::reduce_logits`]: on a GPU, candidates of a few kilobytes). The caller
-    /// has validated IDs and capacity.
-    pub fn run_planned(&mut self, ids: &[u32], start_pos: usize, plan: &SamplePlan) -> Result<PlannedLogits> {
-        let logits = self.last_logits(ids, start_pos)?;
-        let t0 = Instant::now();
-        let reduced = self.backend.reduce_logits(&logits, plan);
-        self.times.head += t0.elapsed();
-        reduced
+    /// Runs `ids` at positions `start_pos..` of the selected sequence and hands back what
+    /// `pick` asks of the last position ([`crate::engine::Runner::forward_pick`]): a
+    /// greedy token is found by [`Backend::argmax_rows`] and a planned pick reduced by
+    /// [`Backend::reduce_logits`] where the logits are. The caller has validated IDs and
+    /// capacity.
+    pub fn run_pick(&mut self, ids: &[u32], start_pos: usize, pick: &Pick) -> Result<Picked> {
+        match pick {
+            Pick::Nothing => {
+                self.run(ids, start_pos, LogitRows::None, &mut NoObserver).map(|_| Picked::Nothing)
+            }
+            Pick::Logits => self.run(ids, start_pos, LogitRows::Last, &mut NoObserver).map(Picked::Logits),
+            Pick::Greedy => self.run_greedy(ids, start_pos).map(Picked::Greedy),
+            Pick::Planned(plan) => {
+                // The last position's logits are the block's only row.
+                let logits = self.last_logits(ids, start_pos)?;
+                let t0 = Instant::now();
+                let reduced = self.backend.reduce_logits(&logits, 0, plan);
+                self.times.head += t0.elapsed();
+                reduced.map(Picked::Planned)
+            }
+        }
     }
 
     /// Runs `ids` block by block and returns the last position's logits, on the device.

@@ -8,7 +8,7 @@
 //! prefix of that ranking, the draw walking it in order. So a pick can be planned before
 //! the forward pass ([`Sampler::plan`]) and decided where the logits are: a GPU applies the
 //! plan's bias and penalties, ranks a few hundred candidates and reads back kilobytes
-//! ([`crate::engine::Runner::forward_planned`]), and [`Sampler::finish`] picks the token the
+//! ([`crate::engine::Runner::forward_pick`]), and [`Sampler::finish`] picks the token the
 //! full logits would have given.
 
 mod choose;
@@ -249,7 +249,7 @@ impl Sampler {
 
     /// True when this sampler picks the argmax of the model's logits as they are: greedy,
     /// no bias or penalty, no log probabilities, no constraint. A runner may then find the
-    /// argmax where the logits are ([`crate::engine::Runner::forward_greedy`]: on a GPU,
+    /// argmax where the logits are ([`crate::engine::Runner::forward_pick`]: on a GPU,
     /// only the token ID is read back) and the sampler is not asked.
     pub fn is_plain_greedy(&self) -> bool {
         let p = &self.params;
@@ -392,7 +392,7 @@ impl Sampler {
     }
 
     /// Picks the token of a planned step from what the runner handed back
-    /// ([`crate::engine::Runner::forward_planned`]): the token [`Sampler::sample_with_logprobs`]
+    /// ([`crate::engine::Runner::forward_pick`]): the token [`Sampler::sample_with_logprobs`]
     /// would pick from the same (adjusted) logits, with the same seed. Fails on non-finite
     /// logits as it does.
     pub fn finish(&mut self, plan: &SamplePlan, logits: &PlannedLogits) -> Result<Sampled> {

@@ -80,18 +80,25 @@ impl GpuBackend {
 }
 
 impl GpuBackend {
-    /// The last row of `logits` adjusted and reduced as `plan` asks
+    /// Row `row` of `logits` adjusted and reduced as `plan` asks
     /// ([`crate::backend::Backend::reduce_logits`]): the bias and penalties applied in
     /// place, then the plan's candidates ranked in rounds of logits_topk.wgsl, read back
     /// with the per-workgroup statistics in one readback (`8 k + 16 ceil(vocab / 1024)`
     /// bytes). When they do not decide the pick ([`SamplePlan::decides`]: the draw lands
     /// beyond them), the adjusted row is read in full.
-    pub(super) fn run_reduce(&mut self, logits: &GpuAct, plan: &SamplePlan) -> Result<PlannedLogits> {
+    pub(super) fn run_reduce(
+        &mut self,
+        logits: &GpuAct,
+        row: usize,
+        plan: &SamplePlan,
+    ) -> Result<PlannedLogits> {
         let (rows, vocab) = (logits.rows(), logits.width());
-        if rows == 0 || vocab == 0 {
-            return Err(Error::tensor("logits", format!("no logits to pick from ([{rows}, {vocab}])")));
+        if row >= rows || vocab == 0 {
+            return Err(Error::tensor(
+                "logits",
+                format!("no row {row} of logits to pick from ([{rows}, {vocab}])"),
+            ));
         }
-        let row = rows - 1;
         if !plan.adjust.is_empty() {
             self.adjust_logits(logits, row, plan)?;
         }

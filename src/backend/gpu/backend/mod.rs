@@ -571,9 +571,9 @@ impl Backend for GpuBackend {
         self.run_argmax(logits, first_position)
     }
 
-    fn reduce_logits(&mut self, logits: &GpuAct, plan: &SamplePlan) -> Result<PlannedLogits> {
+    fn reduce_logits(&mut self, logits: &GpuAct, row: usize, plan: &SamplePlan) -> Result<PlannedLogits> {
         self.enter(Segment::Head);
-        self.run_reduce(logits, plan)
+        self.run_reduce(logits, row, plan)
     }
 
     fn rope(&mut self, x: &mut GpuAct, start_pos: usize) -> Result<()> {
