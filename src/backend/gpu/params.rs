@@ -4,9 +4,10 @@
 //! declared with `kernel_params!`, which emits from the same field list the Rust struct
 //! (plain old data: [`bytemuck::Pod`], no implicit padding) and, as
 //! [`KernelParams::WGSL`], the WGSL declaration `struct Params { ... }` with the same
-//! fields in the same order (each field's doc comment becomes a WGSL comment). The layouts
-//! are those the shaders declare (every kernel reads them as
-//! `@group(0) @binding(0) var<uniform> p: Params;`).
+//! fields in the same order (each field's doc comment becomes a WGSL comment). The loader
+//! ([`super::shaders::source`]) prepends that declaration to the op's source, so no
+//! shader declares its parameters itself; every kernel reads them as
+//! `@group(0) @binding(0) var<uniform> p: Params;`.
 //!
 //! [`Op::params`] maps every op to its layout with an exhaustive `match` (a new op without
 //! a parameter struct does not compile), and [`Gpu::dispatch`](super::context::Gpu::dispatch)
@@ -28,7 +29,7 @@ use super::shaders::Op;
 /// `p: Params`. Implemented by the structs `kernel_params!` declares.
 pub trait KernelParams: bytemuck::Pod + 'static {
     /// The WGSL declaration `struct Params { ... }` of the same fields, in the same order,
-    /// of the same types.
+    /// of the same types (the loader prepends it to the op's source).
     const WGSL: &'static str;
 }
 
@@ -102,7 +103,7 @@ macro_rules! kernel_params {
             const WGSL: &'static str = concat!(
                 "// ",
                 stringify!($name),
-                " (src/backend/gpu/params.rs).\n",
+                " (src/backend/gpu/params.rs), prepended by the loader.\n",
                 "struct Params {\n",
                 $(
                     $("    //", $doc, "\n",)*
@@ -509,7 +510,7 @@ kernel_params! {
     pad 3
 }
 
-/// A parameter layout as the dispatcher sees it, whatever its type.
+/// A parameter layout as the loader and the dispatcher see it, whatever its type.
 #[derive(Clone, Copy, Debug)]
 pub struct ParamsLayout {
     /// The Rust struct's name (for messages).
@@ -541,7 +542,7 @@ impl ParamsLayout {
 
 impl Op {
     /// The op's parameter layout: the struct [`Gpu::dispatch`](super::context::Gpu::dispatch)
-    /// takes for it, with its WGSL declaration. Exhaustive: a new op
+    /// takes for it and whose WGSL the loader prepends to its source. Exhaustive: a new op
     /// needs a parameter struct here.
     pub fn params(self) -> ParamsLayout {
         match self {
@@ -631,34 +632,6 @@ mod tests {
         let (_, gate_up) = wgsl_struct(&ParamsLayout::of::<ExpertGateUpParams>());
         let (_, down) = wgsl_struct(&ParamsLayout::of::<ExpertDownParams>());
         assert_eq!(gate_up[..15], down[..15]);
-    }
-
-    /// The members (name with padding names normalized, offset, type) and size of the
-    /// `struct Params` in WGSL `src`.
-    fn members_of(src: &str) -> (u32, Vec<(String, u32, naga::TypeInner)>) {
-        let module =
-            naga::front::wgsl::parse_str(src).unwrap_or_else(|e| panic!("{}", e.emit_to_string(src)));
-        let (_, ty) = module.types.iter().find(|(_, t)| t.name.as_deref() == Some("Params")).unwrap();
-        let naga::TypeInner::Struct { members, span } = &ty.inner else { panic!("Params is not a struct") };
-        let members = members
-            .iter()
-            .map(|m| {
-                let name = m.name.clone().unwrap_or_default();
-                let name = if name.starts_with("_pad") { "_pad".to_string() } else { name };
-                (name, m.offset, module.types[m.ty].inner.clone())
-            })
-            .collect();
-        (*span, members)
-    }
-
-    #[test]
-    fn the_structs_are_the_layouts_the_shaders_declare() {
-        for (op, variant) in crate::backend::gpu::shaders::all_variants() {
-            let shader = crate::backend::gpu::shaders::source(op, variant).unwrap();
-            let layout = op.params();
-            let rust = format!("{}@group(0) @binding(0) var<uniform> p: Params;\n", layout.wgsl);
-            assert_eq!(members_of(&shader), members_of(&rust), "{op:?}: {}", layout.name);
-        }
     }
 
     #[test]
