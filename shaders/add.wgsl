@@ -1,12 +1,6 @@
 // add.wgsl: the residual add, y += x, one invocation per element.
 
-struct Params {
-    n: u32,
-    nx: u32,
-    _pad0: u32,
-    _pad1: u32,
-}
-
+// `Params` is AddParams (src/backend/gpu/params.rs), declared by the loader.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;

@@ -6,17 +6,7 @@
 // index among equal ones (model::math::argmax_with_margin); a NaN or an infinity anywhere
 // in the row sets the flag, which the backend reports as the sampler does.
 
-struct Params {
-    stage: u32,
-    vocab: u32,
-    rows: u32,
-    span: u32,
-    blocks: u32,
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
-}
-
+// `Params` is ArgmaxParams (src/backend/gpu/params.rs), declared by the loader.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> logits: array<f32>;
 @group(0) @binding(2) var<storage, read_write> partial: array<u32>;

@@ -13,21 +13,7 @@
 // need not be the hidden size. A sliding layer (window > 0) sees positions
 // pos - window + 1 ..= pos.
 
-struct Params {
-    rows: u32,
-    start_pos: u32,
-    heads: u32,
-    head_dim: u32,
-    window: u32,
-    q_stride: u32,
-    kv_dim: u32,
-    group: u32,
-    scale: f32,
-    nx: u32,
-    has_sinks: u32,
-    row0: u32,
-}
-
+// `Params` is AttentionParams (src/backend/gpu/params.rs), declared by the loader.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q: array<f32>;
 @group(0) @binding(2) var<storage, read> keys: array<f32>;

@@ -16,25 +16,7 @@
 // layer's window is the caller's `first`. Limits (checked by the backend): group <= 16,
 // group * head_dim <= 2048, head_dim <= 256.
 
-struct Params {
-    pos: u32,
-    first: u32,
-    chunk: u32,
-    splits: u32,
-    kv_heads: u32,
-    head_dim: u32,
-    group: u32,
-    q_dim: u32,
-    kv_dim: u32,
-    scale: f32,
-    eps: f32,
-    has_qk_norm: u32,
-    nx: u32,
-    row: u32,
-    _pad0: u32,
-    _pad1: u32,
-}
-
+// `Params` is AttentionDecodeParams (src/backend/gpu/params.rs), declared by the loader.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> qkv: array<f32>;
 @group(0) @binding(2) var<storage, read_write> keys: array<f32>;

@@ -6,17 +6,7 @@
 // Without sinks (has_sinks = 0) the sink term is absent: a plain softmax. One workgroup per
 // query head, writing row `row` of `out`; head h reads the entry (h / group, split, h % group) of `partial`.
 
-struct Params {
-    heads: u32,
-    head_dim: u32,
-    group: u32,
-    splits: u32,
-    has_sinks: u32,
-    nx: u32,
-    row: u32,
-    _pad0: u32,
-}
-
+// `Params` is AttentionMergeParams (src/backend/gpu/params.rs), declared by the loader.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> partial: array<f32>;
 @group(0) @binding(2) var<storage, read> sinks: array<f32>;

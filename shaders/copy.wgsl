@@ -2,13 +2,7 @@
 // head, token groups of oversized products). A kernel rather than a buffer copy for the
 // same reason as kv_store.wgsl. One invocation per word.
 
-struct Params {
-    n: u32,
-    src_offset: u32,
-    dst_offset: u32,
-    nx: u32,
-}
-
+// `Params` is CopyParams (src/backend/gpu/params.rs), declared by the loader.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> src: array<u32>;
 @group(0) @binding(2) var<storage, read_write> dst: array<u32>;

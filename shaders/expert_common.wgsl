@@ -2,9 +2,10 @@
 // loader after the pool bindings and before the kernel: the slot lookup and the partial
 // products of four consecutive rows of an expert matrix in a pool slot.
 //
-// The kernel defines `p` (both Params start with the same 15 fields), `in_at(base, c)` (its
-// input column c of the row at `base`, 0 past the input width `in_cols()`, never read out
-// of bounds) and `row_count()` (rows of the matrix). Pools are bound as
+// The kernel binds `p` (ExpertGateUpParams or ExpertDownParams, src/backend/gpu/params.rs,
+// whose first 15 fields are the same) and defines `in_at(base, c)` (its input column c of
+// the row at `base`, 0 past the input width `in_cols()`, never read out of bounds) and
+// `row_count()` (rows of the matrix). Pools are bound as
 // `array<vec4<u32>>`: slots start on 4 KiB and components on 64-byte boundaries, and every
 // INT4-gs64 row (32-byte groups) and MXFP4 row (16-byte blocks of 32 codes) is whole
 // 16-byte chunks, so each chunk is one aligned 16-byte load. F32 rows are whole chunks when

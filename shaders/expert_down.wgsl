@@ -13,25 +13,7 @@
 // unfused chain. Valid only when the dispatch binds every resident expert (the backend
 // checks); a non-resident expert would contribute nothing.
 
-struct Params {
-    layer: u32,
-    k: u32,
-    experts: u32,
-    hidden: u32,
-    inter: u32,
-    pool_first: u32,
-    slots_per_pool: u32,
-    stride: u32,
-    w_off: u32,
-    s_off: u32,
-    b_off: u32,
-    row_words: u32,
-    groups: u32,
-    nx: u32,
-    pair_first: u32,
-    _pad0: u32,
-}
-
+// `Params` is ExpertDownParams (src/backend/gpu/params.rs), declared by the loader.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> act: array<f32>;
 @group(0) @binding(2) var<storage, read> routes: array<u32>;

@@ -21,29 +21,7 @@
 // each workgroup (`norm_w`, declared by the loader after the pools, and `eps`), as
 // matvec_common.wgsl describes: the input equals rmsnorm.wgsl's output bit for bit.
 
-struct Params {
-    layer: u32,
-    k: u32,
-    experts: u32,
-    hidden: u32,
-    inter: u32,
-    pool_first: u32,
-    slots_per_pool: u32,
-    stride: u32,
-    w_off: u32,
-    s_off: u32,
-    b_off: u32,
-    row_words: u32,
-    groups: u32,
-    nx: u32,
-    pair_first: u32,
-    limit: f32,
-    alpha: f32,
-    activation: u32,
-    eps: f32,
-    _pad2: u32,
-}
-
+// `Params` is ExpertGateUpParams (src/backend/gpu/params.rs), declared by the loader.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read> routes: array<u32>;

@@ -2,17 +2,7 @@
 // source of `src_width` columns: a column range of a row-major activation (the Q, K or V
 // part of the fused Q/K/V projection) as an activation of its own.
 
-struct Params {
-    rows: u32,
-    width: u32,
-    src_width: u32,
-    col0: u32,
-    nx: u32,
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
-}
-
+// `Params` is GatherColsParams (src/backend/gpu/params.rs), declared by the loader.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> src: array<f32>;
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;

@@ -6,17 +6,7 @@
 // or plain silu(gate) * up) is the recipe's, as in expert_gate_up.wgsl and the CPU's
 // backend::cpu::moe::expert_forward.
 
-struct Params {
-    n: u32,
-    activation: u32,
-    limit: f32,
-    alpha: f32,
-    nx: u32,
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
-}
-
+// `Params` is GluParams (src/backend/gpu/params.rs), declared by the loader.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> gate_up: array<f32>;
 @group(0) @binding(2) var<storage, read_write> act: array<f32>;

@@ -6,13 +6,7 @@
 // (wgpu's GL backend fences copies after compute writes more weakly). One invocation per
 // value.
 
-struct Params {
-    n: u32,
-    offset: u32,
-    nx: u32,
-    src: u32,
-}
-
+// `Params` is KvStoreParams (src/backend/gpu/params.rs), declared by the loader.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> k: array<f32>;
 @group(0) @binding(2) var<storage, read> v: array<f32>;

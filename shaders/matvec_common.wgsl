@@ -1,7 +1,7 @@
 // matvec_common.wgsl: what the four matrix-vector kernels (matvec_{f32,bf16,int8,int4}.wgsl)
 // share, prepended to them by the loader after common.wgsl and decode.wgsl: the
-// parameters, the input, output and bias bindings (1..3), the NORM prologue, the input
-// loads, the reduction and the ACCUMULATE store.
+// parameter binding, the input, output and bias bindings (1..3), the NORM prologue, the
+// input loads, the reduction and the ACCUMULATE store.
 //
 // A dispatch computes `y = W x + b` for one row block [row_offset, row_offset + rows) of the
 // matrix. A workgroup computes R = 4 consecutive rows for up to 4 tokens (t0 .. t0 + 4,
@@ -30,21 +30,7 @@
 //   input equals rmsnorm.wgsl's output bit for bit. The loader declares `norm_w`.
 // * ACCUMULATE: `y[t][row] += W x + b` (the residual add fused into the product).
 
-struct Params {
-    rows: u32,
-    cols: u32,
-    row_offset: u32,
-    out_stride: u32,
-    tokens: u32,
-    has_bias: u32,
-    nx: u32,
-    eps: f32,
-    row_chunks: u32,
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
-}
-
+// `Params` is MatvecParams (src/backend/gpu/params.rs), declared by the loader.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;

@@ -2,13 +2,7 @@
 // contrib[r][j], summed in routing order j = 0..k (as the CPU backend), where contrib holds
 // each selected expert's output including its down bias. One invocation per (row, output).
 
-struct Params {
-    rows: u32,
-    hidden: u32,
-    k: u32,
-    nx: u32,
-}
-
+// `Params` is MoeCombineParams (src/backend/gpu/params.rs), declared by the loader.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> contrib: array<f32>;
 @group(0) @binding(2) var<storage, read> routes: array<u32>;

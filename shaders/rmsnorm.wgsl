@@ -1,13 +1,7 @@
 // rmsnorm.wgsl: y = w * (x / sqrt(mean(x^2) + eps)), row by row, in f32 (as
 // model::math::rms_norm). One workgroup per row; the sum of squares meets in wg_sum.
 
-struct Params {
-    rows: u32,
-    width: u32,
-    eps: f32,
-    nx: u32,
-}
-
+// `Params` is RmsNormParams (src/backend/gpu/params.rs), declared by the loader.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;

@@ -5,13 +5,7 @@
 // slice s starts at s * head_dim whatever heads * head_dim is relative to the hidden size.
 // One workgroup per slice; the sum of squares meets in wg_sum.
 
-struct Params {
-    slices: u32,
-    head_dim: u32,
-    eps: f32,
-    nx: u32,
-}
-
+// `Params` is RmsNormHeadsParams (src/backend/gpu/params.rs), declared by the loader.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> x: array<f32>;
 @group(0) @binding(2) var<storage, read> w: array<f32>;

@@ -5,17 +5,7 @@
 // with the YaRN frequencies and attention factor (model::rope), so large angles are exact.
 // One invocation per (row, head, pair).
 
-struct Params {
-    rows: u32,
-    heads: u32,
-    head_dim: u32,
-    start_pos: u32,
-    width: u32,
-    total: u32,
-    nx: u32,
-    row0: u32,
-}
-
+// `Params` is RopeParams (src/backend/gpu/params.rs), declared by the loader.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> x: array<f32>;
 @group(0) @binding(2) var<storage, read> cos_t: array<f32>;

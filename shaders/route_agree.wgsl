@@ -3,13 +3,7 @@
 // residency needs no readback for it: counters[0] += experts predicted and used,
 // counters[1] += experts used. One invocation per row.
 
-struct Params {
-    rows: u32,
-    k: u32,
-    nx: u32,
-    _pad: u32,
-}
-
+// `Params` is RouteAgreeParams (src/backend/gpu/params.rs), declared by the loader.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> predicted: array<u32>;
 @group(0) @binding(2) var<storage, read> actual: array<u32>;

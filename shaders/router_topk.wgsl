@@ -6,17 +6,7 @@
 // RULE_SOFTMAX_TOPK_RENORM also divides them by their sum (Qwen3-MoE with norm_topk_prob).
 // A row of the routes buffer holds k expert indices followed by k weights (f32 bits).
 
-struct Params {
-    rows: u32,
-    experts: u32,
-    k: u32,
-    nx: u32,
-    rule: u32,
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
-}
-
+// `Params` is RouterTopkParams (src/backend/gpu/params.rs), declared by the loader.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> logits: array<f32>;
 @group(0) @binding(2) var<storage, read_write> routes: array<u32>;

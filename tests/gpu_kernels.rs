@@ -923,3 +923,29 @@ fn fused_experts_match_cpu_norm_experts_combine_add() {
     }
     assert!(declined_pools > 0, "no case had every expert resident in more pools than one dispatch binds");
 }
+
+/// `Gpu::dispatch` takes the op's own parameter struct (`Op::params`) and refuses another
+/// one, recording nothing.
+#[test]
+fn a_dispatch_with_another_ops_parameters_is_refused() {
+    use picchio::backend::gpu::context::{Bind, Gpu};
+    use picchio::backend::gpu::device;
+    use picchio::backend::gpu::params::{AddParams, CopyParams};
+    use picchio::backend::gpu::shaders::{Op, Variant};
+
+    let Some(opts) = gpu_options("dispatch params") else { return };
+    let open = device::open(opts.api, opts.allow_software, opts.features).unwrap();
+    let mut gpu = Gpu::new(open, None, 64).unwrap();
+    let x = gpu.buffer_init("x", &[0u8; 64]).unwrap();
+    let y = gpu.buffer_init("y", &[0u8; 64]).unwrap();
+    let binds = [Bind::whole(&x), Bind::whole(&y)];
+    let v = Variant::default();
+    let wrong = CopyParams { n: 16, src_offset: 0, dst_offset: 0, nx: 1 };
+    let err = gpu.dispatch(Op::Add, v, &wrong, &binds, (1, 1, 1)).unwrap_err().to_string();
+    assert!(err.contains("CopyParams") && err.contains("AddParams"), "{err}");
+    assert_eq!(gpu.counters().dispatches, 0);
+    let right = AddParams { n: 16, nx: 1, _pad: [0; 2] };
+    gpu.dispatch(Op::Add, v, &right, &binds, (1, 1, 1)).unwrap();
+    assert_eq!(gpu.counters().dispatches, 1);
+    gpu.sync().unwrap();
+}

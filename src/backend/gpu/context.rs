@@ -15,10 +15,12 @@ use std::time::Duration;
 use crate::error::{Error, Result};
 
 use super::device::{Faults, OpenDevice};
+use super::params::KernelParams;
 use super::shaders::{Access, Op, Variant, source};
 
-/// Bytes reserved per dispatch in the parameter ring (the usual uniform offset alignment).
-const PARAM_SLOT: u64 = 256;
+/// Bytes reserved per dispatch in the parameter ring (the usual uniform offset alignment):
+/// every parameter struct ([`super::params`]) fits one.
+pub const PARAM_SLOT: u64 = 256;
 /// Alignment used for storage binding offsets (at least every adapter's minimum).
 pub const STORAGE_ALIGN: u64 = 256;
 /// Dispatches recorded before the pending work is submitted without waiting: a few layers'
@@ -376,20 +378,30 @@ impl Gpu {
         })
     }
 
-    /// Records one dispatch of `op` with `params` (u32 words) and `binds` (bindings 1..),
-    /// over `groups` workgroups.
-    pub fn dispatch(
+    /// Records one dispatch of `op` with `params` (its uniform `p`) and `binds` (bindings
+    /// 1..), over `groups` workgroups. An error, recording nothing, when `params` is not the
+    /// struct of `op` ([`Op::params`]).
+    pub fn dispatch<P: KernelParams>(
         &mut self,
         op: Op,
         variant: Variant,
-        params: &[u32],
+        params: &P,
         binds: &[Bind<'_>],
         groups: (u32, u32, u32),
     ) -> Result<()> {
+        const { assert!(size_of::<P>() <= PARAM_SLOT as usize) };
+        let layout = op.params();
+        if !layout.is::<P>() {
+            return Err(Error::Backend(format!(
+                "{}: dispatched with {} parameters; the kernel reads {}",
+                op.file(),
+                std::any::type_name::<P>(),
+                layout.name
+            )));
+        }
         if groups.0 == 0 || groups.1 == 0 || groups.2 == 0 {
             return Ok(());
         }
-        debug_assert!(params.len() * 4 <= PARAM_SLOT as usize);
         for b in binds {
             if b.size > self.max_binding {
                 return Err(Error::Backend(format!(
@@ -404,7 +416,7 @@ impl Gpu {
             self.flush()?;
         }
         let offset = self.params.len() as u32;
-        self.params.extend_from_slice(bytemuck::cast_slice(params));
+        self.params.extend_from_slice(bytemuck::bytes_of(params));
         self.params.resize(offset as usize + PARAM_SLOT as usize, 0);
 
         let key =

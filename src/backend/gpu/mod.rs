@@ -5,6 +5,7 @@
 //! |---|---|
 //! | [`device`] | adapters: choice, listing (`picchio devices`), opening, fault collection |
 //! | [`shaders`] | the WGSL sources in `shaders/`, their variants, the preprocessor |
+//! | [`params`] | each kernel's uniform parameters: one struct for Rust and WGSL |
 //! | [`context`] | buffers, kernels, recording, the parameter ring, readbacks |
 //! | [`buffers`] | pooled activations and routing buffers |
 //! | [`weights`] | dense matrices in their container format, split by rows |
@@ -17,6 +18,7 @@ pub mod backend;
 pub mod buffers;
 pub mod context;
 pub mod device;
+pub mod params;
 pub mod shaders;
 pub mod vram;
 pub mod weights;

@@ -1,8 +1,10 @@
 //! The WGSL kernels (`shaders/`, one op per file), their variants, and the small line
 //! preprocessor that builds a variant's source.
 //!
-//! Every source is `common.wgsl` (enables, invocation IDs, the workgroup sum) followed by
-//! the op's file, whose entry line [`ENTRY_LINE`] is replaced by the real entry point
+//! Every source is `common.wgsl` (enables, invocation IDs, the workgroup sum), the op's
+//! `struct Params` generated from its Rust parameter struct ([`Op::params`],
+//! [`super::params`]; no shader declares it), the product kernels' preludes, then the op's
+//! file, whose entry line [`ENTRY_LINE`] is replaced by the real entry point
 //! ([`entry_point`]). Variants differ only where an optional adapter feature is used (SUBGROUP
 //! for reductions, SHADER_F16 for loading f16 scales), in the expert weight format (F32,
 //! INT4-gs64 or MXFP4: [`SlotFormat`]), and in how many expert pools the expert kernels bind. `all_variants` lists every
@@ -462,6 +464,9 @@ pub fn source(op: Op, variant: Variant) -> Result<String> {
         flags.push("COMBINE");
     }
     let mut src = preprocess(COMMON, &flags)?;
+    // The op's parameters, declared from their Rust struct (params.rs): after common.wgsl's
+    // `enable` directives, before everything that reads `p`.
+    src.push_str(op.params().wgsl);
     if op.is_expert() {
         if !POOL_VARIANTS.contains(&variant.pools) {
             return Err(Error::Backend(format!("no expert kernel for {} pools", variant.pools)));
@@ -568,6 +573,24 @@ mod tests {
                 with_entry_point(&kernel, v.subgroup).unwrap().lines().count(),
                 kernel.lines().count()
             );
+        }
+    }
+
+    #[test]
+    fn params_are_declared_once_by_the_loader() {
+        for text in [COMMON, DECODE, EXPERT_COMMON, MATVEC_COMMON].into_iter().chain(Op::ALL.map(Op::text)) {
+            assert!(!text.contains("struct Params"), "a shader declares its own Params:\n{text}");
+        }
+        for (op, v) in all_variants() {
+            let src = source(op, v).unwrap();
+            assert_eq!(src.matches("struct Params {").count(), 1, "{} {}", op.file(), v.label());
+            assert!(src.contains(op.params().wgsl), "{} {}", op.file(), v.label());
+        }
+        // Each kernel's binding comment names its struct.
+        for op in Op::ALL {
+            let text = if op.is_matvec() { MATVEC_COMMON } else { op.text() };
+            let line = format!("// `Params` is {} (src/backend/gpu/params.rs)", op.params().name);
+            assert!(text.contains(&line), "{}: no `{line}`", op.file());
         }
     }
 

@@ -8,8 +8,11 @@ use crate::error::{Error, Result};
 
 use super::super::buffers::GpuAct;
 use super::super::context::{Bind, GBuf, Gpu};
+use super::super::params::{
+    AttentionDecodeParams, AttentionMergeParams, AttentionParams, KvStoreParams, RopeParams,
+};
 use super::super::shaders::Op;
-use super::{GpuBackend, bits, check_shape};
+use super::{GpuBackend, check_shape};
 
 /// Where the rows of an attention dispatch sit: `rows` rows of the activations from row
 /// `row0`, in the cache of sequence `seq` from position `start_pos`.
@@ -54,16 +57,16 @@ impl GpuBackend {
         let heads = x.width() / d;
         let total = rows * heads * (d / 2);
         let (nx, ny) = self.gpu.grid(total.div_ceil(64) as u64)?;
-        let params = [
-            rows as u32,
-            heads as u32,
-            d as u32,
-            start_pos as u32,
-            x.width() as u32,
-            total as u32,
+        let params = RopeParams {
+            rows: rows as u32,
+            heads: heads as u32,
+            head_dim: d as u32,
+            start_pos: start_pos as u32,
+            width: x.width() as u32,
+            total: total as u32,
             nx,
-            row0 as u32,
-        ];
+            row0: row0 as u32,
+        };
         let v = self.variant(Op::Rope);
         let (c, s) = (self.rope_cos.clone(), self.rope_sin.clone());
         self.gpu.dispatch(Op::Rope, v, &params, &[x.bind(), Bind::whole(&c), Bind::whole(&s)], (nx, ny, 1))
@@ -85,25 +88,30 @@ impl GpuBackend {
         let (kc, vc) = self.kv[at.seq][layer].clone();
         let n = at.rows * cfg.kv_dim();
         let (nx, ny) = self.gpu.grid(n.div_ceil(64) as u64)?;
-        let params = [n as u32, (at.start_pos * cfg.kv_dim()) as u32, nx, (at.row0 * cfg.kv_dim()) as u32];
+        let params = KvStoreParams {
+            n: n as u32,
+            offset: (at.start_pos * cfg.kv_dim()) as u32,
+            nx,
+            src: (at.row0 * cfg.kv_dim()) as u32,
+        };
         let var = self.variant(Op::KvStore);
         let binds = [k.bind(), v.bind(), Bind::whole(&kc), Bind::whole(&vc)];
         self.gpu.dispatch(Op::KvStore, var, &params, &binds, (nx, ny, 1))?;
         let (nx, ny) = self.gpu.grid((at.rows * cfg.num_heads) as u64)?;
-        let params = [
-            at.rows as u32,
-            at.start_pos as u32,
-            cfg.num_heads as u32,
-            cfg.head_dim as u32,
-            cfg.window(layer).unwrap_or(0) as u32,
-            cfg.q_dim() as u32,
-            cfg.kv_dim() as u32,
-            (cfg.num_heads / cfg.num_kv_heads) as u32,
-            bits(1.0 / (cfg.head_dim as f32).sqrt()),
+        let params = AttentionParams {
+            rows: at.rows as u32,
+            start_pos: at.start_pos as u32,
+            heads: cfg.num_heads as u32,
+            head_dim: cfg.head_dim as u32,
+            window: cfg.window(layer).unwrap_or(0) as u32,
+            q_stride: cfg.q_dim() as u32,
+            kv_dim: cfg.kv_dim() as u32,
+            group: (cfg.num_heads / cfg.num_kv_heads) as u32,
+            scale: 1.0 / (cfg.head_dim as f32).sqrt(),
             nx,
-            self.layers[layer].sinks.is_some() as u32,
-            at.row0 as u32,
-        ];
+            has_sinks: self.layers[layer].sinks.is_some() as u32,
+            row0: at.row0 as u32,
+        };
         let sinks = self.layers[layer].sinks.clone().unwrap_or_else(|| self.gpu.dummy.clone());
         let var = self.variant(Op::Attention);
         let binds = [q.bind(), Bind::whole(&kc), Bind::whole(&vc), Bind::whole(&sinks), out.bind()];
@@ -250,24 +258,23 @@ impl GpuBackend {
             let (chunk, splits) = splits_for(pos + 1 - first);
             let (kc, vc) = self.kv[at.seq][layer].clone();
             let (nx, ny) = self.gpu.grid((cfg.num_kv_heads * splits) as u64)?;
-            let params = [
-                pos as u32,
-                first as u32,
-                chunk as u32,
-                splits as u32,
-                cfg.num_kv_heads as u32,
-                cfg.head_dim as u32,
-                group as u32,
-                cfg.q_dim() as u32,
-                cfg.kv_dim() as u32,
-                bits(1.0 / (cfg.head_dim as f32).sqrt()),
-                bits(cfg.rms_norm_eps),
-                owner.qk_w.is_some() as u32,
+            let params = AttentionDecodeParams {
+                pos: pos as u32,
+                first: first as u32,
+                chunk: chunk as u32,
+                splits: splits as u32,
+                kv_heads: cfg.num_kv_heads as u32,
+                head_dim: cfg.head_dim as u32,
+                group: group as u32,
+                q_dim: cfg.q_dim() as u32,
+                kv_dim: cfg.kv_dim() as u32,
+                scale: 1.0 / (cfg.head_dim as f32).sqrt(),
+                eps: cfg.rms_norm_eps,
+                has_qk_norm: owner.qk_w.is_some() as u32,
                 nx,
-                row as u32,
-                0,
-                0,
-            ];
+                row: row as u32,
+                _pad: [0; 2],
+            };
             let binds = [
                 qkv.bind(),
                 Bind::whole(&kc),
@@ -281,16 +288,16 @@ impl GpuBackend {
             self.gpu.dispatch(Op::AttentionDecode, v, &params, &binds, (nx, ny, 1))?;
 
             let (nx, ny) = self.gpu.grid(cfg.num_heads as u64)?;
-            let params = [
-                cfg.num_heads as u32,
-                cfg.head_dim as u32,
-                group as u32,
-                splits as u32,
-                owner.sinks.is_some() as u32,
+            let params = AttentionMergeParams {
+                heads: cfg.num_heads as u32,
+                head_dim: cfg.head_dim as u32,
+                group: group as u32,
+                splits: splits as u32,
+                has_sinks: owner.sinks.is_some() as u32,
                 nx,
-                row as u32,
-                0,
-            ];
+                row: row as u32,
+                _pad: [0; 1],
+            };
             let v = self.variant(Op::AttentionMerge);
             let binds = [Bind::whole(&partial), Bind::whole(&sinks), attn.bind()];
             self.gpu.dispatch(Op::AttentionMerge, v, &params, &binds, (nx, ny, 1))?;

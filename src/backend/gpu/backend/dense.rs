@@ -8,10 +8,11 @@ use crate::error::{Error, Result};
 
 use super::super::buffers::GpuAct;
 use super::super::context::{Bind, GBuf, STORAGE_ALIGN};
+use super::super::params::{CopyParams, GatherColsParams, GluParams, MatvecParams};
 use super::super::shaders::{Op, Variant};
 use super::super::weights::GpuMatrix;
 use super::model::{GpuFfn, GpuLayer, GpuLinear};
-use super::{GpuBackend, TOKENS_PER_GROUP, activation_code, bits, check_shape};
+use super::{GpuBackend, TOKENS_PER_GROUP, activation_code, check_shape};
 
 /// Output rows one matrix-vector workgroup computes (`R` in matvec_common.wgsl).
 const MATVEC_ROWS: usize = 4;
@@ -124,7 +125,7 @@ impl GpuBackend {
             return Err(Error::Backend(format!("a copy of {n} words exceeds the storage binding limit")));
         }
         let (nx, ny) = self.gpu.grid(n.div_ceil(64) as u64)?;
-        let params = [n as u32, so, d_o, nx];
+        let params = CopyParams { n: n as u32, src_offset: so, dst_offset: d_o, nx };
         let binds = [Bind::range(src, sb, ss), Bind::range(dst, db, ds)];
         let v = self.variant(Op::Copy);
         self.gpu.dispatch(Op::Copy, v, &params, &binds, (nx, ny, 1))
@@ -144,7 +145,7 @@ impl GpuBackend {
         let mut v = self.variant(m.op);
         v.norm = norm.is_some();
         v.accumulate = accumulate;
-        let eps = bits(self.cfg.rms_norm_eps);
+        let eps = self.cfg.rms_norm_eps;
         let tokens = x.rows();
         let tiles = tokens.div_ceil(TOKENS_PER_GROUP);
         if tiles > self.gpu.max_groups as usize {
@@ -154,20 +155,18 @@ impl GpuBackend {
         for block in &m.blocks {
             // MATVEC_ROWS rows per workgroup (matvec_common.wgsl).
             let (nx, ny) = self.gpu.grid(block.rows.div_ceil(MATVEC_ROWS) as u64)?;
-            let params = [
-                block.rows as u32,
-                m.cols as u32,
-                block.row0 as u32,
-                m.rows as u32,
-                tokens as u32,
-                bias.is_some() as u32,
+            let params = MatvecParams {
+                rows: block.rows as u32,
+                cols: m.cols as u32,
+                row_offset: block.row0 as u32,
+                out_stride: m.rows as u32,
+                tokens: tokens as u32,
+                has_bias: bias.is_some() as u32,
                 nx,
                 eps,
-                m.row_chunks as u32,
-                0,
-                0,
-                0,
-            ];
+                row_chunks: m.row_chunks as u32,
+                _pad: [0; 3],
+            };
             let mut binds = vec![
                 x.bind(),
                 Bind::first(out, out_bytes),
@@ -203,16 +202,14 @@ impl GpuBackend {
         let act = self.alloc(rows, inter)?;
         let n = rows * inter;
         let (nx, ny) = self.gpu.grid(n.div_ceil(64) as u64)?;
-        let params = [
-            n as u32,
-            activation_code(cfg.recipe.activation),
-            bits(cfg.swiglu_limit),
-            bits(cfg.swiglu_alpha),
+        let params = GluParams {
+            n: n as u32,
+            activation: activation_code(cfg.recipe.activation),
+            limit: cfg.swiglu_limit,
+            alpha: cfg.swiglu_alpha,
             nx,
-            0,
-            0,
-            0,
-        ];
+            _pad: [0; 3],
+        };
         let v = self.variant(Op::Glu);
         self.gpu.dispatch(Op::Glu, v, &params, &[gu.bind(), act.bind()], (nx, ny, 1))?;
         self.matvec(&down.m, down.bias.as_ref(), &act, out)
@@ -383,7 +380,14 @@ impl GpuBackend {
         }
         let n = out.rows() * out.width();
         let (nx, ny) = self.gpu.grid(n.div_ceil(64) as u64)?;
-        let params = [out.rows() as u32, out.width() as u32, src.width() as u32, col0 as u32, nx, 0, 0, 0];
+        let params = GatherColsParams {
+            rows: out.rows() as u32,
+            width: out.width() as u32,
+            src_width: src.width() as u32,
+            col0: col0 as u32,
+            nx,
+            _pad: [0; 3],
+        };
         let v = self.variant(Op::GatherCols);
         self.gpu.dispatch(Op::GatherCols, v, &params, &[src.bind(), out.bind()], (nx, ny, 1))
     }

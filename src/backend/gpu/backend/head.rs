@@ -8,6 +8,7 @@ use crate::sample::{Candidates, LogitStats, MAX_DEVICE_CANDIDATES, PlannedLogits
 
 use super::super::buffers::{GpuAct, floats, words};
 use super::super::context::Bind;
+use super::super::params::ArgmaxParams;
 use super::super::shaders::Op;
 use super::GpuBackend;
 
@@ -59,7 +60,14 @@ impl GpuBackend {
         let v = self.variant(Op::Argmax);
         let binds = [logits.bind(), Bind::whole(partial.buf()), Bind::whole(result.buf())];
         for (stage, groups) in [(0u32, blocks as u32), (1, 1)] {
-            let params = [stage, vocab as u32, rows as u32, span as u32, blocks as u32, 0, 0, 0];
+            let params = ArgmaxParams {
+                stage,
+                vocab: vocab as u32,
+                rows: rows as u32,
+                span: span as u32,
+                blocks: blocks as u32,
+                _pad: [0; 3],
+            };
             self.gpu.dispatch(Op::Argmax, v, &params, &binds, (groups, rows as u32, 1))?;
         }
         let agree = self.agree.clone();

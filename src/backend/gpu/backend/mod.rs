@@ -21,6 +21,7 @@ use super::GpuOptions;
 use super::buffers::{BufferPool, GpuAct, GpuRoutes, Pooled, decode_routes, floats, words};
 use super::context::{Bind, DeviceCounters, GBuf, Gpu};
 use super::device::{self, AdapterReport};
+use super::params::{AddParams, RmsNormHeadsParams, RmsNormParams};
 use super::shaders::{Op, Variant};
 use super::vram::VramExperts;
 use super::weights::{GpuMatrix, upload_matrix, upload_vector};
@@ -95,10 +96,6 @@ pub struct GpuBackend {
     fail_at_readback: Option<u64>,
     dense_bytes: u64,
     stats: GpuStats,
-}
-
-fn bits(v: f32) -> u32 {
-    v.to_bits()
 }
 
 /// The `activation` code of expert_gate_up.wgsl and glu.wgsl (`gated_activation` in
@@ -473,7 +470,8 @@ impl Backend for GpuBackend {
             }
         };
         let (nx, ny) = self.gpu.grid(x.rows() as u64)?;
-        let params = [x.rows() as u32, x.width() as u32, bits(self.cfg.rms_norm_eps), nx];
+        let params =
+            RmsNormParams { rows: x.rows() as u32, width: x.width() as u32, eps: self.cfg.rms_norm_eps, nx };
         let v = self.variant(Op::RmsNorm);
         self.gpu.dispatch(Op::RmsNorm, v, &params, &[x.bind(), out.bind(), Bind::whole(&w)], (nx, ny, 1))
     }
@@ -503,7 +501,8 @@ impl Backend for GpuBackend {
         let w = if key { k } else { q };
         let slices = x.rows() * (x.width() / d);
         let (nx, ny) = self.gpu.grid(slices as u64)?;
-        let params = [slices as u32, d as u32, bits(self.cfg.rms_norm_eps), nx];
+        let params =
+            RmsNormHeadsParams { slices: slices as u32, head_dim: d as u32, eps: self.cfg.rms_norm_eps, nx };
         let v = self.variant(Op::RmsNormHeads);
         self.gpu.dispatch(Op::RmsNormHeads, v, &params, &[x.bind(), Bind::whole(w)], (nx, ny, 1))
     }
@@ -655,7 +654,8 @@ impl Backend for GpuBackend {
         let n = y.rows() * y.width();
         let (nx, ny) = self.gpu.grid(n.div_ceil(64) as u64)?;
         let v = self.variant(Op::Add);
-        self.gpu.dispatch(Op::Add, v, &[n as u32, nx, 0, 0], &[y.bind(), x.bind()], (nx, ny, 1))
+        let params = AddParams { n: n as u32, nx, _pad: [0; 2] };
+        self.gpu.dispatch(Op::Add, v, &params, &[y.bind(), x.bind()], (nx, ny, 1))
     }
 
     fn copy_rows(&mut self, src: &GpuAct, first_row: usize, dst: &mut GpuAct) -> Result<()> {

@@ -8,8 +8,11 @@ use crate::error::{Error, Result};
 
 use super::super::buffers::{GpuAct, GpuRoutes, decode_routes};
 use super::super::context::{Bind, GBuf};
+use super::super::params::{
+    ExpertDownParams, ExpertGateUpParams, MoeCombineParams, RouteAgreeParams, RouterTopkParams,
+};
 use super::super::shaders::Op;
-use super::{GpuBackend, activation_code, bits, check_shape, routing_code};
+use super::{GpuBackend, activation_code, check_shape, routing_code};
 
 /// The routing prediction for the next layer, kept across `route` calls.
 pub(super) struct Prediction {
@@ -24,16 +27,14 @@ impl GpuBackend {
     pub(super) fn topk(&mut self, logits: &GpuAct, routes: &GpuRoutes) -> Result<()> {
         let rows = logits.rows();
         let (nx, ny) = self.gpu.grid(rows.div_ceil(64) as u64)?;
-        let params = [
-            rows as u32,
-            self.cfg.num_experts as u32,
-            self.cfg.experts_per_token as u32,
+        let params = RouterTopkParams {
+            rows: rows as u32,
+            experts: self.cfg.num_experts as u32,
+            k: self.cfg.experts_per_token as u32,
             nx,
-            routing_code(self.cfg.recipe.routing),
-            0,
-            0,
-            0,
-        ];
+            rule: routing_code(self.cfg.recipe.routing),
+            _pad: [0; 3],
+        };
         let v = self.variant(Op::RouterTopk);
         self.gpu.dispatch(Op::RouterTopk, v, &params, &[logits.bind(), routes.bind()], (nx, ny, 1))
     }
@@ -51,55 +52,55 @@ impl GpuBackend {
     }
 
     /// The parameters of expert_gate_up.wgsl for pool group `first`, pairs from `p0`.
-    fn gate_up_params(&self, layer: usize, first: usize, nx: u32, p0: usize) -> [u32; 20] {
+    fn gate_up_params(&self, layer: usize, first: usize, nx: u32, p0: usize) -> ExpertGateUpParams {
         let cfg = &self.cfg;
         let lay = self.vram.layout;
-        [
-            layer as u32,
-            cfg.experts_per_token as u32,
-            cfg.num_experts as u32,
-            cfg.hidden_size as u32,
-            cfg.intermediate_size as u32,
-            first as u32,
-            self.vram.slots_per_pool as u32,
-            lay.stride,
-            lay.gu_w,
-            lay.gu_s,
-            lay.gu_b,
-            lay.gu_row_words,
-            lay.gu_groups,
+        ExpertGateUpParams {
+            layer: layer as u32,
+            k: cfg.experts_per_token as u32,
+            experts: cfg.num_experts as u32,
+            hidden: cfg.hidden_size as u32,
+            inter: cfg.intermediate_size as u32,
+            pool_first: first as u32,
+            slots_per_pool: self.vram.slots_per_pool as u32,
+            stride: lay.stride,
+            w_off: lay.gu_w,
+            s_off: lay.gu_s,
+            b_off: lay.gu_b,
+            row_words: lay.gu_row_words,
+            groups: lay.gu_groups,
             nx,
-            p0 as u32,
-            bits(cfg.swiglu_limit),
-            bits(cfg.swiglu_alpha),
-            activation_code(cfg.recipe.activation),
-            bits(cfg.rms_norm_eps),
-            0,
-        ]
+            pair_first: p0 as u32,
+            limit: cfg.swiglu_limit,
+            alpha: cfg.swiglu_alpha,
+            activation: activation_code(cfg.recipe.activation),
+            eps: cfg.rms_norm_eps,
+            _pad: [0; 1],
+        }
     }
 
     /// The parameters of expert_down.wgsl for pool group `first`, pairs from `p0`.
-    fn down_params(&self, layer: usize, first: usize, nx: u32, p0: usize) -> [u32; 16] {
+    fn down_params(&self, layer: usize, first: usize, nx: u32, p0: usize) -> ExpertDownParams {
         let cfg = &self.cfg;
         let lay = self.vram.layout;
-        [
-            layer as u32,
-            cfg.experts_per_token as u32,
-            cfg.num_experts as u32,
-            cfg.hidden_size as u32,
-            cfg.intermediate_size as u32,
-            first as u32,
-            self.vram.slots_per_pool as u32,
-            lay.stride,
-            lay.dn_w,
-            lay.dn_s,
-            lay.dn_b,
-            lay.dn_row_words,
-            lay.dn_groups,
+        ExpertDownParams {
+            layer: layer as u32,
+            k: cfg.experts_per_token as u32,
+            experts: cfg.num_experts as u32,
+            hidden: cfg.hidden_size as u32,
+            inter: cfg.intermediate_size as u32,
+            pool_first: first as u32,
+            slots_per_pool: self.vram.slots_per_pool as u32,
+            stride: lay.stride,
+            w_off: lay.dn_w,
+            s_off: lay.dn_s,
+            b_off: lay.dn_b,
+            row_words: lay.dn_row_words,
+            groups: lay.dn_groups,
             nx,
-            p0 as u32,
-            0,
-        ]
+            pair_first: p0 as u32,
+            _pad: [0; 1],
+        }
     }
 
     /// The pool buffers of the group starting at `first`, padded with the placeholder to
@@ -315,7 +316,8 @@ impl GpuBackend {
         let result = (|| {
             if pred.valid_for == Some(layer) {
                 let (nx, ny) = self.gpu.grid(rows.div_ceil(64) as u64)?;
-                let params = [rows as u32, cfg.experts_per_token as u32, nx, 0];
+                let params =
+                    RouteAgreeParams { rows: rows as u32, k: cfg.experts_per_token as u32, nx, _pad: [0; 1] };
                 let v = self.variant(Op::RouteAgree);
                 let agree = self.agree.clone();
                 let binds = [pred.bufs[layer % 2].bind(), routes.bind(), Bind::whole(&agree)];
@@ -392,7 +394,7 @@ impl GpuBackend {
             }
         }
         let (nx, ny) = self.gpu.grid((rows * h).div_ceil(64) as u64)?;
-        let params = [rows as u32, h as u32, k as u32, nx];
+        let params = MoeCombineParams { rows: rows as u32, hidden: h as u32, k: k as u32, nx };
         let v = self.variant(Op::MoeCombine);
         let cb = Bind::first(contrib.buf(), (pairs * h * 4) as u64);
         self.gpu.dispatch(Op::MoeCombine, v, &params, &[cb, routes.bind(), out.bind()], (nx, ny, 1))?;
