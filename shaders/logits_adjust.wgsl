@@ -7,13 +7,7 @@
 // the same bits; a non-finite logit is left as it is (the ranking reports it). An entry
 // naming a token outside the vocabulary is skipped.
 
-struct Params {
-    count: u32,
-    vocab: u32,
-    row_offset: u32,
-    nx: u32,
-}
-
+// `Params` is LogitsAdjustParams (src/backend/gpu/params.rs), declared by the loader.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> logits: array<f32>;
 @group(0) @binding(2) var<storage, read> adjust: array<u32>;

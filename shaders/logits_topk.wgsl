@@ -16,18 +16,7 @@
 // drops NONE tokens (a vocabulary smaller than k). k <= CHUNK / 2, so every round at least
 // halves the entries. One row per dispatch (the row being decoded).
 
-struct Params {
-    stage: u32,
-    n: u32,
-    k: u32,
-    temperature: f32,
-    // Stage 0: where the row starts in `logits`.
-    row_offset: u32,
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
-}
-
+// `Params` is LogitsTopkParams (src/backend/gpu/params.rs), declared by the loader.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> logits: array<f32>;
 @group(0) @binding(2) var<storage, read> src: array<u32>;

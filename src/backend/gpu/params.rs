@@ -540,6 +540,38 @@ impl ParamsLayout {
     }
 }
 
+kernel_params! {
+    /// `logits_adjust.wgsl`: a sampler's bias and penalties applied to one row of logits.
+    pub struct LogitsAdjustParams {
+        /// Entries of the adjustment table (six words each).
+        pub count: u32,
+        /// Logits per row (entries naming a token at or past it are skipped).
+        pub vocab: u32,
+        /// Where the row starts in the logits buffer, in elements.
+        pub row_offset: u32,
+        /// Workgroups along the grid's x (the table is indexed from x and y).
+        pub nx: u32,
+    }
+}
+
+kernel_params! {
+    /// `logits_topk.wgsl`: one round of ranking the most likely tokens of a row.
+    pub struct LogitsTopkParams {
+        /// 0: read the row of logits (and write the statistics); later rounds read the
+        /// previous round's entries.
+        pub stage: u32,
+        /// Entries this round reads.
+        pub n: u32,
+        /// Entries each workgroup keeps.
+        pub k: u32,
+        /// The softmax temperature of the statistics' first sum (1 for a greedy plan).
+        pub temperature: f32,
+        /// Round 0: where the row starts in the logits buffer, in elements.
+        pub row_offset: u32,
+    }
+    pad 3
+}
+
 impl Op {
     /// The op's parameter layout: the struct [`Gpu::dispatch`](super::context::Gpu::dispatch)
     /// takes for it and whose WGSL the loader prepends to its source. Exhaustive: a new op
@@ -566,6 +598,8 @@ impl Op {
             Op::AttentionMerge => ParamsLayout::of::<AttentionMergeParams>(),
             Op::Argmax => ParamsLayout::of::<ArgmaxParams>(),
             Op::GatherCols => ParamsLayout::of::<GatherColsParams>(),
+            Op::LogitsAdjust => ParamsLayout::of::<LogitsAdjustParams>(),
+            Op::LogitsTopk => ParamsLayout::of::<LogitsTopkParams>(),
         }
     }
 }

@@ -8,7 +8,7 @@ use crate::sample::{Candidates, LogitStats, MAX_DEVICE_CANDIDATES, PlannedLogits
 
 use super::super::buffers::{GpuAct, floats, words};
 use super::super::context::Bind;
-use super::super::params::ArgmaxParams;
+use super::super::params::{ArgmaxParams, LogitsAdjustParams, LogitsTopkParams};
 use super::super::shaders::Op;
 use super::GpuBackend;
 
@@ -127,8 +127,14 @@ impl GpuBackend {
         loop {
             let groups = n.div_ceil(TOPK_CHUNK);
             let (src, dst) = (&pingpong[(stage + 1) % 2], &pingpong[stage % 2]);
-            let params =
-                [stage as u32, n as u32, k as u32, temperature.to_bits(), (row * vocab) as u32, 0, 0, 0];
+            let params = LogitsTopkParams {
+                stage: stage as u32,
+                n: n as u32,
+                k: k as u32,
+                temperature,
+                row_offset: (row * vocab) as u32,
+                _pad: [0; 3],
+            };
             let binds =
                 [logits.bind(), Bind::whole(src.buf()), Bind::whole(dst.buf()), Bind::whole(stats.buf())];
             self.gpu.dispatch(Op::LogitsTopk, v, &params, &binds, (groups as u32, 1, 1))?;
@@ -178,7 +184,12 @@ impl GpuBackend {
         self.gpu.stage(bytemuck::cast_slice(&table), buf.buf(), 0)?;
         let count = plan.adjust.len();
         let (nx, ny) = self.gpu.grid(count.div_ceil(64) as u64)?;
-        let params = [count as u32, logits.width() as u32, (row * logits.width()) as u32, nx];
+        let params = LogitsAdjustParams {
+            count: count as u32,
+            vocab: logits.width() as u32,
+            row_offset: (row * logits.width()) as u32,
+            nx,
+        };
         let v = self.variant(Op::LogitsAdjust);
         self.gpu.dispatch(Op::LogitsAdjust, v, &params, &[logits.bind(), Bind::whole(buf.buf())], (nx, ny, 1))
     }
