@@ -3,7 +3,8 @@
 // products of four consecutive rows of an expert matrix in a pool slot.
 //
 // The kernel binds `p` (ExpertGateUpParams or ExpertDownParams, src/backend/gpu/params.rs,
-// whose first 15 fields are the same) and defines `in_at(base, c)` (its input column c of
+// whose first 15 fields are the same), `slots`, and `routes` (or, GROUPED, `order` from
+// expert_group.wgsl), and defines `in_at(base, c)` (its input column c of
 // the row at `base`, 0 past the input width `in_cols()`, never read out of bounds) and
 // `row_count()` (rows of the matrix). Pools are bound as
 // `array<vec4<u32>>`: slots start on 4 KiB and components on 64-byte boundaries, and every
@@ -18,8 +19,40 @@
 
 const NO_SLOT: u32 = 0xffffffffu;
 
+// Input rows one workgroup multiplies by each weight chunk it loads: a tile of 8 pairs
+// routed to one expert in GROUPED variants, one pair otherwise. Each row's sums are
+// computed alone, in the same order whatever the tile holds.
+//#if GROUPED
+const TOKENS: u32 = 8u;
+//#else
+const TOKENS: u32 = 1u;
+//#endif
+
 var<workgroup> wg_slot: u32;
 
+//#if GROUPED
+var<workgroup> wg_range: vec2<u32>;
+
+// Expert `e`'s VRAM slot and its entries `order[e] .. order[e + 1]` (uniform across the
+// workgroup); entries past the pairs are clamped.
+fn expert_slot(e: u32, lid: u32) -> u32 {
+    if lid == 0u {
+        wg_slot = slots[p.layer * p.experts + min(e, p.experts - 1u)];
+        let total = order[p.experts];
+        wg_range = vec2<u32>(min(order[e], total), min(order[e + 1u], total));
+    }
+    return workgroupUniformLoad(&wg_slot);
+}
+
+fn expert_range() -> vec2<u32> {
+    return workgroupUniformLoad(&wg_range);
+}
+
+// The pair of entry `at` of the grouped order.
+fn entry_pair(at: u32) -> u32 {
+    return order[p.experts + 1u + at];
+}
+//#else
 // The slot of pair `pair`'s expert (uniform across the workgroup).
 fn pair_slot(pair: u32, lid: u32) -> u32 {
     if lid == 0u {
@@ -31,6 +64,7 @@ fn pair_slot(pair: u32, lid: u32) -> u32 {
     }
     return workgroupUniformLoad(&wg_slot);
 }
+//#endif
 
 // The slot's pool among the bound ones, or POOLS when it is not resident or not bound here.
 fn local_pool(slot: u32) -> u32 {
@@ -56,14 +90,15 @@ fn word_POOL(i: u32) -> u32 {
 }
 
 // This invocation's share of rows row0 .. row0 + 3 (clamped to the matrix) of the matrix at
-// word `base` (the slot) + `p.w_off` of POOL, times the input row at `ib`: 64 invocations
-// stride over the rows' 16-byte chunks, four independent loads per step.
-fn partial_POOL(base: u32, row0: u32, ib: u32, lid: u32) -> vec4<f32> {
+// word `base` (the slot) + `p.w_off` of POOL, times each of the TOKENS input rows at `ib`:
+// 64 invocations stride over the rows' 16-byte chunks, four independent loads per step,
+// each chunk used for every input row.
+fn partial_POOL(base: u32, row0: u32, ib: array<u32, TOKENS>, lid: u32) -> array<vec4<f32>, TOKENS> {
     var rows: vec4<u32>;
     for (var r = 0u; r < 4u; r++) {
         rows[r] = min(row0 + r, row_count() - 1u);
     }
-    var acc = vec4<f32>(0.0);
+    var acc: array<vec4<f32>, TOKENS>;
 //#if INT4
     // A chunk is half a group of 64: codes of elements 16h .. 16h + 15 (low nibbles) and
     // 16h + 32 .. 16h + 47 (high nibbles); one f16 scale per row and chunk.
@@ -79,15 +114,17 @@ fn partial_POOL(base: u32, row0: u32, ib: u32, lid: u32) -> vec4<f32> {
             let d = rows[r] * p.groups + g;
             sc[r] = f16_at(word_POOL(base + p.s_off + (d >> 1u)), (d & 1u) == 1u);
         }
-        var s = vec4<f32>(0.0);
-        for (var i = 0u; i < 4u; i++) {
-            let xl = in4(ib, c + 4u * i, 1u);
-            let xh = in4(ib, c + 4u * i + 32u, 1u);
-            for (var r = 0u; r < 4u; r++) {
-                s[r] += dot(int4_lo(wv[r][i]), xl) + dot(int4_hi(wv[r][i]), xh);
+        for (var t = 0u; t < TOKENS; t++) {
+            var s = vec4<f32>(0.0);
+            for (var i = 0u; i < 4u; i++) {
+                let xl = in4(ib[t], c + 4u * i, 1u);
+                let xh = in4(ib[t], c + 4u * i + 32u, 1u);
+                for (var r = 0u; r < 4u; r++) {
+                    s[r] += dot(int4_lo(wv[r][i]), xl) + dot(int4_hi(wv[r][i]), xh);
+                }
             }
+            acc[t] += sc * s;
         }
-        acc += sc * s;
     }
 //#endif
 //#if MXFP4
@@ -105,17 +142,19 @@ fn partial_POOL(base: u32, row0: u32, ib: u32, lid: u32) -> vec4<f32> {
             let d = rows[r] * p.groups + q;
             e[r] = (word_POOL(base + p.s_off + (d >> 2u)) >> (8u * (d & 3u))) & 255u;
         }
-        var s = vec4<f32>(0.0);
-        for (var i = 0u; i < 4u; i++) {
-            let xe = in4(ib, c + 8u * i, 2u);
-            let xo = in4(ib, c + 8u * i + 1u, 2u);
-            for (var r = 0u; r < 4u; r++) {
-                let wd = wv[r][i];
-                s[r] += dot(fp4x4_x2(wd & 0x0f0f0f0fu), xe) + dot(fp4x4_x2((wd >> 4u) & 0x0f0f0f0fu), xo);
+        for (var t = 0u; t < TOKENS; t++) {
+            var s = vec4<f32>(0.0);
+            for (var i = 0u; i < 4u; i++) {
+                let xe = in4(ib[t], c + 8u * i, 2u);
+                let xo = in4(ib[t], c + 8u * i + 1u, 2u);
+                for (var r = 0u; r < 4u; r++) {
+                    let wd = wv[r][i];
+                    s[r] += dot(fp4x4_x2(wd & 0x0f0f0f0fu), xe) + dot(fp4x4_x2((wd >> 4u) & 0x0f0f0f0fu), xo);
+                }
             }
-        }
-        for (var r = 0u; r < 4u; r++) {
-            acc[r] += mx_scaled(s[r], e[r]);
+            for (var r = 0u; r < 4u; r++) {
+                acc[t][r] += mx_scaled(s[r], e[r]);
+            }
         }
     }
 //#endif
@@ -125,8 +164,8 @@ fn partial_POOL(base: u32, row0: u32, ib: u32, lid: u32) -> vec4<f32> {
     let aligned = (p.row_words & 3u) == 0u;
     for (var q = lid; q < chunks; q += WG) {
         let c = q * 4u;
-        let xv = in4(ib, c, 1u);
         let live = (vec4<u32>(c) + vec4<u32>(0u, 1u, 2u, 3u)) < vec4<u32>(p.row_words);
+        var wf: array<vec4<f32>, 4>;
         for (var r = 0u; r < 4u; r++) {
             let at = base + p.w_off + rows[r] * p.row_words + c;
             var wv: vec4<u32>;
@@ -135,7 +174,13 @@ fn partial_POOL(base: u32, row0: u32, ib: u32, lid: u32) -> vec4<f32> {
             } else {
                 wv = vec4<u32>(word_POOL(at), word_POOL(at + 1u), word_POOL(at + 2u), word_POOL(at + 3u));
             }
-            acc[r] += dot(select(vec4<f32>(0.0), bitcast<vec4<f32>>(wv), live), xv);
+            wf[r] = select(vec4<f32>(0.0), bitcast<vec4<f32>>(wv), live);
+        }
+        for (var t = 0u; t < TOKENS; t++) {
+            let xv = in4(ib[t], c, 1u);
+            for (var r = 0u; r < 4u; r++) {
+                acc[t][r] += dot(wf[r], xv);
+            }
         }
     }
 //#endif
@@ -145,10 +190,10 @@ fn partial_POOL(base: u32, row0: u32, ib: u32, lid: u32) -> vec4<f32> {
 //#endpools
 
 // This invocation's share of rows row0 .. row0 + 3 of the expert matrix in `slot` of bound
-// pool `lp` (< POOLS) times the input row at `ib`; sum it over the workgroup with wg_sum.
-fn partial(lp: u32, slot: u32, row0: u32, ib: u32, lid: u32) -> vec4<f32> {
+// pool `lp` (< POOLS) times each input row at `ib`; sum each over the workgroup with wg_sum.
+fn partial(lp: u32, slot: u32, row0: u32, ib: array<u32, TOKENS>, lid: u32) -> array<vec4<f32>, TOKENS> {
     let base = (slot % p.slots_per_pool) * p.stride;
-    var acc = vec4<f32>(0.0);
+    var acc: array<vec4<f32>, TOKENS>;
     switch lp {
 //#pools
         case POOL_INDEXu: {

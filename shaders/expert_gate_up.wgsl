@@ -17,6 +17,11 @@
 // rows' 16-byte chunks, the four partial sums meet in one wg_sum, and invocations 0 and 1
 // apply the biases and the activation.
 //
+// GROUPED variant: workgroup (i0, e = wid.z) computes the same two intermediate indices
+// for every pair routed to expert e (expert_group.wgsl's order), in tiles of TOKENS pairs
+// that share each weight chunk it loads, so a prompt block reads each expert of its union
+// once. Each pair's sums are computed as the per-pair kernel computes them.
+//
 // NORM variant: `x` is the raw residual and the pair's input row is RMS-normalized inside
 // each workgroup (`norm_w`, declared by the loader after the pools, and `eps`), as
 // matvec_common.wgsl describes: the input equals rmsnorm.wgsl's output bit for bit.
@@ -24,7 +29,11 @@
 // `Params` is ExpertGateUpParams (src/backend/gpu/params.rs), declared by the loader.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
+//#if GROUPED
+@group(0) @binding(2) var<storage, read> order: array<u32>;
+//#else
 @group(0) @binding(2) var<storage, read> routes: array<u32>;
+//#endif
 @group(0) @binding(3) var<storage, read> slots: array<u32>;
 @group(0) @binding(4) var<storage, read_write> act: array<f32>;
 
@@ -47,9 +56,47 @@ fn in_at(base: u32, c: u32) -> f32 {
     return select(0.0, v, c < p.hidden);
 }
 
+// The bias, gate and up of intermediate index `i` (< inter) for a pair whose product
+// rows 2i and 2i + 1 summed to `gate_sum` and `up_sum`, through the activation.
+fn activated(lp: u32, slot: u32, i: u32, gate_sum: f32, up_sum: f32) -> f32 {
+    let b = (slot % p.slots_per_pool) * p.stride + p.b_off + 2u * i;
+    let gate = gate_sum + bitcast<f32>(pool_load(lp, b));
+    let up = up_sum + bitcast<f32>(pool_load(lp, b + 1u));
+    return gated_activation(gate, up, p.activation, p.limit, p.alpha);
+}
+
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
     let i0 = flat_wid(ids, p.nx) * 2u;
+//#if GROUPED
+    if i0 >= p.inter {
+        return;
+    }
+    let slot = expert_slot(p.pair_first + ids.wid.z, ids.lid);
+    let range = expert_range();
+    let lp = local_pool(slot);
+    if lp >= POOLS {
+        return;
+    }
+    let i = i0 + ids.lid;
+    for (var t0 = range.x; t0 < range.y; t0 += TOKENS) {
+        var pairs: array<u32, TOKENS>;
+        var ib: array<u32, TOKENS>;
+        for (var t = 0u; t < TOKENS; t++) {
+            pairs[t] = entry_pair(min(t0 + t, range.y - 1u));
+            ib[t] = (pairs[t] / p.k) * p.hidden;
+        }
+        let parts = partial(lp, slot, 2u * i0, ib, ids.lid);
+        for (var t = 0u; t < TOKENS; t++) {
+            let s = wg_sum(parts[t], ids);
+            if ids.lid < 2u && i < p.inter && t0 + t < range.y {
+                let g = select(s.x, s.z, ids.lid == 1u);
+                let u = select(s.y, s.w, ids.lid == 1u);
+                act[pairs[t] * p.inter + i] = activated(lp, slot, i, g, u);
+            }
+        }
+    }
+//#else
     let pair = p.pair_first + ids.wid.z;
     let r = pair / p.k;
     let slot = pair_slot(pair, ids.lid);
@@ -69,12 +116,11 @@ fn main(ids: Ids) {
     let total_ss = wg_sum(vec4<f32>(ss, 0.0, 0.0, 0.0), ids).x;
     inv_rms = 1.0 / sqrt(total_ss / f32(p.hidden) + p.eps);
 //#endif
-    let t = wg_sum(partial(lp, slot, 2u * i0, xb, ids.lid), ids);
+    let t = wg_sum(partial(lp, slot, 2u * i0, array<u32, TOKENS>(xb), ids.lid)[0], ids);
     let i = i0 + ids.lid;
     if ids.lid < 2u && i < p.inter {
-        let b = (slot % p.slots_per_pool) * p.stride + p.b_off + 2u * i;
-        let gate = select(t.x, t.z, ids.lid == 1u) + bitcast<f32>(pool_load(lp, b));
-        let up = select(t.y, t.w, ids.lid == 1u) + bitcast<f32>(pool_load(lp, b + 1u));
-        act[pair * p.inter + i] = gated_activation(gate, up, p.activation, p.limit, p.alpha);
+        act[pair * p.inter + i] =
+            activated(lp, slot, i, select(t.x, t.z, ids.lid == 1u), select(t.y, t.w, ids.lid == 1u));
     }
+//#endif
 }

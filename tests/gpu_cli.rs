@@ -77,6 +77,11 @@ fn generate_on_the_gpu_matches_the_cpu_with_stats_and_verify() {
     assert_ran_on_pinned_gpu(&err);
     assert!(err.contains("1.00 readbacks and "), "{err}");
     assert!(err.contains("verify: top-1 identical to the CPU oracle at all 72 positions"), "{err}");
+    // The prompt's experts ran grouped: each expert of a layer's union read once, fewer
+    // passes than (row, expert) pairs.
+    let line = err.lines().find(|l| l.contains("prefill experts:")).unwrap_or_else(|| panic!("{err}"));
+    let n: Vec<u64> = line.split(' ').filter_map(|w| w.parse().ok()).collect();
+    assert!(n.len() == 2 && 0 < n[0] && n[0] < n[1], "{line}");
     // Partial residency: the routing is read back per layer and predicted.
     let small = picchio(&[&base[..], &["--device", "gpu", "--stats", "--vram-gb", "0.000001"]].concat());
     let err = text(&small.stderr);

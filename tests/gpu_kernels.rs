@@ -949,3 +949,56 @@ fn a_dispatch_with_another_ops_parameters_is_refused() {
     assert_eq!(gpu.counters().dispatches, 1);
     gpu.sync().unwrap();
 }
+
+#[test]
+fn a_prompt_block_reads_each_expert_of_its_union_once_and_computes_each_pair_as_alone() {
+    each_variant("grouped experts", None, |variant, opts| {
+        for (label, model) in [
+            ("INT4", random_model(71, Fmt::F32, Fmt::Int4)),
+            ("F32", random_model(71, Fmt::F32, Fmt::F32)),
+            ("MXFP4", mxfp4_model(72)),
+        ] {
+            let cfg = model.config.clone();
+            let (h, k) = (cfg.hidden_size, cfg.experts_per_token);
+            let mut rng = Rng::new(73);
+            for (rows, budget) in [(70, None), (9, Some(1u64)), (2, None)] {
+                let opts = GpuOptions { vram_bytes: budget, ..opts.clone() };
+                let mut g = gpu(&model, &opts);
+                let layer = 1;
+                let r = routes(&mut rng, rows, k, cfg.num_experts);
+                let x = rng.vec(rows * h, 1.0);
+                let before = g.stats();
+                let (gx, gr) = (g.upload(rows, h, &x).unwrap(), g.upload_routes(&r).unwrap());
+                let mut go = g.alloc(rows, h).unwrap();
+                g.experts(layer, &gx, &gr, &mut go).unwrap();
+                let grouped = g.read(&go).unwrap();
+                let after = g.stats();
+                let mut union: Vec<u32> = r.experts.clone();
+                union.sort_unstable();
+                union.dedup();
+                let what = format!("{variant} {label}, {rows} rows, budget {budget:?}");
+                assert_eq!(after.expert_passes - before.expert_passes, union.len() as u64, "{what}");
+                assert_eq!(after.grouped_pairs - before.grouped_pairs, (rows * k) as u64, "{what}");
+                // Each row alone runs per pair: the same numbers, bit for bit.
+                for row in 0..rows {
+                    let one = RouteTable {
+                        k,
+                        experts: r.row_experts(row).to_vec(),
+                        weights: r.row_weights(row).to_vec(),
+                    };
+                    let (gx, gr) =
+                        (g.upload(1, h, &x[row * h..(row + 1) * h]).unwrap(), g.upload_routes(&one).unwrap());
+                    let mut go = g.alloc(1, h).unwrap();
+                    g.experts(layer, &gx, &gr, &mut go).unwrap();
+                    let alone = g.read(&go).unwrap();
+                    assert!(
+                        alone == grouped[row * h..(row + 1) * h],
+                        "{what}: row {row} differs from its solo run"
+                    );
+                }
+                let solo = g.stats();
+                assert_eq!(solo.grouped_pairs, after.grouped_pairs, "{what}: a single row ran grouped");
+            }
+        }
+    });
+}

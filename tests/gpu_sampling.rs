@@ -222,7 +222,7 @@ fn a_session_samples_the_same_tokens_from_device_candidates_reading_back_kilobyt
             assert_eq!(got.tokens, want.tokens, "{variant}: {params:?}");
 
             // What the decode steps read back: per pick from candidates, the ranking, the
-            // statistics of each 1024 logits and the 8-byte prediction counters; per pick
+            // statistics of each 1024 logits and the 16-byte device counters; per pick
             // from the full row, the row too.
             let runner = session.runner();
             let report = runner.report().join("\n");
@@ -233,11 +233,11 @@ fn a_session_samples_the_same_tokens_from_device_candidates_reading_back_kilobyt
             let counters = runner.decode_counters().unwrap();
             assert_eq!(from_candidates + from_logits, counters.steps, "{variant}: {params:?}: {report}");
             let candidates = if plan.reducible() {
-                (plan.candidates * 8 + vocab.div_ceil(1024) * 16 + 8) as u64
+                (plan.candidates * 8 + vocab.div_ceil(1024) * 16 + 16) as u64
             } else {
                 0
             };
-            let row = (vocab * 4 + 8) as u64;
+            let row = (vocab * 4 + 16) as u64;
             let expected = counters.steps * candidates + from_logits * row;
             assert_eq!(counters.readback_bytes, expected, "{variant}: {params:?}: {report}");
             if plan.reducible() && (plan.rule.top_k > 0 || plan.rule.is_greedy()) {

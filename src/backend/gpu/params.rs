@@ -572,6 +572,19 @@ kernel_params! {
     pad 3
 }
 
+kernel_params! {
+    /// `expert_group.wgsl`: a block's (row, slot) pairs grouped by expert.
+    pub struct ExpertGroupParams {
+        /// Pairs (rows times k).
+        pub pairs: u32,
+        /// Experts a row is routed to.
+        pub k: u32,
+        /// Experts of the layer.
+        pub experts: u32,
+    }
+    pad 1
+}
+
 impl Op {
     /// The op's parameter layout: the struct [`Gpu::dispatch`](super::context::Gpu::dispatch)
     /// takes for it and whose WGSL the loader prepends to its source. Exhaustive: a new op
@@ -600,6 +613,7 @@ impl Op {
             Op::GatherCols => ParamsLayout::of::<GatherColsParams>(),
             Op::LogitsAdjust => ParamsLayout::of::<LogitsAdjustParams>(),
             Op::LogitsTopk => ParamsLayout::of::<LogitsTopkParams>(),
+            Op::ExpertGroup => ParamsLayout::of::<ExpertGroupParams>(),
         }
     }
 }

@@ -81,11 +81,13 @@ pub enum Op {
     /// The most likely tokens of a row of logits, ranked, and the row's statistics (sampling
     /// from candidates), in rounds.
     LogitsTopk,
+    /// The (row, slot) pairs of a block grouped by expert (for the GROUPED expert kernels).
+    ExpertGroup,
 }
 
 impl Op {
     /// Every op.
-    pub const ALL: [Op; 23] = [
+    pub const ALL: [Op; 24] = [
         Op::MatvecF32,
         Op::MatvecBf16,
         Op::MatvecInt8,
@@ -109,6 +111,7 @@ impl Op {
         Op::GatherCols,
         Op::LogitsAdjust,
         Op::LogitsTopk,
+        Op::ExpertGroup,
     ];
 
     /// File name under `shaders/`.
@@ -137,6 +140,7 @@ impl Op {
             Op::GatherCols => "gather_cols.wgsl",
             Op::LogitsAdjust => "logits_adjust.wgsl",
             Op::LogitsTopk => "logits_topk.wgsl",
+            Op::ExpertGroup => "expert_group.wgsl",
         }
     }
 
@@ -165,6 +169,7 @@ impl Op {
             Op::GatherCols => include_str!("../../../shaders/gather_cols.wgsl"),
             Op::LogitsAdjust => include_str!("../../../shaders/logits_adjust.wgsl"),
             Op::LogitsTopk => include_str!("../../../shaders/logits_topk.wgsl"),
+            Op::ExpertGroup => include_str!("../../../shaders/expert_group.wgsl"),
         }
     }
 
@@ -234,6 +239,7 @@ impl Op {
             Op::Argmax => vec![R, W, W],
             Op::LogitsAdjust => vec![W, R],
             Op::LogitsTopk => vec![R, R, W, W],
+            Op::ExpertGroup => vec![R, W, W],
         };
         if self.is_expert() {
             v.extend(std::iter::repeat_n(R, variant.pools as usize));
@@ -268,6 +274,10 @@ pub struct Variant {
     /// COMBINE (`expert_down`): `out[r] += sum_j w[r][j] * (down_j act[r][j] + b_j)` in
     /// routing order, one workgroup per (output block, token row) over all k experts.
     pub combine: bool,
+    /// GROUPED (expert kernels): one workgroup per (output block, expert) over the pairs
+    /// routed to that expert (grouped by expert_group.wgsl), each weight chunk loaded once
+    /// for a tile of 8 of them; a prompt block reads each expert of its union once.
+    pub grouped: bool,
 }
 
 impl Variant {
@@ -294,6 +304,9 @@ impl Variant {
         }
         if self.combine {
             parts.push("combine".to_string());
+        }
+        if self.grouped {
+            parts.push("grouped".to_string());
         }
         if parts.is_empty() { "portable".into() } else { parts.join("+") }
     }
@@ -463,6 +476,16 @@ pub fn source(op: Op, variant: Variant) -> Result<String> {
         }
         flags.push("COMBINE");
     }
+    if variant.grouped {
+        if !op.is_expert() || variant.norm || variant.combine {
+            return Err(Error::Backend(format!(
+                "{} has no GROUPED variant [{}]",
+                op.file(),
+                variant.label()
+            )));
+        }
+        flags.push("GROUPED");
+    }
     let mut src = preprocess(COMMON, &flags)?;
     // The op's parameters, declared from their Rust struct (params.rs): after common.wgsl's
     // `enable` directives, before everything that reads `p`.
@@ -514,10 +537,26 @@ pub fn all_variants() -> Vec<(Op, Variant)> {
                             {
                                 for combine in if op.has_combine() { vec![false, true] } else { vec![false] }
                                 {
-                                    out.push((
-                                        op,
-                                        Variant { f16, subgroup, experts, pools, norm, accumulate, combine },
-                                    ));
+                                    let groupings = if op.is_expert() && !norm && !combine {
+                                        vec![false, true]
+                                    } else {
+                                        vec![false]
+                                    };
+                                    for grouped in groupings {
+                                        out.push((
+                                            op,
+                                            Variant {
+                                                f16,
+                                                subgroup,
+                                                experts,
+                                                pools,
+                                                norm,
+                                                accumulate,
+                                                combine,
+                                                grouped,
+                                            },
+                                        ));
+                                    }
                                 }
                             }
                         }

@@ -70,11 +70,8 @@ impl GpuBackend {
             };
             self.gpu.dispatch(Op::Argmax, v, &params, &binds, (groups, rows as u32, 1))?;
         }
-        let agree = self.agree.clone();
-        let bytes = self.read_back(&[(result.buf(), 0, (rows * 8) as u64), (&agree, 0, 8)])?;
+        let bytes = self.read_back_with_counters(&[(result.buf(), 0, (rows * 8) as u64)])?;
         let w = words(&bytes);
-        self.stats.predicted_hits = w[rows * 2] as u64;
-        self.stats.predicted_total = w[rows * 2 + 1] as u64;
         let mut out = Vec::with_capacity(rows);
         for r in 0..rows {
             let (token, bad) = (w[2 * r], w[2 * r + 1]);
@@ -92,7 +89,7 @@ impl GpuBackend {
     /// ([`crate::backend::Backend::reduce_logits`]): the bias and penalties applied in
     /// place, then the plan's candidates ranked in rounds of logits_topk.wgsl, read back
     /// with the per-workgroup statistics in one readback (`8 k + 16 ceil(vocab / 1024)`
-    /// bytes). When they do not decide the pick ([`SamplePlan::decides`]: the draw lands
+    /// bytes, and the device counters). When they do not decide the pick ([`SamplePlan::decides`]: the draw lands
     /// beyond them), the adjusted row is read in full.
     pub(super) fn run_reduce(
         &mut self,
@@ -145,17 +142,12 @@ impl GpuBackend {
             }
         }
         let answer = &pingpong[(stage - 1) % 2];
-        let agree = self.agree.clone();
-        let bytes = self.read_back(&[
+        let bytes = self.read_back_with_counters(&[
             (answer.buf(), 0, (k * 8) as u64),
             (stats.buf(), 0, (chunks * 16) as u64),
-            (&agree, 0, 8),
         ])?;
         let w = words(&bytes);
-        let (ranked_words, rest) = w.split_at(k * 2);
-        let (part_words, counters) = rest.split_at(chunks * 4);
-        self.stats.predicted_hits = counters[0] as u64;
-        self.stats.predicted_total = counters[1] as u64;
+        let (ranked_words, part_words) = w.split_at(k * 2);
         if part_words.chunks_exact(4).any(|p| p[3] != 0) {
             return Err(non_finite(plan.position));
         }
@@ -198,13 +190,9 @@ impl GpuBackend {
     fn read_row(&mut self, logits: &GpuAct, row: usize) -> Result<PlannedLogits> {
         let vocab = logits.width();
         let bytes = (vocab * 4) as u64;
-        let agree = self.agree.clone();
-        let read = self.read_back(&[(logits.buf(), row as u64 * bytes, bytes), (&agree, 0, 8)])?;
-        let counters = words(&read[vocab * 4..]);
-        self.stats.predicted_hits = counters[0] as u64;
-        self.stats.predicted_total = counters[1] as u64;
+        let read = self.read_back_with_counters(&[(logits.buf(), row as u64 * bytes, bytes)])?;
         self.stats.sampled_from_logits += 1;
-        Ok(PlannedLogits::Full(floats(&read[..vocab * 4])))
+        Ok(PlannedLogits::Full(floats(&read)))
     }
 }
 

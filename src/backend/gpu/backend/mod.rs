@@ -79,7 +79,13 @@ pub struct GpuBackend {
     shader_f16: bool,
     predict: bool,
     pred: Option<Prediction>,
+    /// Counters the kernels add to and every readback brings along ([`DEVICE_COUNTERS`]
+    /// words): the prediction's hits and total, the grouped expert kernels' weight passes
+    /// and pairs.
     agree: GBuf,
+    /// The block being recorded is a batched step (rows of distinct sequences), set by the
+    /// row-wise attention ops: its experts run per pair, as each row's solo step runs them.
+    batched_step: bool,
     /// The partial results of the fused decode attention's key splits; `None` where the
     /// model's shape has no fused decode attention.
     attn_partial: Option<GBuf>,
@@ -194,7 +200,7 @@ impl GpuBackend {
                 .map(|m| (m / 10 * 8).saturating_sub(dense_bytes + expert_bytes + rope_bytes + WORKING_BYTES))
         });
         let predict = opts.predict.unwrap_or(!vram.is_full());
-        let agree = gpu.buffer_init("prediction counters", &[0u8; 8])?;
+        let agree = gpu.buffer_init("device counters", &[0u8; DEVICE_COUNTERS * 4])?;
         let attn_partial = match attention::decode_partial_bytes(&cfg) {
             Some(bytes) => Some(gpu.buffer(
                 "decode attention splits",
@@ -225,6 +231,7 @@ impl GpuBackend {
             predict,
             pred: None,
             agree,
+            batched_step: false,
             attn_partial,
             in_decode: false,
             block_device: DeviceCounters::default(),
@@ -333,6 +340,24 @@ impl GpuBackend {
         self.pool.take(&mut self.gpu, bytes)
     }
 
+    /// [`Self::read_back`] of `ranges` with the device counters brought along in the same
+    /// readback (no extra wait): they update the statistics, and the bytes of `ranges` are
+    /// returned.
+    fn read_back_with_counters(&mut self, ranges: &[(&GBuf, u64, u64)]) -> Result<Vec<u8>> {
+        let agree = self.agree.clone();
+        let mut all = ranges.to_vec();
+        all.push((&agree, 0, (DEVICE_COUNTERS * 4) as u64));
+        let mut bytes = self.read_back(&all)?;
+        let at = bytes.len() - DEVICE_COUNTERS * 4;
+        let c = words(&bytes[at..]);
+        self.stats.predicted_hits = c[0] as u64;
+        self.stats.predicted_total = c[1] as u64;
+        self.stats.expert_passes = c[2] as u64;
+        self.stats.grouped_pairs = c[3] as u64;
+        bytes.truncate(at);
+        Ok(bytes)
+    }
+
     fn read_back(&mut self, ranges: &[(&GBuf, u64, u64)]) -> Result<Vec<u8>> {
         if self.fail_at_readback.is_some_and(|n| self.gpu.counters().readbacks + 1 >= n) {
             return Err(Error::Backend("device lost (injected for testing)".into()));
@@ -344,6 +369,9 @@ impl GpuBackend {
         Ok(bytes)
     }
 }
+
+/// Words of the device counters every readback brings along (`GpuBackend::agree`).
+pub(super) const DEVICE_COUNTERS: usize = 4;
 
 /// The default VRAM budget for experts: 80% of the adapter's memory
 /// ([`AdapterReport::device_memory`]) minus the dense weights, the key/value caches
@@ -548,6 +576,7 @@ impl Backend for GpuBackend {
 
     fn fused_attention_rows(&mut self, layer: usize, rows: &[SeqPos], x: &mut GpuAct) -> Result<bool> {
         check_step_rows(x.rows(), rows, self.kv.len(), self.capacity)?;
+        self.batched_step = true;
         self.enter(Segment::Layer(layer));
         self.run_fused_attention(layer, rows, x)
     }
@@ -580,6 +609,7 @@ impl Backend for GpuBackend {
     }
 
     fn rope_rows(&mut self, x: &mut GpuAct, rows: &[SeqPos]) -> Result<()> {
+        self.batched_step = true;
         self.run_rope_rows(x, rows)
     }
 
@@ -670,13 +700,8 @@ impl Backend for GpuBackend {
 
     fn read(&mut self, x: &GpuAct) -> Result<Vec<f32>> {
         // The prediction counters ride along with every readback (8 bytes, no extra wait).
-        let agree = self.agree.clone();
-        let bytes = self.read_back(&[(x.buf(), 0, x.bytes()), (&agree, 0, 8)])?;
-        let n = x.bytes() as usize;
-        let c = words(&bytes[n..n + 8]);
-        self.stats.predicted_hits = c[0] as u64;
-        self.stats.predicted_total = c[1] as u64;
-        Ok(floats(&bytes[..n]))
+        let bytes = self.read_back_with_counters(&[(x.buf(), 0, x.bytes())])?;
+        Ok(floats(&bytes))
     }
 
     fn read_routes(&mut self, routes: &GpuRoutes) -> Result<RouteTable> {

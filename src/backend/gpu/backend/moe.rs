@@ -9,10 +9,15 @@ use crate::error::{Error, Result};
 use super::super::buffers::{GpuAct, GpuRoutes, decode_routes};
 use super::super::context::{Bind, GBuf};
 use super::super::params::{
-    ExpertDownParams, ExpertGateUpParams, MoeCombineParams, RouteAgreeParams, RouterTopkParams,
+    ExpertDownParams, ExpertGateUpParams, ExpertGroupParams, MoeCombineParams, RouteAgreeParams,
+    RouterTopkParams,
 };
 use super::super::shaders::Op;
 use super::{GpuBackend, activation_code, check_shape, routing_code};
+
+/// The most experts a layer may have for the GROUPED expert kernels (expert_group.wgsl's
+/// `MAX_EXPERTS`); a model with more runs its prompt blocks per pair.
+const MAX_GROUPED_EXPERTS: usize = 1024;
 
 /// The routing prediction for the next layer, kept across `route` calls.
 pub(super) struct Prediction {
@@ -116,13 +121,16 @@ impl GpuBackend {
     }
 
     /// Records expert_gate_up.wgsl for pool group `first` and every pair of `routes`
-    /// (NORM variant when `norm` is given: `x` is then the raw residual).
+    /// (NORM variant when `norm` is given: `x` is then the raw residual; GROUPED, one
+    /// workgroup per expert over its pairs, when `order` is given).
+    #[allow(clippy::too_many_arguments)]
     fn dispatch_gate_up(
         &mut self,
         layer: usize,
         first: usize,
         x: &GpuAct,
         routes: &GpuRoutes,
+        order: Option<&GBuf>,
         act: &GBuf,
         norm: Option<&GBuf>,
     ) -> Result<()> {
@@ -133,59 +141,95 @@ impl GpuBackend {
         let pairs = routes.rows() * k;
         let mut v = self.variant(Op::ExpertGateUp);
         v.norm = norm.is_some();
+        v.grouped = order.is_some();
         // Two intermediate indices (four gate/up rows) per workgroup.
         let (gx, gy) = self.gpu.grid(i.div_ceil(2) as u64)?;
         let act_bytes = (pairs * i * 4) as u64;
         let table = self.vram.table.clone();
         let group = self.pool_group(first);
-        let mut p0 = 0;
-        while p0 < pairs {
-            let n = (self.gpu.max_groups as usize).min(pairs - p0);
+        for (p0, n) in self.z_ranges(pairs, order.is_some()) {
             let params = self.gate_up_params(layer, first, gx, p0);
-            let mut binds = vec![x.bind(), routes.bind(), Bind::whole(&table), Bind::first(act, act_bytes)];
+            let pairs_bind = match order {
+                Some(o) => Bind::whole(o),
+                None => routes.bind(),
+            };
+            let mut binds = vec![x.bind(), pairs_bind, Bind::whole(&table), Bind::first(act, act_bytes)];
             binds.extend(group.iter().map(Bind::whole));
             if let Some(w) = norm {
                 binds.push(Bind::whole(w));
             }
             self.gpu.dispatch(Op::ExpertGateUp, v, &params, &binds, (gx, gy, n as u32))?;
-            p0 += n;
         }
         Ok(())
     }
 
-    /// Records the expert kernels of `layer` for every pair whose expert is resident.
+    /// Whether the experts of a block of `rows` rows run grouped by expert: a prompt block
+    /// (more than one row of one sequence, not a batched step, whose rows must compute as
+    /// their solo steps do) of a model within expert_group.wgsl's limit.
+    fn groups_experts(&self, rows: usize) -> bool {
+        rows > 1 && !self.batched_step && self.cfg.num_experts <= MAX_GROUPED_EXPERTS
+    }
+
+    /// The grid's z ranges (first, count) of an expert dispatch: the layer's experts
+    /// (`grouped`: a workgroup per expert), or its `pairs` in slices of the grid's limit.
+    fn z_ranges(&self, pairs: usize, grouped: bool) -> Vec<(usize, usize)> {
+        let total = if grouped { self.cfg.num_experts } else { pairs };
+        let max = (self.gpu.max_groups as usize).max(1);
+        (0..total).step_by(max).map(|p0| (p0, max.min(total - p0))).collect()
+    }
+
+    /// Groups the pairs of `routes` by expert on the device (expert_group.wgsl): the order
+    /// the GROUPED expert kernels read. Counts the block's union in the device counters.
+    fn group_pairs(&mut self, routes: &GpuRoutes) -> Result<super::super::buffers::Pooled> {
+        let (e, k) = (self.cfg.num_experts, self.cfg.experts_per_token);
+        let pairs = routes.rows() * k;
+        let order = self.scratch(((e + 1 + pairs) * 4) as u64)?;
+        let params = ExpertGroupParams { pairs: pairs as u32, k: k as u32, experts: e as u32, _pad: [0; 1] };
+        let v = self.variant(Op::ExpertGroup);
+        let agree = self.agree.clone();
+        let binds = [routes.bind(), Bind::whole(order.buf()), Bind::whole(&agree)];
+        self.gpu.dispatch(Op::ExpertGroup, v, &params, &binds, (1, 1, 1))?;
+        Ok(order)
+    }
+
+    /// Records the expert kernels of `layer` for every pair whose expert is resident: per
+    /// pair, or GROUPED by expert when `order` (from [`Self::group_pairs`]) is given.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn dispatch_experts(
         &mut self,
         layer: usize,
         x: &GpuAct,
         routes: &GpuRoutes,
+        order: Option<&GBuf>,
         act: &GBuf,
         contrib: &GBuf,
     ) -> Result<()> {
         let (h, i, k) = (self.cfg.hidden_size, self.cfg.intermediate_size, self.cfg.experts_per_token);
         let pairs = routes.rows() * k;
-        let vd = self.variant(Op::ExpertDown);
+        let mut vd = self.variant(Op::ExpertDown);
+        vd.grouped = order.is_some();
         let per = self.vram.pools_per_dispatch as usize;
         let table = self.vram.table.clone();
         let (dx, dy) = self.gpu.grid(h.div_ceil(4) as u64)?; // four outputs per workgroup
         let act_bytes = (pairs * i * 4) as u64;
         let contrib_bytes = (pairs * h * 4) as u64;
         for first in (0..self.vram.pools.len()).step_by(per) {
-            self.dispatch_gate_up(layer, first, x, routes, act, None)?;
+            self.dispatch_gate_up(layer, first, x, routes, order, act, None)?;
             let group = self.pool_group(first);
-            let mut p0 = 0;
-            while p0 < pairs {
-                let n = (self.gpu.max_groups as usize).min(pairs - p0);
+            for (p0, n) in self.z_ranges(pairs, order.is_some()) {
                 let params = self.down_params(layer, first, dx, p0);
+                let pairs_bind = match order {
+                    Some(o) => Bind::whole(o),
+                    None => routes.bind(),
+                };
                 let mut binds = vec![
                     Bind::first(act, act_bytes),
-                    routes.bind(),
+                    pairs_bind,
                     Bind::whole(&table),
                     Bind::first(contrib, contrib_bytes),
                 ];
                 binds.extend(group.iter().map(Bind::whole));
                 self.gpu.dispatch(Op::ExpertDown, vd, &params, &binds, (dx, dy, n as u32))?;
-                p0 += n;
             }
         }
         Ok(())
@@ -222,7 +266,9 @@ impl GpuBackend {
     /// the prediction on): the forward pass then runs the ops.
     pub(super) fn run_fused_moe(&mut self, layer: usize, x: &GpuAct, routes: &GpuRoutes) -> Result<bool> {
         let rows = x.rows();
-        if self.predict || !self.fused_experts_fit(rows) || routes.rows() != rows {
+        // A prompt block runs the chain, whose experts are grouped (each read once for all
+        // the block's pairs instead of once per pair).
+        if self.predict || !self.fused_experts_fit(rows) || routes.rows() != rows || self.groups_experts(rows) {
             return Ok(false);
         }
         let owner = self.layer(layer)?;
@@ -262,7 +308,7 @@ impl GpuBackend {
         let pairs = rows * k;
         self.vram.stats.hits += pairs as u64;
         let act = self.scratch((pairs * i * 4) as u64)?;
-        self.dispatch_gate_up(layer, 0, residual_in, routes, act.buf(), Some(norm))?;
+        self.dispatch_gate_up(layer, 0, residual_in, routes, None, act.buf(), Some(norm))?;
         let mut v = self.variant(Op::ExpertDown);
         v.combine = true;
         let (dx, dy) = self.gpu.grid(h.div_ceil(4) as u64)?; // four outputs per workgroup
@@ -351,11 +397,16 @@ impl GpuBackend {
         let pairs = rows * k;
         let act = self.scratch((pairs * i * 4) as u64)?;
         let contrib = self.scratch((pairs * h * 4) as u64)?;
+        // A prompt block's pairs are grouped by expert, so each expert of its union is read
+        // once; a decoded token and a batched step (whose rows must compute as their solo
+        // steps do) run per pair.
+        let order = if self.groups_experts(rows) { Some(self.group_pairs(routes)?) } else { None };
+        let order = order.as_ref().map(|o| o.buf().clone());
         let mut predicted: Vec<usize> = Vec::new();
         if self.vram.is_full() {
             // Every expert is resident: the kernels find their slots on the device.
             self.vram.stats.hits += pairs as u64;
-            self.dispatch_experts(layer, x, routes, act.buf(), contrib.buf())?;
+            self.dispatch_experts(layer, x, routes, order.as_ref(), act.buf(), contrib.buf())?;
         } else {
             // Read back this layer's routing (and the prediction for the next layer, in the
             // same readback), make its experts resident, then dispatch.
@@ -390,7 +441,7 @@ impl GpuBackend {
             }
             for chunk in needed.chunks(self.vram.slots) {
                 self.vram.ensure(&mut self.gpu, &self.source, layer, chunk, false)?;
-                self.dispatch_experts(layer, x, routes, act.buf(), contrib.buf())?;
+                self.dispatch_experts(layer, x, routes, order.as_ref(), act.buf(), contrib.buf())?;
             }
         }
         let (nx, ny) = self.gpu.grid((rows * h).div_ceil(64) as u64)?;

@@ -32,6 +32,11 @@ pub struct GpuStats {
     pub predicted_total: u64,
     /// True when every expert is resident.
     pub full_residency: bool,
+    /// Weight passes of the grouped expert kernels (prompt blocks): per layer and block,
+    /// the experts of the block's union, each read once for all its pairs.
+    pub expert_passes: u64,
+    /// The (row, expert) pairs those passes computed.
+    pub grouped_pairs: u64,
     /// Sampled picks decided by the candidates ranked on the device (kilobytes read back).
     pub sampled_from_candidates: u64,
     /// Sampled picks that read the whole row of logits (the draw landed beyond the
@@ -114,6 +119,7 @@ impl GpuBackend {
     /// A new forward block of `positions` positions begins: closes the previous block's
     /// counts and starts this one's.
     pub(super) fn begin_block(&mut self, positions: usize) {
+        self.batched_step = false;
         let now = self.gpu.counters();
         if self.in_decode {
             self.stats.decode_submissions += now.submissions - self.block_device.submissions;
@@ -169,6 +175,12 @@ impl GpuBackend {
         ));
         if s.decode.steps > 0 {
             lines.push(format!("  {}", s.decode.line()));
+        }
+        if s.grouped_pairs > 0 {
+            lines.push(format!(
+                "  prefill experts: {} weight passes for {} (row, expert) pairs: each expert of a block's union read once",
+                s.expert_passes, s.grouped_pairs
+            ));
         }
         if s.sampled_from_candidates + s.sampled_from_logits > 0 {
             lines.push(format!(
