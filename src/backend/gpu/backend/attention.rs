@@ -86,13 +86,18 @@ impl GpuBackend {
     ) -> Result<()> {
         let cfg = Arc::clone(&self.cfg);
         let (kc, vc) = self.kv[at.seq][layer].clone();
-        let n = at.rows * cfg.kv_dim();
+        // One invocation per cache word: a value (F32) or a pair of values (F16).
+        let kv_row = self.kv_row();
+        let n = at.rows * kv_row as usize;
         let (nx, ny) = self.gpu.grid(n.div_ceil(64) as u64)?;
         let params = KvStoreParams {
             n: n as u32,
-            offset: (at.start_pos * cfg.kv_dim()) as u32,
+            offset: (at.start_pos * kv_row as usize) as u32,
             nx,
             src: (at.row0 * cfg.kv_dim()) as u32,
+            kv_dim: cfg.kv_dim() as u32,
+            kv_row,
+            _pad: [0; 2],
         };
         let var = self.variant(Op::KvStore);
         let binds = [k.bind(), v.bind(), Bind::whole(&kc), Bind::whole(&vc)];
@@ -111,6 +116,8 @@ impl GpuBackend {
             nx,
             has_sinks: self.layers[layer].sinks.is_some() as u32,
             row0: at.row0 as u32,
+            kv_row,
+            _pad: [0; 3],
         };
         let sinks = self.layers[layer].sinks.clone().unwrap_or_else(|| self.gpu.dummy.clone());
         let var = self.variant(Op::Attention);
@@ -173,7 +180,7 @@ impl GpuBackend {
 }
 
 /// The key/value cache of sequence `seq`: a (keys, values) pair of `layer_bytes` each for
-/// every one of `layers` layers.
+/// every one of `layers` layers (`layer_bytes` from the cache's [`super::KvPrecision`]).
 pub(super) fn kv_cache(
     gpu: &mut Gpu,
     seq: usize,
@@ -273,7 +280,8 @@ impl GpuBackend {
                 has_qk_norm: owner.qk_w.is_some() as u32,
                 nx,
                 row: row as u32,
-                _pad: [0; 2],
+                kv_row: self.kv_row(),
+                _pad: [0; 1],
             };
             let binds = [
                 qkv.bind(),
