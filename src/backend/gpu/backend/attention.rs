@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::backend::{Backend, SeqPos, check_step_rows};
+use crate::backend::{Backend, SeqPos, check_sequence, check_step_rows};
 use crate::error::{Error, Result};
 
 use super::super::buffers::GpuAct;
@@ -12,7 +12,7 @@ use super::super::params::{
     AttentionDecodeParams, AttentionMergeParams, AttentionParams, KvStoreParams, RopeParams,
 };
 use super::super::shaders::Op;
-use super::{GpuBackend, check_shape};
+use super::{GpuBackend, KvPrecision, check_shape};
 
 /// Where the rows of an attention dispatch sit: `rows` rows of the activations from row
 /// `row0`, in the cache of sequence `seq` from position `start_pos`.
@@ -125,6 +125,49 @@ impl GpuBackend {
         self.gpu.dispatch(Op::Attention, var, &params, &binds, (nx, ny, 1))
     }
 
+    /// The keys and values sequence `seq`'s cache holds for `layer` at `positions`, as f32
+    /// (`[positions, kv_dim]` each; an F16 cache's values widened exactly): what attention
+    /// reads (tests and tools). A readback: waits for the recorded work.
+    pub fn read_kv_cache(
+        &mut self,
+        seq: usize,
+        layer: usize,
+        positions: std::ops::Range<usize>,
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        check_sequence(seq, self.kv.len())?;
+        if layer >= self.cfg.num_layers || positions.start > positions.end || positions.end > self.capacity {
+            return Err(Error::Backend(format!(
+                "read_kv_cache: layer {layer}, positions {positions:?} are outside the cache ({} layers, {} positions)",
+                self.cfg.num_layers, self.capacity
+            )));
+        }
+        if positions.is_empty() {
+            return Ok((Vec::new(), Vec::new()));
+        }
+        let (kc, vc) = self.kv[seq][layer].clone();
+        let row = self.kv_row() as u64 * 4;
+        let (offset, len) = (positions.start as u64 * row, positions.len() as u64 * row);
+        let bytes = self.read_back(&[(&kc, offset, len), (&vc, offset, len)])?;
+        let kv_dim = self.cfg.kv_dim();
+        let decode = |b: &[u8]| -> Vec<f32> {
+            let words = super::super::buffers::words(b);
+            match self.kv_precision {
+                KvPrecision::F32 => words.into_iter().map(f32::from_bits).collect(),
+                KvPrecision::F16 => words
+                    .chunks(row as usize / 4)
+                    .flat_map(|w| {
+                        w.iter()
+                            .flat_map(|&x| [x as u16, (x >> 16) as u16])
+                            .take(kv_dim)
+                            .map(|h| half::f16::from_bits(h).to_f32())
+                    })
+                    .collect(),
+            }
+        };
+        let n = len as usize;
+        Ok((decode(&bytes[..n]), decode(&bytes[n..2 * n])))
+    }
+
     pub(super) fn run_rope(&mut self, x: &mut GpuAct, start_pos: usize) -> Result<()> {
         if start_pos + x.rows() > self.capacity {
             return Err(Error::ContextFull { needed: start_pos + x.rows(), capacity: self.capacity });
@@ -187,7 +230,8 @@ pub(super) fn kv_cache(
     layers: usize,
     layer_bytes: u64,
 ) -> Result<Vec<(GBuf, GBuf)>> {
-    let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
+    // COPY_SRC: read back by `GpuBackend::read_kv_cache` (tests and tools).
+    let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC;
     (0..layers)
         .map(|l| {
             Ok((
