@@ -5,7 +5,7 @@
 //! (The CPU backend itself always keeps f32; this lives in the tests.)
 
 use picchio::backend::cpu::{CpuAct, CpuBackend};
-use picchio::backend::{Backend, LayerPoint, LinearId, NormId, RouteTable, RowKind};
+use picchio::backend::{Backend, LayerPoint, LinearId, NormId, RouteTable, RowKind, SeqPos};
 use picchio::experts::ExpertStats;
 use picchio::{ModelConfig, Result};
 
@@ -97,5 +97,27 @@ impl Backend for F16KvCpu {
     }
     fn expert_stats(&self) -> ExpertStats {
         self.0.expert_stats()
+    }
+    fn add_sequence(&mut self) -> Result<usize> {
+        self.0.add_sequence()
+    }
+    fn select_sequence(&mut self, seq: usize) -> Result<()> {
+        self.0.select_sequence(seq)
+    }
+    fn rope_rows(&mut self, x: &mut CpuAct, rows: &[SeqPos]) -> Result<()> {
+        self.0.rope_rows(x, rows)
+    }
+    fn attention_rows(
+        &mut self,
+        layer: usize,
+        rows: &[SeqPos],
+        q: &CpuAct,
+        k: &CpuAct,
+        v: &CpuAct,
+        out: &mut CpuAct,
+    ) -> Result<()> {
+        let k = CpuAct { rows: k.rows, width: k.width, data: f16_round(&k.data) };
+        let v = CpuAct { rows: v.rows, width: v.width, data: f16_round(&v.data) };
+        self.0.attention_rows(layer, rows, q, &k, &v, out)
     }
 }
