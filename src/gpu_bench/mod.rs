@@ -137,10 +137,16 @@ pub fn run(opts: &Options, mut progress: impl FnMut(&CaseResult)) -> Result<Repo
                 bench.attention(ctx)?;
             }
             // The same attention cases with an F16 cache: another backend on the same model,
-            // with the fewest experts in VRAM (its expert cases are not run).
+            // with one token's experts of a layer in VRAM (a slot holds a record rounded up
+            // to 4 KiB, under twice its bytes; its expert cases are not run).
             drop(b);
-            let f16_opts =
-                GpuOptions { kv_precision: KvPrecision::F16, vram_bytes: Some(1), ..gpu_opts.clone() };
+            let one_token =
+                (model.config.experts_per_token as u64).saturating_mul(model.experts.expert_bytes());
+            let f16_opts = GpuOptions {
+                kv_precision: KvPrecision::F16,
+                vram_bytes: Some(one_token.saturating_mul(2).max(1)),
+                ..gpu_opts.clone()
+            };
             let mut b = GpuBackend::new(
                 model.config.clone(),
                 model.dense.clone(),
