@@ -135,6 +135,14 @@ impl GpuBackend {
         // dense or MoE layers), never the family.
         let open = device::open_timed(opts.api, opts.allow_software, opts.features, opts.timestamps)?;
         let report = open.report.clone();
+        // Before anything is uploaded: an F16 cache needs the adapter's f16 conversions.
+        let precision = opts.kv_precision;
+        if precision == KvPrecision::F16 && !report.f16_in_f32 {
+            return Err(Error::Backend(format!(
+                "--kv-cache f16 needs pack2x16float/unpack2x16float, which wgpu does not allow on {} (no SHADER_F16_IN_F32; Mesa's llvmpipe grants it only with SHADER_F16); use --kv-cache f32",
+                report.summary()
+            )));
+        }
         let k = cfg.experts_per_token;
         if k == 0 || k > MAX_TOP_K || k > cfg.num_experts {
             return Err(Error::Backend(format!("experts per token {k} is outside 1..={MAX_TOP_K}")));
@@ -163,13 +171,6 @@ impl GpuBackend {
         let rope_sin = upload_vector(&mut gpu, "rope sin", &sin)?;
         drop((cos, sin));
 
-        let precision = opts.kv_precision;
-        if precision == KvPrecision::F16 && !report.f16_in_f32 {
-            return Err(Error::Backend(format!(
-                "--kv-cache f16 needs pack2x16float/unpack2x16float, which wgpu does not allow on {} (no SHADER_F16_IN_F32; Mesa's llvmpipe grants it only with SHADER_F16); use --kv-cache f32",
-                report.summary()
-            )));
-        }
         let too_large = || {
             Error::Backend(format!(
                 "a {precision} KV cache of {capacity} positions does not fit in 64-bit sizes; use a smaller --ctx"
