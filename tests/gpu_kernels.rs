@@ -1008,3 +1008,86 @@ fn a_dispatch_with_another_ops_parameters_is_refused() {
     assert_eq!(gpu.counters().dispatches, 1);
     gpu.sync().unwrap();
 }
+
+/// kv_store.wgsl's KV_F16 variant alone, on rows the models never have: an odd `kv_dim` (a
+/// row of ceil(kv_dim / 2) words ending in a zero half), rows stored from a middle row of the
+/// batch to a middle position of the cache, and values beyond binary16's range (saturated
+/// to +-65504, where WGSL would leave the conversion indeterminate). Every word is checked
+/// against `half`'s round-to-nearest-even conversion; the words around the stored rows stay
+/// as they were.
+#[test]
+fn kv_store_packs_odd_rows_with_a_zero_half_and_saturates() {
+    use picchio::backend::gpu::context::{Bind, Gpu};
+    use picchio::backend::gpu::device;
+    use picchio::backend::gpu::params::KvStoreParams;
+    use picchio::backend::gpu::shaders::{Op, Variant};
+
+    let Some(base) = gpu_options("kv_store, odd rows") else { return };
+    for (name, opts) in variants(&base) {
+        let open = device::open(opts.api, opts.allow_software, opts.features).unwrap();
+        if !open.report.f16_in_f32 {
+            eprintln!("SKIPPED [{name}]: {} has no pack2x16float", open.report.summary());
+            continue;
+        }
+        let subgroup = open.subgroup;
+        let mut gpu = Gpu::new(open, None, 64).unwrap();
+        let mut rng = Rng::new(77);
+        for kv_dim in [7usize, 9, 1, 70] {
+            let (batch, rows, row0, start, capacity) = (5, 3, 1, 4, 10);
+            let row = KvPrecision::F16.row_words(kv_dim) as usize;
+            let mut k = rng.vec(batch * kv_dim, 3.0);
+            let v = rng.vec(batch * kv_dim, 3.0);
+            k[row0 * kv_dim] = 1.0e6;
+            k[(row0 + 1) * kv_dim] = -7.0e4;
+            let sentinel = vec![0xdead_beefu32; capacity * row];
+            let bytes = |x: &[f32]| x.iter().flat_map(|f| f.to_le_bytes()).collect::<Vec<u8>>();
+            let words = |x: &[u32]| x.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>();
+            let (kb, vb) =
+                (gpu.buffer_init("k", &bytes(&k)).unwrap(), gpu.buffer_init("v", &bytes(&v)).unwrap());
+            let keys = gpu.buffer_init("keys", &words(&sentinel)).unwrap();
+            let values = gpu.buffer_init("values", &words(&sentinel)).unwrap();
+            let n = rows * row;
+            let params = KvStoreParams {
+                n: n as u32,
+                offset: (start * row) as u32,
+                nx: n.div_ceil(64) as u32,
+                src: (row0 * kv_dim) as u32,
+                kv_dim: kv_dim as u32,
+                kv_row: row as u32,
+                _pad: [0; 2],
+            };
+            let variant = Variant { subgroup, kv_f16: true, ..Default::default() };
+            let binds = [Bind::whole(&kb), Bind::whole(&vb), Bind::whole(&keys), Bind::whole(&values)];
+            gpu.dispatch(Op::KvStore, variant, &params, &binds, (params.nx, 1, 1)).unwrap();
+            let size = (capacity * row * 4) as u64;
+            let out = gpu.read_back(&[(&keys, 0, size), (&values, 0, size)]).unwrap();
+            let got: Vec<u32> = out.chunks(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect();
+            let half = |x: f32| half::f16::from_f32(x.clamp(-65504.0, 65504.0)).to_bits() as u32;
+            for (which, src, stored) in
+                [("keys", &k, &got[..capacity * row]), ("values", &v, &got[capacity * row..])]
+            {
+                for p in 0..capacity {
+                    for w in 0..row {
+                        let want = if (start..start + rows).contains(&p) {
+                            let r = row0 + p - start;
+                            let c = 2 * w;
+                            let lo = half(src[r * kv_dim + c]);
+                            let hi = if c + 1 < kv_dim { half(src[r * kv_dim + c + 1]) } else { 0 };
+                            lo | (hi << 16)
+                        } else {
+                            0xdead_beef
+                        };
+                        assert_eq!(
+                            stored[p * row + w],
+                            want,
+                            "[{name}] kv_dim {kv_dim}: {which} at position {p}, word {w}"
+                        );
+                    }
+                }
+            }
+            // The saturated keys: +-65504 (0x7bff, 0xfbff).
+            assert_eq!(got[start * row] & 0xffff, 0x7bff, "[{name}] kv_dim {kv_dim}");
+            assert_eq!(got[(start + 1) * row] & 0xffff, 0xfbff, "[{name}] kv_dim {kv_dim}");
+        }
+    }
+}
