@@ -2,8 +2,9 @@
 # The GPU check: on a machine with a GPU and no Rust toolchain (nor network), from a binary
 # and test executables built beforehand, run the GPU tests, `picchio devices`, the kernel
 # microbenchmark (`picchio bench-gpu`) and `picchio bench --device gpu` on a synthetic
-# GPT-OSS-20B (every expert resident, with --verify, and with --vram-gb holding a third and
-# a tenth of the experts), writing summary.md and the raw outputs into an output directory.
+# GPT-OSS-20B (every expert resident, also with an f16 key/value cache, with --verify, and
+# with --vram-gb holding a third and a tenth of the experts), writing summary.md and the raw
+# outputs into an output directory.
 #
 # Usage:
 #   scripts/gpu-check.sh --prepare DIR [--small]   # here (after the builds below): pack into DIR
@@ -173,6 +174,7 @@ if [ ! -e "$model/config.json" ]; then
 fi
 common=(bench -m "$model" --cache-dir "$cache" --device gpu "${bench[@]}")
 run bench-resident 600 "$bin" "${common[@]}" --json
+run bench-resident-kvf16 600 "$bin" "${common[@]}" --kv-cache f16 --json
 run bench-verify 600 "$bin" "${common[@]}" --verify --no-routing
 experts_bytes=$(find "$cache" -name experts.bin -printf '%s\n' 2>/dev/null | head -n 1)
 if [ -n "$experts_bytes" ]; then
@@ -215,7 +217,7 @@ import json, os, sys
 out = sys.argv[1]
 print("| run | decode tok/s | prefill tok/s | dispatches/token | per layer | submissions/token | waits/token | bytes read back/token |")
 print("|---|---:|---:|---:|---:|---:|---:|---:|")
-for name in ["bench-resident", "bench-vram-1of3", "bench-vram-1of10"]:
+for name in ["bench-resident", "bench-resident-kvf16", "bench-vram-1of3", "bench-vram-1of10"]:
     try:
         d = json.load(open(os.path.join(out, name + ".out")))
     except Exception as e:

@@ -11,13 +11,19 @@
 // the plain softmax of model::math::softmax (the sinks binding is not read). Query head h
 // reads KV head h / (heads / kv_heads); rows are q_stride = heads * head_dim wide, which
 // need not be the hidden size. A sliding layer (window > 0) sees positions
-// pos - window + 1 ..= pos.
+// pos - window + 1 ..= pos. KV_F16: the cache holds binary16 pairs (kv_store.wgsl), rows of
+// kv_row words, widened exactly to f32 as they are read; everything else is the same.
 
 // `Params` is AttentionParams (src/backend/gpu/params.rs), declared by the loader.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q: array<f32>;
+//#if KV_F16
+@group(0) @binding(2) var<storage, read> keys: array<u32>;
+@group(0) @binding(3) var<storage, read> values: array<u32>;
+//#else
 @group(0) @binding(2) var<storage, read> keys: array<f32>;
 @group(0) @binding(3) var<storage, read> values: array<f32>;
+//#endif
 @group(0) @binding(4) var<storage, read> sinks: array<f32>;
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
 
@@ -63,10 +69,20 @@ fn main(ids: Ids) {
         let live = ids.lid < n;
         var s = 0.0;
         if live {
+//#if KV_F16
+            // head_dim is even, so a head starts on a word: its keys are d / 2 words.
+            let k_off = j * p.kv_row + kv_off / 2u;
+            for (var i = 0u; i < d; i += 2u) {
+                let kk = kv_unpack(keys[k_off + i / 2u]);
+                s += qs[i] * kk.x;
+                s += qs[i + 1u] * kk.y;
+            }
+//#else
             let k_off = j * p.kv_dim + kv_off;
             for (var i = 0u; i < d; i++) {
                 s += qs[i] * keys[k_off + i];
             }
+//#endif
             s *= p.scale;
             tile[ids.lid] = s;
         }
@@ -90,9 +106,16 @@ fn main(ids: Ids) {
             let dim = ids.lid + c * WG;
             if dim < d {
                 var a = acc[c] * corr;
+//#if KV_F16
+                let col = kv_off + dim;
+                for (var i = 0u; i < n; i++) {
+                    a += tile[i] * kv_half(values[(t0 + i) * p.kv_row + col / 2u], col & 1u);
+                }
+//#else
                 for (var i = 0u; i < n; i++) {
                     a += tile[i] * values[(t0 + i) * p.kv_dim + kv_off + dim];
                 }
+//#endif
                 acc[c] = a;
             }
         }

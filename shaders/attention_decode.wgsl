@@ -14,13 +14,23 @@
 // `row` selects the token's row of `qkv` (a batched decode step dispatches once per row,
 // each with its own sequence's cache and position). Keys are visited in tiles of 64 with an online softmax, as attention.wgsl; a sliding
 // layer's window is the caller's `first`. Limits (checked by the backend): group <= 16,
-// group * head_dim <= 2048, head_dim <= 256.
+// group * head_dim <= 2048, head_dim <= 256 (and even).
+//
+// KV_F16: the cache holds binary16 pairs (rows of kv_row words; a head's d values are d / 2
+// words from word kvh * d / 2): the new key and value are packed as they are stored, keys
+// are read a word (two dimensions) at a time, and each invocation accumulates pairs of
+// dimensions, one word of a value row per key.
 
 // `Params` is AttentionDecodeParams (src/backend/gpu/params.rs), declared by the loader.
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> qkv: array<f32>;
+//#if KV_F16
+@group(0) @binding(2) var<storage, read_write> keys: array<u32>;
+@group(0) @binding(3) var<storage, read_write> values: array<u32>;
+//#else
 @group(0) @binding(2) var<storage, read_write> keys: array<f32>;
 @group(0) @binding(3) var<storage, read_write> values: array<f32>;
+//#endif
 @group(0) @binding(4) var<storage, read> cos_t: array<f32>;
 @group(0) @binding(5) var<storage, read> sin_t: array<f32>;
 @group(0) @binding(6) var<storage, read> qk_w: array<f32>;
@@ -35,8 +45,9 @@ var<workgroup> m_w: array<f32, 16>;
 var<workgroup> l_w: array<f32, 16>;
 var<workgroup> corr_w: array<f32, 16>;
 
-// Accumulators per invocation (2048 / WG).
+// Accumulators per invocation (2048 / WG); KV_F16: pairs of them.
 const MAX_ACC: u32 = 32u;
+const MAX_PAIRS: u32 = 16u;
 const MAX_GROUP: u32 = 16u;
 // Below every finite score: exp(LOW - max) is exactly 0, with no infinities.
 const LOW: f32 = -1.0e38;
@@ -113,11 +124,20 @@ fn main(ids: Ids) {
             rope_qs(nq, i, half);
         }
         workgroupBarrier();
+//#if KV_F16
+        let dst = p.pos * p.kv_row + kvh * half;
+        let v0 = k0 + p.kv_dim;
+        for (var i = ids.lid; i < half; i += WG) {
+            keys[dst + i] = kv_pack(vec2<f32>(qs[nq + 2u * i], qs[nq + 2u * i + 1u]));
+            values[dst + i] = kv_pack(vec2<f32>(qkv[v0 + 2u * i], qkv[v0 + 2u * i + 1u]));
+        }
+//#else
         let dst = p.pos * p.kv_dim + kvh * d;
         for (var c = ids.lid; c < d; c += WG) {
             keys[dst + c] = qs[nq + c];
             values[dst + c] = qkv[k0 + p.kv_dim + c];
         }
+//#endif
         storageBarrier();
     }
     if ids.lid < g_n {
@@ -126,19 +146,34 @@ fn main(ids: Ids) {
     }
     workgroupBarrier();
 
+//#if KV_F16
+    var acc2: array<vec2<f32>, MAX_PAIRS>;
+//#else
     var acc: array<f32, MAX_ACC>;
+//#endif
     for (var t0 = j0; t0 < j1; t0 += WG) {
         let n = min(WG, j1 - t0);
         // Scores: one key per invocation, against every query head of the group.
         if ids.lid < n {
-            let kb = (t0 + ids.lid) * p.kv_dim + kvh * d;
             var s: array<f32, MAX_GROUP>;
+//#if KV_F16
+            let kb = (t0 + ids.lid) * p.kv_row + kvh * half;
+            for (var c = 0u; c < d; c += 2u) {
+                let kk = kv_unpack(keys[kb + c / 2u]);
+                for (var g = 0u; g < g_n; g++) {
+                    s[g] += qs[g * d + c] * kk.x;
+                    s[g] += qs[g * d + c + 1u] * kk.y;
+                }
+            }
+//#else
+            let kb = (t0 + ids.lid) * p.kv_dim + kvh * d;
             for (var c = 0u; c < d; c++) {
                 let kv = keys[kb + c];
                 for (var g = 0u; g < g_n; g++) {
                     s[g] += qs[g * d + c] * kv;
                 }
             }
+//#endif
             for (var g = 0u; g < g_n; g++) {
                 pt[g * WG + ids.lid] = s[g] * p.scale;
             }
@@ -163,6 +198,22 @@ fn main(ids: Ids) {
             corr_w[g] = corr;
         }
         workgroupBarrier();
+//#if KV_F16
+        // Values: each invocation owns (head, pair of dimensions) accumulators; a pair is one
+        // word of a value row.
+        for (var a = 0u; a < MAX_PAIRS; a++) {
+            let e = 2u * (ids.lid + a * WG);
+            if e < nq {
+                let g = e / d;
+                let vb = t0 * p.kv_row + kvh * half + (e % d) / 2u;
+                var v = acc2[a] * corr_w[g];
+                for (var i = 0u; i < n; i++) {
+                    v += pt[g * WG + i] * kv_unpack(values[vb + i * p.kv_row]);
+                }
+                acc2[a] = v;
+            }
+        }
+//#else
         // Values: each invocation owns (head, dimension) accumulators.
         for (var a = 0u; a < MAX_ACC; a++) {
             let e = ids.lid + a * WG;
@@ -176,18 +227,30 @@ fn main(ids: Ids) {
                 acc[a] = v;
             }
         }
+//#endif
         workgroupBarrier();
     }
 
     // The split's state per query head: d weighted sums, the max, the denominator.
     let stride = d + 2u;
     let base = (kvh * p.splits + split) * g_n * stride;
+//#if KV_F16
+    for (var a = 0u; a < MAX_PAIRS; a++) {
+        let e = 2u * (ids.lid + a * WG);
+        if e < nq {
+            let o = base + (e / d) * stride + e % d;
+            partial[o] = acc2[a].x;
+            partial[o + 1u] = acc2[a].y;
+        }
+    }
+//#else
     for (var a = 0u; a < MAX_ACC; a++) {
         let e = ids.lid + a * WG;
         if e < nq {
             partial[base + (e / d) * stride + e % d] = acc[a];
         }
     }
+//#endif
     if ids.lid < g_n {
         partial[base + ids.lid * stride + d] = m_w[ids.lid];
         partial[base + ids.lid * stride + d + 1u] = l_w[ids.lid];

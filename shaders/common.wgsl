@@ -6,8 +6,9 @@
 // kernel runs workgroups of WG = 64 invocations.
 //
 // Variant lines: the loader keeps or drops the lines between `//#if NAME`, `//#else` and
-// `//#endif` (NAME: F16, SUBGROUP, INT4, MXFP4), so this file alone is not valid WGSL. F16 only
-// enables f16 types for the kernels that load f16 data directly (matvec_int4.wgsl).
+// `//#endif` (NAME: F16, SUBGROUP, INT4, MXFP4, KV_F16), so this file alone is not valid WGSL.
+// F16 only enables f16 types for the kernels that load f16 data directly (matvec_int4.wgsl);
+// KV_F16 (an F16 key/value cache) needs no f16 types.
 //#if F16
 enable f16;
 //#endif
@@ -125,3 +126,28 @@ fn gated_activation(gate_in: f32, up_in: f32, activation: u32, limit: f32, alpha
     let glu = gate * (1.0 / (1.0 + exp(-(gate * alpha))));
     return (up + 1.0) * glu;
 }
+
+//#if KV_F16
+// An F16 key/value cache (the KV_F16 variants of kv_store, attention, attention_decode): two
+// values per u32 word as IEEE binary16, the even column in the low half, with the core WGSL
+// conversions (f32 arithmetic, no `enable f16`). Rows are ceil(kv_dim / 2) words.
+// Largest finite binary16: values beyond it are saturated to it, since WGSL leaves the
+// conversion of an out-of-range value indeterminate.
+const KV_F16_MAX: f32 = 65504.0;
+
+// Two values as one word. WGSL lets the conversion round to either neighbour; IEEE devices
+// (and lavapipe, tests/gpu_fused.rs) round to nearest, a relative error of at most 2^-11.
+fn kv_pack(v: vec2<f32>) -> u32 {
+    return pack2x16float(clamp(v, vec2<f32>(-KV_F16_MAX), vec2<f32>(KV_F16_MAX)));
+}
+
+// Both values of a word, exactly (every binary16 value is an f32 value).
+fn kv_unpack(w: u32) -> vec2<f32> {
+    return unpack2x16float(w);
+}
+
+// The value of column parity `odd` (0: the low half, 1: the high half) of a word.
+fn kv_half(w: u32, odd: u32) -> f32 {
+    return unpack2x16float(w >> (odd * 16u)).x;
+}
+//#endif

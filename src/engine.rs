@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::backend::cpu::CpuBackend;
-use crate::backend::gpu::{GpuBackend, GpuOptions};
+use crate::backend::gpu::{GpuBackend, GpuOptions, KvPrecision};
 use crate::backend::{Backend, SeqPos};
 use crate::config::{MlpKind, ModelConfig};
 use crate::error::{Error, Result};
@@ -403,13 +403,18 @@ pub fn default_parallel_for_memory(cfg: &ModelConfig, ctx: usize, total_memory: 
     }
 }
 
-/// How many key/value caches of `ctx` positions fit, each full, in a quarter of 80% of an
-/// adapter's `device_memory` (the rest is for the dense weights and the expert cache),
-/// between 1 and [`DEFAULT_PARALLEL_MAX`]: the slots a server on `--device gpu` runs without
-/// `--parallel`, whose caches live in VRAM.
-pub fn default_parallel_for_vram(cfg: &ModelConfig, ctx: usize, device_memory: u64) -> usize {
+/// How many key/value caches of `ctx` positions stored in `precision` (`--kv-cache`) fit,
+/// each full, in a quarter of 80% of an adapter's `device_memory` (the rest is for the dense
+/// weights and the expert cache), between 1 and [`DEFAULT_PARALLEL_MAX`]: the slots a server
+/// on `--device gpu` runs without `--parallel`, whose caches live in VRAM.
+pub fn default_parallel_for_vram(
+    cfg: &ModelConfig,
+    ctx: usize,
+    device_memory: u64,
+    precision: KvPrecision,
+) -> usize {
     let kv_room = device_memory / 10 * 8 / 4;
-    match cfg.kv_bytes(ctx) {
+    match precision.cache_bytes(cfg, ctx) {
         Some(per_slot) if per_slot > 0 => {
             usize::try_from(kv_room / per_slot).unwrap_or(usize::MAX).clamp(1, DEFAULT_PARALLEL_MAX)
         }
@@ -805,16 +810,24 @@ mod tests {
     #[test]
     fn the_default_gpu_slots_are_the_full_caches_that_fit_in_a_quarter_of_80_percent_of_vram() {
         let cfg = config(SynthShape::GptOss20b);
+        let f32 = KvPrecision::F32;
         // 3 GiB a cache at the target context. 80 GiB: a quarter of 64 GiB holds five; capped.
-        assert_eq!(default_parallel_for_vram(&cfg, DEFAULT_CTX_TARGET, 80 * GIB), DEFAULT_PARALLEL_MAX);
+        assert_eq!(default_parallel_for_vram(&cfg, DEFAULT_CTX_TARGET, 80 * GIB, f32), DEFAULT_PARALLEL_MAX);
         // 24 GiB: a quarter of 19.2 GiB is 4.8 GiB, one cache.
-        assert_eq!(default_parallel_for_vram(&cfg, DEFAULT_CTX_TARGET, 24 * GIB), 1);
+        assert_eq!(default_parallel_for_vram(&cfg, DEFAULT_CTX_TARGET, 24 * GIB, f32), 1);
         // 40 GiB: 8 GiB of room, two caches.
-        assert_eq!(default_parallel_for_vram(&cfg, DEFAULT_CTX_TARGET, 40 * GIB), 2);
+        assert_eq!(default_parallel_for_vram(&cfg, DEFAULT_CTX_TARGET, 40 * GIB, f32), 2);
         // A short context (384 MiB a cache) leaves room for more; too little memory, one.
-        assert_eq!(default_parallel_for_vram(&cfg, 4096, 24 * GIB), DEFAULT_PARALLEL_MAX);
-        assert_eq!(default_parallel_for_vram(&cfg, DEFAULT_CTX_TARGET, GIB), 1);
-        assert_eq!(default_parallel_for_vram(&cfg, usize::MAX, 1 << 50), 1);
+        assert_eq!(default_parallel_for_vram(&cfg, 4096, 24 * GIB, f32), DEFAULT_PARALLEL_MAX);
+        assert_eq!(default_parallel_for_vram(&cfg, DEFAULT_CTX_TARGET, GIB, f32), 1);
+        assert_eq!(default_parallel_for_vram(&cfg, usize::MAX, 1 << 50, f32), 1);
+        // An F16 cache is 1.5 GiB at the target context: 4.8 GiB of room on 24 GiB holds three,
+        // 8 GiB on 40 GiB five (capped at four).
+        let f16 = KvPrecision::F16;
+        assert_eq!(KvPrecision::F16.cache_bytes(&cfg, DEFAULT_CTX_TARGET), Some(3 * GIB / 2));
+        assert_eq!(default_parallel_for_vram(&cfg, DEFAULT_CTX_TARGET, 24 * GIB, f16), 3);
+        assert_eq!(default_parallel_for_vram(&cfg, DEFAULT_CTX_TARGET, 40 * GIB, f16), DEFAULT_PARALLEL_MAX);
+        assert_eq!(default_parallel_for_vram(&cfg, usize::MAX, 1 << 50, f16), 1);
     }
 
     #[test]

@@ -46,6 +46,7 @@ fn devices_lists_the_adapter_with_limits_and_features() {
         "max_compute_workgroup_size_x",
         "SHADER_F16",
         "SUBGROUP",
+        "key/value cache: --kv-cache f32",
     ] {
         assert!(s.contains(want), "missing {want}:\n{s}");
     }
@@ -88,6 +89,30 @@ fn generate_on_the_gpu_matches_the_cpu_with_stats_and_verify() {
     assert!(small.status.success(), "{err}");
     assert_eq!(ids(&small), ids(&cpu));
     assert!(err.contains("routing prediction (router L+1"), "{err}");
+    // An f16 key/value cache: the same tokens, verified, and the caches' line says f16 at
+    // half the bytes (tiny-f32: 4 layers x keys and values x 96 values x 2 bytes a position).
+    let f16 =
+        picchio(&[&base[..], &["--device", "gpu", "--kv-cache", "f16", "--stats", "--verify"]].concat());
+    let err = text(&f16.stderr);
+    assert!(f16.status.success(), "{err}");
+    assert_eq!(ids(&f16), ids(&cpu));
+    assert!(err.contains("; f16 KV cache;"), "{err}");
+    assert!(
+        err.contains("key/value caches in VRAM: 1 x ")
+            && err.contains(", f16: 1536 bytes a position over 4 layers)"),
+        "{err}"
+    );
+    assert!(err.contains("verify: top-1 identical to the CPU oracle at all 72 positions"), "{err}");
+    let f32 = picchio(&[&base[..], &["--device", "gpu", "--stats"]].concat());
+    let err = text(&f32.stderr);
+    assert!(
+        err.contains("; f32 KV cache;") && err.contains(", f32: 3072 bytes a position over 4 layers)"),
+        "{err}"
+    );
+    // The CPU keeps f32: asking it for f16 is an error, not a silent f32 cache.
+    let cpu16 = picchio(&[&base[..], &["--device", "cpu", "--kv-cache", "f16"]].concat());
+    assert!(!cpu16.status.success());
+    assert!(text(&cpu16.stderr).contains("--kv-cache f16 is a GPU option"), "{}", text(&cpu16.stderr));
 }
 
 #[test]

@@ -4,13 +4,18 @@
 //! with or without sinks, the output projection and the residual), at positions whose keys
 //! span several splits and in sliding layers; and the greedy argmax (argmax.wgsl) with ties
 //! and non-finite logits. Every test runs in the adapter's best shader build and in the
-//! portable one.
+//! portable one. With an F16 key/value cache the same paths are checked against the CPU
+//! within the derived bound of binary16 rounding (tests/common/gpu.rs,
+//! `f16_attention_bounds`).
 
 mod common;
 
-use common::gpu::{Fmt, Rng, gpu_options, random_model, random_qwen3_model, rel_diff, variants};
-use picchio::backend::cpu::CpuBackend;
-use picchio::backend::gpu::{GpuBackend, GpuOptions};
+use common::gpu::{
+    F16_SUBNORMAL, F16_UNIT, Fmt, Rng, assert_within_f16_bounds, bounds_through, f16_attention_bounds,
+    gpu_options, random_model, random_qwen3_model, rel_diff, variants,
+};
+use picchio::backend::cpu::{CpuAct, CpuBackend};
+use picchio::backend::gpu::{GpuBackend, GpuOptions, KvPrecision};
 use picchio::backend::{Backend, LinearId, NormId};
 use picchio::engine::LoadedModel;
 use picchio::model::math::argmax_with_margin;
@@ -82,6 +87,144 @@ fn check_fused_attention(
             assert!(d < 1e-5, "{variant} layer {layer} position {pos}: relative difference {d}");
         }
     }
+}
+
+/// The CPU's attention half as [`plain_attention_half`] runs it, returning the queries and
+/// keys (after QK-norm and RoPE) and the values it computed; with `stored`, it stores and
+/// attends with those keys and values instead of its own (the ones a GPU cache holds).
+fn cpu_attention_half(
+    c: &mut CpuBackend,
+    layer: usize,
+    pos: usize,
+    x: &mut CpuAct,
+    stored: Option<(&[f32], &[f32])>,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let cfg = c.config().clone();
+    let n = x.rows;
+    let mut normed = c.alloc(n, cfg.hidden_size).unwrap();
+    let (mut q, mut k, mut v) = (
+        c.alloc(n, cfg.q_dim()).unwrap(),
+        c.alloc(n, cfg.kv_dim()).unwrap(),
+        c.alloc(n, cfg.kv_dim()).unwrap(),
+    );
+    c.rms_norm(NormId::Attention(layer), x, &mut normed).unwrap();
+    c.linear_qkv(layer, &normed, &mut q, &mut k, &mut v).unwrap();
+    if cfg.recipe.qk_norm {
+        c.rms_norm_heads(NormId::Query(layer), &mut q).unwrap();
+        c.rms_norm_heads(NormId::Key(layer), &mut k).unwrap();
+    }
+    c.rope(&mut q, pos).unwrap();
+    c.rope(&mut k, pos).unwrap();
+    let computed = (q.data.clone(), k.data.clone(), v.data.clone());
+    if let Some((sk, sv)) = stored {
+        k.data.copy_from_slice(sk);
+        v.data.copy_from_slice(sv);
+    }
+    let mut attn = c.alloc(n, cfg.q_dim()).unwrap();
+    c.attention(layer, pos, &q, &k, &v, &mut attn).unwrap();
+    let mut proj = c.alloc(n, cfg.hidden_size).unwrap();
+    c.linear(LinearId::O(layer), &attn, &mut proj).unwrap();
+    c.add(x, &proj).unwrap();
+    computed
+}
+
+/// [`check_fused_attention`] with an F16 cache, after the prompt block (kv_store and
+/// attention.wgsl) and at each decoded row (attention_decode.wgsl over the key splits, which
+/// also stores the row's key and value):
+///
+/// * each key and value the GPU stored is the CPU's rounded to binary16: within u |x| + a of
+///   it (u = 2^-11, a = 2^-25, tests/common/gpu.rs) plus the f32 tolerance (each side
+///   computed x itself);
+/// * the GPU's residual equals, within the f32 tolerance, the CPU's attention half run on the
+///   keys and values the GPU's cache holds (read back): the kernels attend with exactly what
+///   is stored;
+/// * the GPU's residual is within the bound of binary16 rounding of every key and value
+///   ([`f16_attention_bounds`], carried through the output projection:
+///   sum_c |W_o[r][c]| bound_c) plus the f32 tolerance of the CPU oracle, and the rounding
+///   shows somewhere (a difference beyond the f32 tolerance).
+///
+/// The second check uses the stored values rather than the CPU's own keys rounded: each side
+/// computes its keys, and a value within f32 rounding of a binary16 rounding boundary rounds
+/// one way on the GPU and the other on the CPU, one binary16 step apart (seen: a relative
+/// difference of 4e-5 after a 260-row prompt), which the f32 tolerance does not cover.
+fn check_fused_attention_f16(
+    variant: &str,
+    opts: &GpuOptions,
+    model: &LoadedModel,
+    layers: &[usize],
+    prompt: usize,
+) {
+    let cfg = model.config.clone();
+    let cpu = || CpuBackend::new(cfg.clone(), model.dense.clone(), model.experts.clone(), CAPACITY).unwrap();
+    // The oracle, and the CPU attending with the GPU's stored keys and values.
+    let (mut c, mut c16) = (cpu(), cpu());
+    let opts = GpuOptions { kv_precision: KvPrecision::F16, ..opts.clone() };
+    let mut g =
+        GpuBackend::new(cfg.clone(), model.dense.clone(), model.experts.clone(), CAPACITY, &opts).unwrap();
+    let mut rng = Rng::new(91);
+    let h = cfg.hidden_size;
+    let (mut worst, mut share) = (0.0f64, 0.0f64);
+    for &layer in layers {
+        let o = model.dense.layers[layer].attn.o.weight.to_f32();
+        let (mut keys, mut values) = (Vec::new(), Vec::new());
+        for (pos, rows) in [(0, prompt), (prompt, 1), (prompt + 1, 1), (prompt + 2, 1)] {
+            let x = rng.vec(rows * h, 1.0);
+            let mut cx = CpuAct { rows, width: h, data: x.clone() };
+            let mut cx16 = cx.clone();
+            let (q, k, v) = cpu_attention_half(&mut c, layer, pos, &mut cx, None);
+            keys.extend_from_slice(&k);
+            values.extend_from_slice(&v);
+            let mut gx = g.upload(rows, h, &x).unwrap();
+            if rows == 1 {
+                assert!(g.fused_attention(layer, pos, &mut gx).unwrap(), "{variant}: a decoded row is fused");
+            } else {
+                plain_attention_half(&mut g, layer, pos, rows, &mut gx);
+            }
+            let got = g.read(&gx).unwrap();
+            let what = format!("{variant} f16 cache, layer {layer}, {rows} row(s) at position {pos}");
+            let (sk, sv) = g.read_kv_cache(0, layer, pos..pos + rows).unwrap();
+            for (name, stored, exact) in [("key", &sk, &k), ("value", &sv, &v)] {
+                let f32_tol = 1e-5 * exact.iter().fold(1.0f32, |m, x| m.max(x.abs())) as f64;
+                for (i, (&s, &x)) in stored.iter().zip(exact.iter()).enumerate() {
+                    let allowed = F16_UNIT * (x as f64).abs() + F16_SUBNORMAL + f32_tol;
+                    let e = (s as f64 - x as f64).abs();
+                    assert!(
+                        e <= allowed,
+                        "{what}: stored {name} {i} is {s}, the CPU's {x}: {e:.3e} > {allowed:.3e}"
+                    );
+                }
+            }
+            cpu_attention_half(&mut c16, layer, pos, &mut cx16, Some((&sk, &sv)));
+            let d = rel_diff(&got, &cx16.data);
+            assert!(
+                d < 1e-5,
+                "{what}: relative difference {d} from the CPU attending with the stored keys and values"
+            );
+            let bounds = f16_attention_bounds(&cfg, layer, pos, &q, &keys, &values);
+            let bounds = bounds_through(&o, cfg.q_dim(), &bounds);
+            let (w, sh) = assert_within_f16_bounds(&got, &cx.data, &bounds, &what);
+            worst = worst.max(w);
+            share = share.max(sh);
+        }
+    }
+    eprintln!(
+        "{variant}: f16 cache vs the f32 oracle after the attention half: largest |difference| {worst:.3e}, at most {:.1}% of its bound",
+        100.0 * share
+    );
+    assert!(worst > 1e-5, "{variant}: no difference from the f32 oracle: is the cache f16?");
+}
+
+#[test]
+fn fused_decode_attention_with_an_f16_cache_is_within_the_rounding_bound_of_the_cpu() {
+    each_variant("fused decode attention, f16 cache", |variant, opts| {
+        // Sliding (window 5) and full layers with sinks, three key splits; BF16 projections
+        // with a prompt ending inside a split's first tile; QK-norm and no sinks.
+        check_fused_attention_f16(variant, opts, &random_model(41, Fmt::F32, Fmt::F32), &[0, 1], 260);
+        check_fused_attention_f16(variant, opts, &random_model(42, Fmt::Bf16, Fmt::F32), &[1], 129);
+        let qwen3 = random_qwen3_model(43, Fmt::F32, Fmt::F32, true);
+        assert!(qwen3.config.recipe.qk_norm && !qwen3.config.recipe.attention_sinks);
+        check_fused_attention_f16(variant, opts, &qwen3, &[0, 2], 200);
+    });
 }
 
 #[test]

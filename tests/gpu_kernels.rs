@@ -12,10 +12,11 @@ mod common;
 use std::sync::Arc;
 
 use common::gpu::{
-    Fmt, Rng, gpu_options, random_model, random_model_shaped, random_qwen3_model, rel_diff, variants,
+    Fmt, Rng, assert_within_f16_bounds, f16_attention_bounds, f16_round, gpu_options, random_model,
+    random_model_shaped, random_qwen3_model, rel_diff, variants,
 };
 use picchio::backend::cpu::{CpuAct, CpuBackend};
-use picchio::backend::gpu::{GpuBackend, GpuOptions};
+use picchio::backend::gpu::{GpuBackend, GpuOptions, KvPrecision};
 use picchio::backend::{Backend, LinearId, NormId, RouteTable};
 use picchio::engine::LoadedModel;
 use picchio::experts::ResidentExperts;
@@ -132,9 +133,23 @@ fn rope_matches_cpu() {
 
 /// GPU attention against the CPU's on `model` layers `layers`, with random queries, keys and
 /// values: a 70-row prefill (crossing a 64-key tile), single decode rows, then a 3-row block.
+///
+/// The cache read back holds exactly the keys and values given, or with an F16 cache
+/// (`opts.kv_precision`) those rounded to the nearest binary16 (as `half` rounds them; WGSL
+/// would allow either neighbour). With an F16 cache the output is checked twice: against the
+/// CPU oracle on the exact keys and values within the bound of binary16 rounding
+/// ([`f16_attention_bounds`]) plus the f32 tolerance, and against the CPU on the rounded keys
+/// and values within the f32 tolerance alone. The rounding must also show (a difference from
+/// the oracle beyond the f32 tolerance), or the cache is not F16.
 fn check_attention(variant: &str, opts: &GpuOptions, model: &LoadedModel, seed: u64, layers: &[usize]) {
     let cfg = model.config.clone();
+    let f16 = opts.kv_precision == KvPrecision::F16;
     let (mut c, mut g) = (cpu(model), gpu(model, opts));
+    assert_eq!(g.kv_precision(), opts.kv_precision);
+    // The CPU on the keys and values an F16 cache holds, and the exact ones so far per layer.
+    let mut c16 = cpu(model);
+    let mut cached: Vec<(Vec<f32>, Vec<f32>)> = vec![(Vec::new(), Vec::new()); cfg.num_layers];
+    let (mut worst, mut share) = (0.0f64, 0.0f64);
     let mut rng = Rng::new(seed);
     let mut pos = 0;
     for rows in [70, 1, 1, 3] {
@@ -156,10 +171,44 @@ fn check_attention(variant: &str, opts: &GpuOptions, model: &LoadedModel, seed: 
             );
             let mut go = g.alloc(rows, cfg.q_dim()).unwrap();
             g.attention(layer, pos, &gq, &gk, &gv, &mut go).unwrap();
-            let d = rel_diff(&g.read(&go).unwrap(), &co.data);
-            assert!(d < 1e-5, "{variant} layer {layer}, {rows} rows at {pos}: relative difference {d}");
+            let got = g.read(&go).unwrap();
+            let what = format!("{variant} layer {layer}, {rows} rows at {pos}");
+            // The cache holds the keys and values as given (F32), or rounded to the nearest
+            // binary16 (F16), bit for bit.
+            let (sk, sv) = g.read_kv_cache(0, layer, pos..pos + rows).unwrap();
+            let (wk, wv) = if f16 { (f16_round(&k), f16_round(&v)) } else { (k.clone(), v.clone()) };
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert!(bits(&sk) == bits(&wk) && bits(&sv) == bits(&wv), "{what}: the stored keys or values");
+            if !f16 {
+                let d = rel_diff(&got, &co.data);
+                assert!(d < 1e-5, "{what}: relative difference {d}");
+                continue;
+            }
+            let (k16, v16) =
+                (host(rows, cfg.kv_dim(), f16_round(&k)), host(rows, cfg.kv_dim(), f16_round(&v)));
+            let mut co16 = c16.alloc(rows, cfg.q_dim()).unwrap();
+            c16.attention(layer, pos, &cq, &k16, &v16, &mut co16).unwrap();
+            let d = rel_diff(&got, &co16.data);
+            assert!(
+                d < 1e-5,
+                "{what}: relative difference {d} from the CPU on binary16-rounded keys and values"
+            );
+            let (keys, values) = &mut cached[layer];
+            keys.extend_from_slice(&k);
+            values.extend_from_slice(&v);
+            let bounds = f16_attention_bounds(&cfg, layer, pos, &q, keys, values);
+            let (w, sh) = assert_within_f16_bounds(&got, &co.data, &bounds, &what);
+            worst = worst.max(w);
+            share = share.max(sh);
         }
         pos += rows;
+    }
+    if f16 {
+        eprintln!(
+            "{variant}: f16 cache vs the f32 oracle: largest |difference| {worst:.3e}, at most {:.1}% of its bound",
+            100.0 * share
+        );
+        assert!(worst > 1e-5, "{variant}: no difference from the f32 oracle: is the cache f16?");
     }
 }
 
@@ -168,6 +217,16 @@ fn attention_matches_cpu_across_tiles_windows_and_batches() {
     each_variant("attention", None, |variant, opts| {
         // A sliding (window 5) and a full layer.
         check_attention(variant, opts, &random_model(7, Fmt::F32, Fmt::F32), 8, &[0, 1]);
+    });
+}
+
+#[test]
+fn attention_with_an_f16_cache_is_within_the_rounding_bound_of_the_cpu() {
+    each_variant("attention, f16 cache", None, |variant, opts| {
+        let opts = GpuOptions { kv_precision: KvPrecision::F16, ..opts.clone() };
+        // A sliding (window 5) and a full layer with sinks; QK-norm's shape without sinks.
+        check_attention(variant, &opts, &random_model(7, Fmt::F32, Fmt::F32), 8, &[0, 1]);
+        check_attention(variant, &opts, &random_qwen3_model(25, Fmt::F32, Fmt::F32, true), 26, &[0, 1, 2]);
     });
 }
 
@@ -1001,4 +1060,87 @@ fn a_prompt_block_reads_each_expert_of_its_union_once_and_computes_each_pair_as_
             }
         }
     });
+}
+
+/// kv_store.wgsl's KV_F16 variant alone, on rows the models never have: an odd `kv_dim` (a
+/// row of ceil(kv_dim / 2) words ending in a zero half), rows stored from a middle row of the
+/// batch to a middle position of the cache, and values beyond binary16's range (saturated
+/// to +-65504, where WGSL would leave the conversion indeterminate). Every word is checked
+/// against `half`'s round-to-nearest-even conversion; the words around the stored rows stay
+/// as they were.
+#[test]
+fn kv_store_packs_odd_rows_with_a_zero_half_and_saturates() {
+    use picchio::backend::gpu::context::{Bind, Gpu};
+    use picchio::backend::gpu::device;
+    use picchio::backend::gpu::params::KvStoreParams;
+    use picchio::backend::gpu::shaders::{Op, Variant};
+
+    let Some(base) = gpu_options("kv_store, odd rows") else { return };
+    for (name, opts) in variants(&base) {
+        let open = device::open(opts.api, opts.allow_software, opts.features).unwrap();
+        if !open.report.f16_in_f32 {
+            eprintln!("SKIPPED [{name}]: {} has no pack2x16float", open.report.summary());
+            continue;
+        }
+        let subgroup = open.subgroup;
+        let mut gpu = Gpu::new(open, None, 64).unwrap();
+        let mut rng = Rng::new(77);
+        for kv_dim in [7usize, 9, 1, 70] {
+            let (batch, rows, row0, start, capacity) = (5, 3, 1, 4, 10);
+            let row = KvPrecision::F16.row_words(kv_dim) as usize;
+            let mut k = rng.vec(batch * kv_dim, 3.0);
+            let v = rng.vec(batch * kv_dim, 3.0);
+            k[row0 * kv_dim] = 1.0e6;
+            k[(row0 + 1) * kv_dim] = -7.0e4;
+            let sentinel = vec![0xdead_beefu32; capacity * row];
+            let bytes = |x: &[f32]| x.iter().flat_map(|f| f.to_le_bytes()).collect::<Vec<u8>>();
+            let words = |x: &[u32]| x.iter().flat_map(|w| w.to_le_bytes()).collect::<Vec<u8>>();
+            let (kb, vb) =
+                (gpu.buffer_init("k", &bytes(&k)).unwrap(), gpu.buffer_init("v", &bytes(&v)).unwrap());
+            let keys = gpu.buffer_init("keys", &words(&sentinel)).unwrap();
+            let values = gpu.buffer_init("values", &words(&sentinel)).unwrap();
+            let n = rows * row;
+            let params = KvStoreParams {
+                n: n as u32,
+                offset: (start * row) as u32,
+                nx: n.div_ceil(64) as u32,
+                src: (row0 * kv_dim) as u32,
+                kv_dim: kv_dim as u32,
+                kv_row: row as u32,
+                _pad: [0; 2],
+            };
+            let variant = Variant { subgroup, kv_f16: true, ..Default::default() };
+            let binds = [Bind::whole(&kb), Bind::whole(&vb), Bind::whole(&keys), Bind::whole(&values)];
+            gpu.dispatch(Op::KvStore, variant, &params, &binds, (params.nx, 1, 1)).unwrap();
+            let size = (capacity * row * 4) as u64;
+            let out = gpu.read_back(&[(&keys, 0, size), (&values, 0, size)]).unwrap();
+            let got: Vec<u32> = out.chunks(4).map(|c| u32::from_le_bytes(c.try_into().unwrap())).collect();
+            let half = |x: f32| half::f16::from_f32(x.clamp(-65504.0, 65504.0)).to_bits() as u32;
+            for (which, src, stored) in
+                [("keys", &k, &got[..capacity * row]), ("values", &v, &got[capacity * row..])]
+            {
+                for p in 0..capacity {
+                    for w in 0..row {
+                        let want = if (start..start + rows).contains(&p) {
+                            let r = row0 + p - start;
+                            let c = 2 * w;
+                            let lo = half(src[r * kv_dim + c]);
+                            let hi = if c + 1 < kv_dim { half(src[r * kv_dim + c + 1]) } else { 0 };
+                            lo | (hi << 16)
+                        } else {
+                            0xdead_beef
+                        };
+                        assert_eq!(
+                            stored[p * row + w],
+                            want,
+                            "[{name}] kv_dim {kv_dim}: {which} at position {p}, word {w}"
+                        );
+                    }
+                }
+            }
+            // The saturated keys: +-65504 (0x7bff, 0xfbff).
+            assert_eq!(got[start * row] & 0xffff, 0x7bff, "[{name}] kv_dim {kv_dim}");
+            assert_eq!(got[(start + 1) * row] & 0xffff, 0xfbff, "[{name}] kv_dim {kv_dim}");
+        }
+    }
 }

@@ -13,11 +13,13 @@
 
 mod common;
 
+use common::f16kv::F16KvCpu;
 use common::fixture;
 use common::gpu::{check_pinned_backend, gpu_options};
 use common::http::{get_text, listener, metric, post};
+use picchio::backend::cpu::CpuBackend;
 use picchio::backend::gpu::context::SUBMIT_EVERY;
-use picchio::backend::gpu::{GpuBackend, GpuOptions};
+use picchio::backend::gpu::{GpuBackend, GpuOptions, KvPrecision};
 use picchio::backend::{Backend, SeqPos};
 use picchio::engine::{self, Device, LoadedModel, OpenOptions, RunOptions, Runner};
 use picchio::error::Error;
@@ -99,6 +101,8 @@ fn solo(r: &mut dyn Runner, prompt: &[u32], tokens: &[u32]) -> Vec<Vec<f32>> {
 
 /// The batched-step checks on `model` for 1 to 4 sequences with prompts of different
 /// lengths: each GPU row's top-1 equals the CPU's, and its logits those of a solo GPU run.
+/// With an F16 cache the CPU is the one on binary16-rounded keys and values
+/// (tests/common/f16kv.rs), the numbers an F16 cache is defined to have.
 fn check_batched(label: &str, model: &LoadedModel, opts: &GpuOptions) {
     let vocab = model.config.vocab_size;
     // Solo runs start at position 0 and attend only up to their own position, so one
@@ -108,8 +112,19 @@ fn check_batched(label: &str, model: &LoadedModel, opts: &GpuOptions) {
         let ps = prompts(n, 17 * n as u64 + label.len() as u64, vocab);
         // The CPU's batched step picks greedy tokens; the GPU runs consume the same ones, so
         // every row is compared at the same positions and inputs.
-        let mut cpu =
-            engine::cpu_runner(model, &RunOptions { ctx: CTX, max_batch: 16, ..Default::default() }).unwrap();
+        let mut cpu: Box<dyn Runner> = match opts.kv_precision {
+            KvPrecision::F32 => {
+                engine::cpu_runner(model, &RunOptions { ctx: CTX, max_batch: 16, ..Default::default() })
+                    .unwrap()
+            }
+            KvPrecision::F16 => Box::new(Forward::new(
+                F16KvCpu(
+                    CpuBackend::new(model.config.clone(), model.dense.clone(), model.experts.clone(), CTX)
+                        .unwrap(),
+                ),
+                16,
+            )),
+        };
         let mut tokens = vec![Vec::new(); n];
         let cpu_rows = batched(cpu.as_mut(), &ps, &mut |s, _, l| {
             let t = common::argmax(l) as u32;
@@ -153,6 +168,16 @@ fn batched_gpu_rows_have_the_cpu_top1_and_the_solo_gpu_logits_on_every_fixture()
 }
 
 #[test]
+fn batched_gpu_rows_with_an_f16_cache_equal_solo_runs_and_the_rounded_cpu() {
+    let Some(opts) = gpu_options("batched decode, f16 cache") else { return };
+    let opts = GpuOptions { kv_precision: KvPrecision::F16, ..opts };
+    // Sliding windows and sinks; QK-norm and no sinks.
+    for name in ["tiny-f32", "qwen3-tiny-f32"] {
+        check_batched(&format!("{name}, f16 cache"), &engine::load_hf(&fixture(name)).unwrap(), &opts);
+    }
+}
+
+#[test]
 fn a_batched_step_is_one_submission_and_one_readback_with_every_expert_resident() {
     let Some(opts) = gpu_options("batched step submissions") else { return };
     let model = engine::load_hf(&fixture("tiny-f32")).unwrap();
@@ -185,10 +210,30 @@ fn a_sequence_beyond_the_vram_left_for_caches_is_refused_with_the_sizes() {
     let Some(opts) = gpu_options("add_sequence beyond VRAM") else { return };
     let model = engine::load_hf(&fixture("tiny-f32")).unwrap();
     let cfg = &model.config;
+    // An F16 cache is half the bytes: room for two F32 caches and a half holds five F16 ones.
+    let per_f16 = (2 * CTX * cfg.kv_dim() * 2 * cfg.num_layers) as u64;
+    let room = 5 * per_f16 + per_f16 / 2;
+    let mut b = gpu_backend(
+        &model,
+        &GpuOptions { kv_vram_bytes: Some(room), kv_precision: KvPrecision::F16, ..opts.clone() },
+    );
+    assert_eq!(b.kv_cache_bytes(), per_f16);
+    for s in 1..5 {
+        assert_eq!(b.add_sequence().unwrap(), s);
+    }
+    let err = b.add_sequence().unwrap_err().to_string();
+    let need = format!(
+        "another f16 key/value cache ({CTX} positions x {} layers) needs {:.1} MiB",
+        cfg.num_layers,
+        per_f16 as f64 / (1 << 20) as f64
+    );
+    assert!(err.contains(&need), "{err}");
+    drop(b);
     let per_sequence = (2 * CTX * cfg.kv_dim() * 4 * cfg.num_layers) as u64;
     // Room for two caches and a half: the second is added, the third refused.
     let room = 2 * per_sequence + per_sequence / 2;
     let mut b = gpu_backend(&model, &GpuOptions { kv_vram_bytes: Some(room), ..opts });
+    assert_eq!(b.kv_cache_bytes(), per_sequence);
     assert_eq!(b.add_sequence().unwrap(), 1);
     let err = b.add_sequence().unwrap_err();
     let Error::Backend(msg) = &err else { panic!("not a backend error: {err}") };

@@ -1,4 +1,4 @@
-//! Every WGSL kernel, in every variant, translated with naga (the same version wgpu uses)
+//! Every WGSL kernel, in every variant (the F16 key/value cache's KV_F16 included), translated with naga (the same version wgpu uses)
 //! to SPIR-V (Vulkan), MSL (Metal) and HLSL (DX12), failing on any parse, validation or
 //! translation error, and on an HLSL entry-point input without a semantic (naga writes one
 //! without error, DXC refuses it; no HLSL compiler runs here). Metal and DX12 cannot run
@@ -28,6 +28,11 @@ fn every_shader_variant_translates_to_spirv_msl_and_hlsl() {
         }
         if v.subgroup {
             caps |= Capabilities::SUBGROUP;
+        }
+        if v.kv_f16 {
+            // pack2x16float / unpack2x16float: wgpu grants this wherever the adapter has the
+            // downlevel flag SHADER_F16_IN_F32 (the backend refuses an F16 cache elsewhere).
+            caps |= Capabilities::SHADER_FLOAT16_IN_FLOAT32;
         }
         let info = match Validator::new(ValidationFlags::all(), caps).validate(&module) {
             Ok(i) => i,
@@ -75,9 +80,16 @@ fn every_shader_variant_translates_to_spirv_msl_and_hlsl() {
     );
     // Every op is covered, in its portable build and (at least) its SUBGROUP build.
     for op in Op::ALL {
-        assert!(variants.iter().any(|(o, v)| *o == op && !v.subgroup && !v.f16));
+        assert!(variants.iter().any(|(o, v)| *o == op && !v.subgroup && !v.f16 && !v.kv_f16));
         assert!(variants.iter().any(|(o, v)| *o == op && v.subgroup));
     }
+    // The key/value cache's kernels, with an F16 cache, portable and SUBGROUP builds.
+    for op in [Op::KvStore, Op::Attention, Op::AttentionDecode] {
+        for subgroup in [false, true] {
+            assert!(variants.iter().any(|(o, v)| *o == op && v.kv_f16 && v.subgroup == subgroup));
+        }
+    }
+    assert!(variants.iter().all(|(o, v)| !v.kv_f16 || o.uses_kv_cache()));
     eprintln!("{} shader variants translated to SPIR-V, MSL and HLSL", variants.len());
 }
 

@@ -69,6 +69,14 @@ pub fn run(args: DevicesArgs) -> anyhow::Result<()> {
             yes(a.subgroup),
             yes(a.timestamps)
         );
+        println!(
+            "    key/value cache: --kv-cache f32{}",
+            if a.f16_in_f32 {
+                ", f16 (pack2x16float)"
+            } else {
+                "; not f16 (no pack2x16float on this adapter: wgpu's SHADER_F16_IN_F32)"
+            }
+        );
         let mut uses = Vec::new();
         if i == 0 {
             uses.push("--device gpu");

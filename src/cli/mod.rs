@@ -115,6 +115,11 @@ pub struct ModelArgs {
     /// VRAM for the expert cache, in GiB (default: from the adapter's memory).
     #[arg(long)]
     pub vram_gb: Option<f64>,
+    /// How the GPU stores the key/value cache: `f32` (exact, the CPU oracle's), or `f16`
+    /// (IEEE binary16: half the VRAM per position and half the bytes attention reads; each
+    /// key and value rounded to 11 significant bits). The CPU always keeps f32.
+    #[arg(long, value_enum, default_value_t = picchio::backend::gpu::KvPrecision::F32)]
+    pub kv_cache: picchio::backend::gpu::KvPrecision,
     /// Run the CPU oracle in lockstep and stop at the first position whose top-1 token
     /// differs (reports both tokens, margins and the largest logit difference).
     #[arg(long)]
@@ -290,6 +295,7 @@ impl ModelArgs {
             fail_at_readback: None,
             kv_caches: 1,
             kv_vram_bytes: None,
+            kv_precision: self.kv_cache,
             timestamps: false,
             extra_dispatches: 0,
         })
@@ -313,6 +319,11 @@ impl ModelArgs {
         kv_caches: usize,
     ) -> anyhow::Result<Box<dyn picchio::engine::Runner>> {
         anyhow::ensure!(self.prefill_block > 0, "--prefill-block must be at least 1");
+        anyhow::ensure!(
+            !(self.device == picchio::engine::Device::Cpu
+                && self.kv_cache == picchio::backend::gpu::KvPrecision::F16),
+            "--kv-cache f16 is a GPU option: the CPU backend keeps an f32 key/value cache (use --device gpu or auto)"
+        );
         let opts = picchio::engine::RunOptions {
             ctx,
             max_batch: self.prefill_block,

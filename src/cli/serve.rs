@@ -171,7 +171,7 @@ fn default_parallel(model: &ModelArgs) -> usize {
                 let opts = picchio::backend::gpu::GpuOptions { allow_software: true, ..opts };
                 picchio::backend::gpu::probe(&opts).ok()?.device_memory
             });
-            memory.map_or(1, |m| engine::default_parallel_for_vram(&cfg, ctx, m))
+            memory.map_or(1, |m| engine::default_parallel_for_vram(&cfg, ctx, m, model.kv_cache))
         }
         // On a hardware GPU the caches live in VRAM, and in RAM if the CPU takes over.
         engine::Device::Auto => {
@@ -180,7 +180,7 @@ fn default_parallel(model: &ModelArgs) -> usize {
                 .gpu_options()
                 .ok()
                 .and_then(|opts| picchio::backend::gpu::probe(&opts).ok()?.device_memory)
-                .map_or(ram, |m| engine::default_parallel_for_vram(&cfg, ctx, m));
+                .map_or(ram, |m| engine::default_parallel_for_vram(&cfg, ctx, m, model.kv_cache));
             ram.min(vram)
         }
         engine::Device::Cpu => engine::default_parallel(&cfg, ctx),

@@ -2,7 +2,8 @@
 //! through the GPU backend's own [`Backend`] ops on a random model built in memory, so it
 //! measures whatever the kernels are: the Q/K/V/O products and the head in each dense
 //! format the container uses, the experts (gate/up, down and their combination, top-k of
-//! every resident expert) in INT4-gs64 and MXFP4, and attention at several contexts. Each
+//! every resident expert) in INT4-gs64 and MXFP4, and attention at several contexts with an
+//! F32 and an F16 key/value cache (`--kv-cache`). Each
 //! case reports the time per call, the bytes the op must read, its GB/s, and the GB/s of a
 //! buffer-to-buffer copy of the same bytes measured in the same run, with their ratio.
 //!
@@ -12,7 +13,7 @@
 
 pub mod model;
 
-use crate::backend::gpu::{Clock, GpuBackend, GpuOptions, Timed};
+use crate::backend::gpu::{Clock, GpuBackend, GpuOptions, KvPrecision, Timed};
 use crate::backend::{Backend, LinearId, RouteTable};
 use crate::engine::LoadedModel;
 use crate::error::{Error, Result};
@@ -42,7 +43,8 @@ pub struct Options {
 pub struct CaseResult {
     /// The op: `q`, `k`, `v`, `o`, `head`, `experts`, `attention`.
     pub case: String,
-    /// The weights' format (`bf16`, `int8-row`, `mxfp4`...; `f32 cache` for attention).
+    /// The weights' format (`bf16`, `int8-row`, `mxfp4`...; for attention the cache's
+    /// precision and the context, `f32 cache, ctx 1024`).
     pub format: String,
     /// Shapes in words.
     pub detail: String,
@@ -131,6 +133,29 @@ pub fn run(opts: &Options, mut progress: impl FnMut(&CaseResult)) -> Result<Repo
             bench.experts(experts)?;
         }
         if attention {
+            for &ctx in &opts.contexts {
+                bench.attention(ctx)?;
+            }
+            // The same attention cases with an F16 cache: another backend on the same model,
+            // with one token's experts of a layer in VRAM (a slot holds a record rounded up
+            // to 4 KiB, under twice its bytes; its expert cases are not run).
+            drop(b);
+            let one_token =
+                (model.config.experts_per_token as u64).saturating_mul(model.experts.expert_bytes());
+            let f16_opts = GpuOptions {
+                kv_precision: KvPrecision::F16,
+                vram_bytes: Some(one_token.saturating_mul(2).max(1)),
+                ..gpu_opts.clone()
+            };
+            let mut b = GpuBackend::new(
+                model.config.clone(),
+                model.dense.clone(),
+                model.experts.clone(),
+                capacity,
+                &f16_opts,
+            )?;
+            let mut bench =
+                Bench { b: &mut b, model: &model, opts, progress: &mut progress, out: &mut cases };
             for &ctx in &opts.contexts {
                 bench.attention(ctx)?;
             }
@@ -246,13 +271,21 @@ impl<P: FnMut(&CaseResult)> Bench<'_, P> {
         self.record("experts", format.name(), detail, bytes, sets, t)
     }
 
+    /// Bytes of `positions` positions of one layer's keys and values in the backend's cache.
+    fn cache_bytes(&self, positions: usize) -> u64 {
+        let kv = self.model.config.kv_dim();
+        self.b.kv_precision().layer_bytes(positions, kv).map_or(u64::MAX, |b| b.saturating_mul(2))
+    }
+
     /// Decode attention of one token over `ctx` cached positions (the key/value store of
-    /// the new position included), cycling through the layers' caches.
+    /// the new position included), cycling through the layers' caches, in the backend's
+    /// cache precision.
     fn attention(&mut self, ctx: usize) -> Result<()> {
         let cfg = self.model.config.clone();
         let (q, kv, layers) = (cfg.q_dim(), cfg.kv_dim(), cfg.num_layers);
         let pos = ctx.clamp(1, self.b.capacity()) - 1;
-        let bytes = (2 * (pos + 1) * kv * 4 + q * 4 + 2 * kv * 4) as u64;
+        let precision = self.b.kv_precision();
+        let bytes = self.cache_bytes(pos + 1) + (q * 4 + 2 * kv * 4) as u64;
         let (xq, xk, xv) = (
             self.b.upload(1, q, &vec![0.1; q])?,
             self.b.upload(1, kv, &vec![0.1; kv])?,
@@ -267,7 +300,7 @@ impl<P: FnMut(&CaseResult)> Bench<'_, P> {
             cfg.head_dim,
             pos + 1
         );
-        self.record("attention", &format!("f32 cache, ctx {}", pos + 1), detail, bytes, layers, t)?;
+        self.record("attention", &format!("{precision} cache, ctx {}", pos + 1), detail, bytes, layers, t)?;
         self.attention_half(ctx)
     }
 
@@ -279,9 +312,10 @@ impl<P: FnMut(&CaseResult)> Bench<'_, P> {
         let cfg = self.model.config.clone();
         let (kv, h, layers) = (cfg.kv_dim(), cfg.hidden_size, cfg.num_layers);
         let pos = ctx.clamp(1, self.b.capacity()) - 1;
+        let precision = self.b.kv_precision();
         let attn = &self.model.dense.layers[0].attn;
         let weights: usize = [&attn.q, &attn.k, &attn.v, &attn.o].iter().map(|l| l.weight.byte_len()).sum();
-        let bytes = (weights + 2 * (pos + 1) * kv * 4 + 2 * h * 4) as u64;
+        let bytes = self.cache_bytes(pos + 1) + (weights + 2 * h * 4) as u64;
         let format = attn.q.weight.format_name();
         let mut x = self.b.upload(1, h, &vec![0.1; h])?;
         let t = self.time(|b, i| {
@@ -296,6 +330,7 @@ impl<P: FnMut(&CaseResult)> Bench<'_, P> {
             cfg.q_dim() + 2 * kv,
             pos + 1
         );
-        self.record("attention half (fused)", &format!("ctx {}", pos + 1), detail, bytes, layers, t)
+        let format = format!("{precision} cache, ctx {}", pos + 1);
+        self.record("attention half (fused)", &format, detail, bytes, layers, t)
     }
 }

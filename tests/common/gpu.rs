@@ -298,3 +298,119 @@ pub fn random_qwen3_model(seed: u64, dense: Fmt, experts: Fmt, renormalize: bool
         dir: std::path::PathBuf::from("random-qwen3"),
     }
 }
+
+/// Unit roundoff of an F16 key/value cache: a stored value is rounded to the nearest binary16
+/// (11 significant bits), a relative error of at most 2^-11. WGSL lets `pack2x16float` round
+/// to either neighbour; tests/gpu_kernels.rs and tests/gpu_fused.rs check that the device
+/// rounds to nearest (its results equal the CPU's on values rounded with `half`).
+#[allow(dead_code)]
+pub const F16_UNIT: f64 = 1.0 / 2048.0;
+
+/// The absolute error of a value stored in binary16's subnormal range (below 2^-14): half the
+/// subnormal spacing 2^-24.
+#[allow(dead_code)]
+pub const F16_SUBNORMAL: f64 = 1.0 / (1u64 << 25) as f64;
+
+/// `x` rounded to binary16 and widened back (round to nearest even, `half`'s conversion): the
+/// values an F16 key/value cache holds.
+#[allow(dead_code)]
+pub fn f16_round(x: &[f32]) -> Vec<f32> {
+    x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect()
+}
+
+/// For `rows` query rows of layer `layer` from position `start` (`q`: `[rows, q_dim]`, after
+/// QK-norm and RoPE; `keys`, `values`: `[positions, kv_dim]` from position 0, at least to the
+/// last row's), the most each attention output value can move when the cache holds every key
+/// and value rounded to binary16 instead of exactly; `[rows, q_dim]`.
+///
+/// Each stored value x becomes x' with |x' - x| <= u |x| + a (u = [`F16_UNIT`], a =
+/// [`F16_SUBNORMAL`]). For one query head with query q, scale c, visible keys k_j and values
+/// v_j (the window's), and a sink logit or none:
+///
+/// * a score s_j = c q.k_j moves by at most d_j = c sum_i |q_i| (u |k_ji| + a) <= d = max_j d_j;
+/// * a softmax weight p_j = e^s_j / (e^sink + sum_l e^s_l) has its numerator scaled by at most
+///   e^(+-d) and its denominator too (the sink does not move), so |p'_j - p_j| <= (e^2d - 1) p_j;
+/// * an output o_i = sum_j p_j v_ji moves by sum_j (p'_j - p_j) v_ji + sum_j p'_j (v'_ji - v_ji),
+///   and since sum_j p_j <= 1 and sum_j p'_j <= 1 (the sink takes the rest),
+///   |o'_i - o_i| <= (e^2d - 1) V_i + u V_i + a, with V_i = max_j |v_ji|.
+///
+/// This is the exact-arithmetic effect of the rounding; each side's own f32 arithmetic is
+/// the f32 tests' tolerance, added by the caller.
+#[allow(dead_code)]
+pub fn f16_attention_bounds(
+    cfg: &ModelConfig,
+    layer: usize,
+    start: usize,
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+) -> Vec<f64> {
+    let (d, q_dim, kv_dim) = (cfg.head_dim, cfg.q_dim(), cfg.kv_dim());
+    let group = cfg.num_heads / cfg.num_kv_heads;
+    let (u, a) = (F16_UNIT, F16_SUBNORMAL);
+    let scale = 1.0 / (d as f64).sqrt();
+    let rows = q.len() / q_dim;
+    let mut out = vec![0.0f64; q.len()];
+    for r in 0..rows {
+        let pos = start + r;
+        let first = cfg.window(layer).map_or(0, |w| (pos + 1).saturating_sub(w));
+        for h in 0..cfg.num_heads {
+            let qh = &q[r * q_dim + h * d..r * q_dim + (h + 1) * d];
+            let kv0 = (h / group) * d;
+            let mut delta = 0.0f64;
+            let mut vmax = vec![0.0f64; d];
+            for j in first..=pos {
+                let k = &keys[j * kv_dim + kv0..j * kv_dim + kv0 + d];
+                let v = &values[j * kv_dim + kv0..j * kv_dim + kv0 + d];
+                let dj: f64 =
+                    qh.iter().zip(k).map(|(&qi, &ki)| (qi as f64).abs() * (u * (ki as f64).abs() + a)).sum();
+                delta = delta.max(scale * dj);
+                for (m, &vi) in vmax.iter_mut().zip(v) {
+                    *m = m.max((vi as f64).abs());
+                }
+            }
+            let grow = (2.0 * delta).exp() - 1.0;
+            for (i, &vm) in vmax.iter().enumerate() {
+                out[r * q_dim + h * d + i] = grow * vm + u * vm + a;
+            }
+        }
+    }
+    out
+}
+
+/// The bounds `bounds` of a product's inputs carried through `y = W x (+ anything exact)`:
+/// `sum_c |W[r][c]| bounds[t][c]` for each row `t` of `bounds` (`[rows, cols]`, `W`
+/// `[out, cols]` row-major as f32).
+#[allow(dead_code)]
+pub fn bounds_through(w: &[f32], cols: usize, bounds: &[f64]) -> Vec<f64> {
+    let out = w.len() / cols;
+    bounds
+        .chunks(cols)
+        .flat_map(|b| {
+            (0..out).map(move |r| {
+                w[r * cols..(r + 1) * cols].iter().zip(b).map(|(&x, &e)| (x as f64).abs() * e).sum::<f64>()
+            })
+        })
+        .collect()
+}
+
+/// Checks `|got - want| <= F32_TOL * max(1, max |want|) + bound` for every value (`F32_TOL`
+/// the f32 tests' relative tolerance 1e-5, the two sides' f32 arithmetic) and returns the
+/// largest |got - want| and the largest share of its allowance any value used.
+#[allow(dead_code)]
+pub fn assert_within_f16_bounds(got: &[f32], want: &[f32], bounds: &[f64], what: &str) -> (f64, f64) {
+    assert_eq!((got.len(), want.len()), (bounds.len(), bounds.len()), "{what}");
+    let f32_tol = 1e-5 * want.iter().fold(1.0f32, |m, v| m.max(v.abs())) as f64;
+    let (mut worst, mut share) = (0.0f64, 0.0f64);
+    for (i, ((&g, &w), &b)) in got.iter().zip(want).zip(bounds).enumerate() {
+        let e = (g as f64 - w as f64).abs();
+        let allowed = f32_tol + b;
+        assert!(
+            e <= allowed,
+            "{what}: value {i}: GPU {g} vs CPU {w}, |difference| {e:.3e} over the f16 bound {b:.3e} + f32 tolerance {f32_tol:.3e}"
+        );
+        worst = worst.max(e);
+        share = share.max(e / allowed);
+    }
+    (worst, share)
+}

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use safetensors::{Dtype, SafeTensors};
 
 pub mod browser;
+pub mod f16kv;
 pub mod gpu;
 pub mod http;
 pub mod noisy;

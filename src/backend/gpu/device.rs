@@ -78,6 +78,10 @@ pub struct AdapterReport {
     pub subgroup: bool,
     /// TIMESTAMP_QUERY present (GPU-side timing for `picchio bench-gpu`).
     pub timestamps: bool,
+    /// Shaders may use `pack2x16float` / `unpack2x16float` (wgpu's downlevel flag
+    /// SHADER_F16_IN_F32): what an F16 key/value cache needs. Core WGSL, and present on
+    /// Metal, DX12, GL and Vulkan, except Mesa's llvmpipe (lavapipe) without SHADER_F16.
+    pub f16_in_f32: bool,
 }
 
 impl AdapterReport {
@@ -99,6 +103,10 @@ impl AdapterReport {
             shader_f16: features.contains(wgpu::Features::SHADER_F16),
             subgroup: features.contains(wgpu::Features::SUBGROUP),
             timestamps: features.contains(wgpu::Features::TIMESTAMP_QUERY),
+            f16_in_f32: adapter
+                .get_downlevel_capabilities()
+                .flags
+                .contains(wgpu::DownlevelFlags::SHADER_F16_IN_F32),
         }
     }
 

@@ -8,6 +8,7 @@
 //! | [`params`] | each kernel's uniform parameters: one struct for Rust and WGSL |
 //! | [`context`] | buffers, kernels, recording, the parameter ring, readbacks |
 //! | [`buffers`] | pooled activations and routing buffers |
+//! | [`kv`] | the key/value cache's precision (F32 or F16) and its sizes |
 //! | [`weights`] | dense matrices in their container format, split by rows |
 //! | [`vram`] | the VRAM expert cache: slot pools, slot table, LRU |
 //! | [`backend`] | [`GpuBackend`], the [`crate::backend::Backend`] ops as dispatches |
@@ -18,6 +19,7 @@ pub mod backend;
 pub mod buffers;
 pub mod context;
 pub mod device;
+pub mod kv;
 pub mod params;
 pub mod shaders;
 pub mod vram;
@@ -25,6 +27,7 @@ pub mod weights;
 
 pub use backend::{Clock, GpuBackend, GpuStats, Timed};
 pub use device::{AdapterReport, FeatureUse, GpuApi, list_adapters};
+pub use kv::KvPrecision;
 
 /// How to open and use the GPU.
 #[derive(Clone, Debug, Default)]
@@ -52,6 +55,9 @@ pub struct GpuOptions {
     /// memory leaves after the weights, the expert cache and working space (no limit when
     /// the API reports no memory size). Tests use it to exercise the refusal.
     pub kv_vram_bytes: Option<u64>,
+    /// How keys and values are stored (`--kv-cache`): F32 (the default) or F16, half the
+    /// bytes. F16 needs the adapter's `pack2x16float` ([`AdapterReport::f16_in_f32`]).
+    pub kv_precision: KvPrecision,
     /// Enable TIMESTAMP_QUERY where the adapter has it (`picchio bench-gpu` times kernels
     /// on the GPU with it).
     pub timestamps: bool,

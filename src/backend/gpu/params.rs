@@ -230,7 +230,10 @@ kernel_params! {
         pub has_sinks: u32,
         /// First query and output row.
         pub row0: u32,
+        /// Words per position of the cache: kv_dim (F32), ceil(kv_dim / 2) (KV_F16).
+        pub kv_row: u32,
     }
+    pad 3
 }
 
 kernel_params! {
@@ -378,15 +381,20 @@ kernel_params! {
 kernel_params! {
     /// `kv_store.wgsl`: keys and values of a batch into a layer's KV cache.
     pub struct KvStoreParams {
-        /// Values stored (of keys, and of values).
+        /// Cache words written (of keys, and of values): rows * kv_row (one invocation each).
         pub n: u32,
-        /// Word offset in the cache of the first stored value.
+        /// Word offset in the cache of the first stored value: start position * kv_row.
         pub offset: u32,
         /// Workgroups along x of the 2-D grid (`flat_wid`).
         pub nx: u32,
-        /// Word offset in the batch's keys and values of the first stored value.
+        /// Offset in the batch's keys and values of the first stored value: row0 * kv_dim.
         pub src: u32,
+        /// Values per key or value row of the batch: kv_heads * head_dim.
+        pub kv_dim: u32,
+        /// Words per position of the cache: kv_dim (F32), ceil(kv_dim / 2) (KV_F16).
+        pub kv_row: u32,
     }
+    pad 2
 }
 
 kernel_params! {
@@ -451,8 +459,10 @@ kernel_params! {
         pub nx: u32,
         /// The token's row of the fused Q/K/V projection.
         pub row: u32,
+        /// Words per position of the cache: kv_dim (F32), ceil(kv_dim / 2) (KV_F16).
+        pub kv_row: u32,
     }
-    pad 2
+    pad 1
 }
 
 kernel_params! {

@@ -7,7 +7,8 @@
 //! file, whose entry line [`ENTRY_LINE`] is replaced by the real entry point
 //! ([`entry_point`]). Variants differ only where an optional adapter feature is used (SUBGROUP
 //! for reductions, SHADER_F16 for loading f16 scales), in the expert weight format (F32,
-//! INT4-gs64 or MXFP4: [`SlotFormat`]), and in how many expert pools the expert kernels bind. `all_variants` lists every
+//! INT4-gs64 or MXFP4: [`SlotFormat`]), in how many expert pools the expert kernels bind,
+//! and in the key/value cache's precision (KV_F16: [`Variant::kv_f16`]). `all_variants` lists every
 //! variant, so a test can translate each one for every target API.
 
 use std::fmt::Write;
@@ -208,6 +209,12 @@ impl Op {
         self == Op::ExpertDown
     }
 
+    /// True for the kernels that read or write the key/value cache, which have KV_F16
+    /// variants ([`Variant::kv_f16`]): `kv_store`, `attention`, `attention_decode`.
+    pub fn uses_kv_cache(self) -> bool {
+        matches!(self, Op::KvStore | Op::Attention | Op::AttentionDecode)
+    }
+
     /// True if the op has SHADER_F16 variants (f16 scales loaded as f16). The expert kernels
     /// read their records as u32 words (naga cannot bitcast a u32 to two f16), so they
     /// decode f16 scales with integer operations in every variant.
@@ -278,6 +285,10 @@ pub struct Variant {
     /// routed to that expert (grouped by expert_group.wgsl), each weight chunk loaded once
     /// for a tile of 8 of them; a prompt block reads each expert of its union once.
     pub grouped: bool,
+    /// KV_F16 (`kv_store`, `attention`, `attention_decode`): the key/value cache holds
+    /// binary16 pairs in u32 words (`pack2x16float` / `unpack2x16float`, core WGSL: no
+    /// `enable f16`), rows of `ceil(kv_dim / 2)` words; else f32 values.
+    pub kv_f16: bool,
 }
 
 impl Variant {
@@ -307,6 +318,9 @@ impl Variant {
         }
         if self.grouped {
             parts.push("grouped".to_string());
+        }
+        if self.kv_f16 {
+            parts.push("kvf16".to_string());
         }
         if parts.is_empty() { "portable".into() } else { parts.join("+") }
     }
@@ -486,6 +500,12 @@ pub fn source(op: Op, variant: Variant) -> Result<String> {
         }
         flags.push("GROUPED");
     }
+    if variant.kv_f16 {
+        if !op.uses_kv_cache() {
+            return Err(Error::Backend(format!("{} has no KV_F16 variant", op.file())));
+        }
+        flags.push("KV_F16");
+    }
     let mut src = preprocess(COMMON, &flags)?;
     // The op's parameters, declared from their Rust struct (params.rs): after common.wgsl's
     // `enable` directives, before everything that reads `p`.
@@ -543,19 +563,24 @@ pub fn all_variants() -> Vec<(Op, Variant)> {
                                         vec![false]
                                     };
                                     for grouped in groupings {
-                                        out.push((
-                                            op,
-                                            Variant {
-                                                f16,
-                                                subgroup,
-                                                experts,
-                                                pools,
-                                                norm,
-                                                accumulate,
-                                                combine,
-                                                grouped,
-                                            },
-                                        ));
+                                        for kv_f16 in
+                                            if op.uses_kv_cache() { vec![false, true] } else { vec![false] }
+                                        {
+                                            out.push((
+                                                op,
+                                                Variant {
+                                                    f16,
+                                                    subgroup,
+                                                    experts,
+                                                    pools,
+                                                    norm,
+                                                    accumulate,
+                                                    combine,
+                                                    grouped,
+                                                    kv_f16,
+                                                },
+                                            ));
+                                        }
                                     }
                                 }
                             }
@@ -606,6 +631,10 @@ mod tests {
                 v.label()
             );
             assert_eq!(src.contains("@builtin(subgroup_id)"), v.subgroup, "{} {}", op.file(), v.label());
+            // An F16 cache is packed and unpacked in f32 arithmetic (no f16 types), and only
+            // the cache's kernels have the variant.
+            assert_eq!(src.contains("unpack2x16float("), v.kv_f16, "{} {}", op.file(), v.label());
+            assert!(!v.kv_f16 || op.uses_kv_cache(), "{} {}", op.file(), v.label());
             // The entry point is one line: the kernel's lines keep their count.
             let kernel = preprocess(op.text(), &[]).unwrap();
             assert_eq!(

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use crate::backend::{Backend, SeqPos, check_step_rows};
+use crate::backend::{Backend, SeqPos, check_sequence, check_step_rows};
 use crate::error::{Error, Result};
 
 use super::super::buffers::GpuAct;
@@ -12,7 +12,7 @@ use super::super::params::{
     AttentionDecodeParams, AttentionMergeParams, AttentionParams, KvStoreParams, RopeParams,
 };
 use super::super::shaders::Op;
-use super::{GpuBackend, check_shape};
+use super::{GpuBackend, KvPrecision, check_shape};
 
 /// Where the rows of an attention dispatch sit: `rows` rows of the activations from row
 /// `row0`, in the cache of sequence `seq` from position `start_pos`.
@@ -86,13 +86,18 @@ impl GpuBackend {
     ) -> Result<()> {
         let cfg = Arc::clone(&self.cfg);
         let (kc, vc) = self.kv[at.seq][layer].clone();
-        let n = at.rows * cfg.kv_dim();
+        // One invocation per cache word: a value (F32) or a pair of values (F16).
+        let kv_row = self.kv_row();
+        let n = at.rows * kv_row as usize;
         let (nx, ny) = self.gpu.grid(n.div_ceil(64) as u64)?;
         let params = KvStoreParams {
             n: n as u32,
-            offset: (at.start_pos * cfg.kv_dim()) as u32,
+            offset: (at.start_pos * kv_row as usize) as u32,
             nx,
             src: (at.row0 * cfg.kv_dim()) as u32,
+            kv_dim: cfg.kv_dim() as u32,
+            kv_row,
+            _pad: [0; 2],
         };
         let var = self.variant(Op::KvStore);
         let binds = [k.bind(), v.bind(), Bind::whole(&kc), Bind::whole(&vc)];
@@ -111,11 +116,56 @@ impl GpuBackend {
             nx,
             has_sinks: self.layers[layer].sinks.is_some() as u32,
             row0: at.row0 as u32,
+            kv_row,
+            _pad: [0; 3],
         };
         let sinks = self.layers[layer].sinks.clone().unwrap_or_else(|| self.gpu.dummy.clone());
         let var = self.variant(Op::Attention);
         let binds = [q.bind(), Bind::whole(&kc), Bind::whole(&vc), Bind::whole(&sinks), out.bind()];
         self.gpu.dispatch(Op::Attention, var, &params, &binds, (nx, ny, 1))
+    }
+
+    /// The keys and values sequence `seq`'s cache holds for `layer` at `positions`, as f32
+    /// (`[positions, kv_dim]` each; an F16 cache's values widened exactly): what attention
+    /// reads (tests and tools). A readback: waits for the recorded work.
+    pub fn read_kv_cache(
+        &mut self,
+        seq: usize,
+        layer: usize,
+        positions: std::ops::Range<usize>,
+    ) -> Result<(Vec<f32>, Vec<f32>)> {
+        check_sequence(seq, self.kv.len())?;
+        if layer >= self.cfg.num_layers || positions.start > positions.end || positions.end > self.capacity {
+            return Err(Error::Backend(format!(
+                "read_kv_cache: layer {layer}, positions {positions:?} are outside the cache ({} layers, {} positions)",
+                self.cfg.num_layers, self.capacity
+            )));
+        }
+        if positions.is_empty() {
+            return Ok((Vec::new(), Vec::new()));
+        }
+        let (kc, vc) = self.kv[seq][layer].clone();
+        let row = self.kv_row() as u64 * 4;
+        let (offset, len) = (positions.start as u64 * row, positions.len() as u64 * row);
+        let bytes = self.read_back(&[(&kc, offset, len), (&vc, offset, len)])?;
+        let kv_dim = self.cfg.kv_dim();
+        let decode = |b: &[u8]| -> Vec<f32> {
+            let words = super::super::buffers::words(b);
+            match self.kv_precision {
+                KvPrecision::F32 => words.into_iter().map(f32::from_bits).collect(),
+                KvPrecision::F16 => words
+                    .chunks(row as usize / 4)
+                    .flat_map(|w| {
+                        w.iter()
+                            .flat_map(|&x| [x as u16, (x >> 16) as u16])
+                            .take(kv_dim)
+                            .map(|h| half::f16::from_bits(h).to_f32())
+                    })
+                    .collect(),
+            }
+        };
+        let n = len as usize;
+        Ok((decode(&bytes[..n]), decode(&bytes[n..2 * n])))
     }
 
     pub(super) fn run_rope(&mut self, x: &mut GpuAct, start_pos: usize) -> Result<()> {
@@ -173,14 +223,15 @@ impl GpuBackend {
 }
 
 /// The key/value cache of sequence `seq`: a (keys, values) pair of `layer_bytes` each for
-/// every one of `layers` layers.
+/// every one of `layers` layers (`layer_bytes` from the cache's [`super::KvPrecision`]).
 pub(super) fn kv_cache(
     gpu: &mut Gpu,
     seq: usize,
     layers: usize,
     layer_bytes: u64,
 ) -> Result<Vec<(GBuf, GBuf)>> {
-    let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
+    // COPY_SRC: read back by `GpuBackend::read_kv_cache` (tests and tools).
+    let usage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC;
     (0..layers)
         .map(|l| {
             Ok((
@@ -273,7 +324,8 @@ impl GpuBackend {
                 has_qk_norm: owner.qk_w.is_some() as u32,
                 nx,
                 row: row as u32,
-                _pad: [0; 2],
+                kv_row: self.kv_row(),
+                _pad: [0; 1],
             };
             let binds = [
                 qkv.bind(),

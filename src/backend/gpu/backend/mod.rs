@@ -17,7 +17,6 @@ use crate::model::rope::RopeFrequencies;
 use crate::model::weights::DenseWeights;
 use crate::sample::{PlannedLogits, SamplePlan};
 
-use super::GpuOptions;
 use super::buffers::{BufferPool, GpuAct, GpuRoutes, Pooled, decode_routes, floats, words};
 use super::context::{Bind, DeviceCounters, GBuf, Gpu};
 use super::device::{self, AdapterReport};
@@ -25,6 +24,7 @@ use super::params::{AddParams, RmsNormHeadsParams, RmsNormParams};
 use super::shaders::{Op, Variant};
 use super::vram::VramExperts;
 use super::weights::{GpuMatrix, upload_matrix, upload_vector};
+use super::{GpuOptions, KvPrecision};
 
 /// Tokens one matrix-vector workgroup serves (the `vec4` accumulators of matvec_*.wgsl).
 const TOKENS_PER_GROUP: usize = 4;
@@ -72,6 +72,11 @@ pub struct GpuBackend {
     /// VRAM all key/value caches together may take; `None` when the adapter reports no
     /// memory size (then only an allocation failure stops [`Backend::add_sequence`]).
     kv_room: Option<u64>,
+    /// How the caches store keys and values (the KV_F16 kernel variants for F16).
+    kv_precision: KvPrecision,
+    /// Bytes of one layer's keys (or values) in one cache: `capacity` rows of the precision's
+    /// row size.
+    kv_layer_bytes: u64,
     capacity: usize,
     vram: VramExperts,
     pool: BufferPool,
@@ -136,6 +141,14 @@ impl GpuBackend {
         // dense or MoE layers), never the family.
         let open = device::open_timed(opts.api, opts.allow_software, opts.features, opts.timestamps)?;
         let report = open.report.clone();
+        // Before anything is uploaded: an F16 cache needs the adapter's f16 conversions.
+        let precision = opts.kv_precision;
+        if precision == KvPrecision::F16 && !report.f16_in_f32 {
+            return Err(Error::Backend(format!(
+                "--kv-cache f16 needs pack2x16float/unpack2x16float, which wgpu does not allow on {} (no SHADER_F16_IN_F32; Mesa's llvmpipe grants it only with SHADER_F16); use --kv-cache f32",
+                report.summary()
+            )));
+        }
         let k = cfg.experts_per_token;
         if k == 0 || k > MAX_TOP_K || k > cfg.num_experts {
             return Err(Error::Backend(format!("experts per token {k} is outside 1..={MAX_TOP_K}")));
@@ -164,16 +177,26 @@ impl GpuBackend {
         let rope_sin = upload_vector(&mut gpu, "rope sin", &sin)?;
         drop((cos, sin));
 
-        let kv_bytes = (capacity * cfg.kv_dim() * 4) as u64;
+        let too_large = || {
+            Error::Backend(format!(
+                "a {precision} KV cache of {capacity} positions does not fit in 64-bit sizes; use a smaller --ctx"
+            ))
+        };
+        let kv_bytes = precision.layer_bytes(capacity, cfg.kv_dim()).ok_or_else(too_large)?;
         if kv_bytes > gpu.max_binding {
             return Err(Error::Backend(format!(
-                "a KV cache of {capacity} positions needs {kv_bytes} bytes per layer, over this adapter's storage binding limit of {}; use --ctx {} or less",
+                "a {precision} KV cache of {capacity} positions needs {kv_bytes} bytes per layer, over this adapter's storage binding limit of {}; use --ctx {} or less{}",
                 gpu.max_binding,
-                gpu.max_binding / (cfg.kv_dim() as u64 * 4)
+                precision.positions_within(gpu.max_binding, cfg.kv_dim()),
+                if precision == KvPrecision::F32 {
+                    " (or --kv-cache f16, which holds twice as many)"
+                } else {
+                    ""
+                }
             )));
         }
         let kv = vec![kv_cache(&mut gpu, 0, cfg.num_layers, kv_bytes)?];
-        let seq_kv_bytes = 2 * kv_bytes * cfg.num_layers as u64;
+        let seq_kv_bytes = precision.cache_bytes(&cfg, capacity).ok_or_else(too_large)?;
         let rope_bytes = rope_cos.size + rope_sin.size;
 
         let dense_bytes: u64 = layers
@@ -187,7 +210,7 @@ impl GpuBackend {
             None => default_expert_budget(
                 &report,
                 dense_bytes,
-                sequences as u64 * seq_kv_bytes,
+                seq_kv_bytes.saturating_mul(sequences as u64),
                 experts.host_bytes(),
                 crate::system::total_memory(),
             ),
@@ -225,6 +248,8 @@ impl GpuBackend {
             kv,
             current: 0,
             kv_room,
+            kv_precision: precision,
+            kv_layer_bytes: kv_bytes,
             capacity,
             vram,
             pool: BufferPool::default(),
@@ -261,7 +286,26 @@ impl GpuBackend {
             v.experts = self.vram.layout.format;
             v.pools = self.vram.pools_per_dispatch;
         }
+        if op.uses_kv_cache() {
+            v.kv_f16 = self.kv_precision == KvPrecision::F16;
+        }
         v
+    }
+
+    /// How this backend's key/value caches store keys and values.
+    pub fn kv_precision(&self) -> KvPrecision {
+        self.kv_precision
+    }
+
+    /// Bytes of one sequence's key/value cache (keys and values of every layer).
+    pub fn kv_cache_bytes(&self) -> u64 {
+        // Allocated, so the product fits (checked in `new`).
+        self.kv_layer_bytes * 2 * self.cfg.num_layers as u64
+    }
+
+    /// Words per position of one layer's keys (or values): the kernels' `kv_row`.
+    fn kv_row(&self) -> u32 {
+        self.kv_precision.row_words(self.cfg.kv_dim()) as u32
     }
 
     /// The kernels of the model's dense matrices (one per storage format in use), in a
@@ -427,13 +471,14 @@ impl Backend for GpuBackend {
     fn describe(&self) -> String {
         let r = self.adapter();
         format!(
-            "gpu {} ({:?}, {:?}, {}); kernels: {}{}; experts in VRAM: {} ({} of {} slots); {}",
+            "gpu {} ({:?}, {:?}, {}); kernels: {}{}; {} KV cache; experts in VRAM: {} ({} of {} slots); {}",
             r.name,
             r.backend,
             r.device_type,
             r.driver,
             if self.subgroup { "subgroup reductions" } else { "workgroup reductions" },
             if self.shader_f16 { ", f16 loads" } else { "" },
+            self.kv_precision,
             if self.vram.is_full() { "all resident" } else { "LRU" },
             self.vram.slots,
             self.vram.shape().0 * self.vram.shape().1,
@@ -641,20 +686,26 @@ impl Backend for GpuBackend {
 
     fn add_sequence(&mut self) -> Result<usize> {
         let cfg = Arc::clone(&self.cfg);
-        let layer_bytes = (self.capacity * cfg.kv_dim() * 4) as u64;
-        let need = 2 * layer_bytes * cfg.num_layers as u64;
+        let layer_bytes = self.kv_layer_bytes;
+        let need = self.kv_cache_bytes();
         let seq = self.kv.len();
         if let Some(room) = self.kv_room {
             let used = need.saturating_mul(seq as u64);
             if used.saturating_add(need) > room {
                 return Err(Error::Backend(format!(
-                    "another key/value cache ({} positions x {} layers) needs {:.1} MiB of VRAM; {:.1} MiB of the {:.1} MiB left for key/value caches after the weights and the expert cache is free ({seq} sequence(s) hold {:.1} MiB); use a smaller --ctx, fewer --parallel slots or a smaller --vram-gb",
+                    "another {} key/value cache ({} positions x {} layers) needs {:.1} MiB of VRAM; {:.1} MiB of the {:.1} MiB left for key/value caches after the weights and the expert cache is free ({seq} sequence(s) hold {:.1} MiB); use a smaller --ctx, fewer --parallel slots{} or a smaller --vram-gb",
+                    self.kv_precision,
                     self.capacity,
                     cfg.num_layers,
                     mib(need),
                     mib(room.saturating_sub(used)),
                     mib(room),
-                    mib(used)
+                    mib(used),
+                    if self.kv_precision == KvPrecision::F32 {
+                        ", --kv-cache f16 (half the bytes)"
+                    } else {
+                        ""
+                    }
                 )));
             }
         }
@@ -762,6 +813,7 @@ mod tests {
             shader_f16: false,
             subgroup: false,
             timestamps: false,
+            f16_in_f32: true,
         }
     }
 

@@ -268,7 +268,8 @@ impl GpuBackend {
         let rows = x.rows();
         // A prompt block runs the chain, whose experts are grouped (each read once for all
         // the block's pairs instead of once per pair).
-        if self.predict || !self.fused_experts_fit(rows) || routes.rows() != rows || self.groups_experts(rows) {
+        if self.predict || !self.fused_experts_fit(rows) || routes.rows() != rows || self.groups_experts(rows)
+        {
             return Ok(false);
         }
         let owner = self.layer(layer)?;

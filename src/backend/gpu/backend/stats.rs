@@ -194,6 +194,16 @@ impl GpuBackend {
             self.head.blocks.len(),
             self.gpu.max_binding as f64 / (1u64 << 20) as f64
         ));
+        let per_position = self.kv_precision.position_bytes(&self.cfg).unwrap_or(u64::MAX);
+        lines.push(format!(
+            "  key/value caches in VRAM: {} x {:.1} MiB ({} positions, {}: {} bytes a position over {} layers)",
+            self.kv.len(),
+            self.kv_cache_bytes() as f64 / (1u64 << 20) as f64,
+            self.capacity,
+            self.kv_precision,
+            per_position,
+            self.cfg.num_layers
+        ));
         let v = s.vram;
         lines.push(format!(
             "  vram experts: {} ({} of {} slots of {:.2} MiB in {} pool(s)); {} hits, {} misses, {} uploads ({} prefetched, {} of them used), {} evictions, {:.1} MiB uploaded",
