@@ -29,6 +29,13 @@ fn each_variant(test: &str, mut f: impl FnMut(&str, &GpuOptions)) {
     }
 }
 
+/// The forward pass on the GPU over `model`.
+fn gpu_forward(model: &picchio::engine::LoadedModel, opts: &GpuOptions) -> Forward<GpuBackend> {
+    let b = GpuBackend::new(model.config.clone(), model.dense.clone(), model.experts.clone(), CAPACITY, opts)
+        .unwrap();
+    Forward::new(b, 64)
+}
+
 /// Sampler settings that exercise every part of a plan.
 fn settings() -> Vec<SamplingParams> {
     let p = |temperature| SamplingParams { temperature, seed: 5, ..Default::default() };
@@ -199,17 +206,7 @@ impl Runner for HostPicks {
 fn a_session_samples_the_same_tokens_from_device_candidates_reading_back_kilobytes() {
     each_variant("sampling session", |variant, opts| {
         let model = random_model(65, Fmt::F32, Fmt::F32);
-        let forward = || {
-            let b = GpuBackend::new(
-                model.config.clone(),
-                model.dense.clone(),
-                model.experts.clone(),
-                CAPACITY,
-                opts,
-            )
-            .unwrap();
-            Forward::new(b, 64)
-        };
+        let forward = || gpu_forward(&model, opts);
         let prompt: Vec<u32> = (0..9).map(|i| (i * 311 + 5) % 3001).collect();
         let vocab = model.config.vocab_size;
         for params in settings() {
@@ -258,17 +255,7 @@ fn a_session_samples_the_same_tokens_from_device_candidates_reading_back_kilobyt
 fn a_batched_step_picks_each_row_as_its_solo_step_does() {
     each_variant("sampling, batched step", |variant, opts| {
         let model = random_model(66, Fmt::F32, Fmt::F32);
-        let forward = || {
-            let b = GpuBackend::new(
-                model.config.clone(),
-                model.dense.clone(),
-                model.experts.clone(),
-                CAPACITY,
-                opts,
-            )
-            .unwrap();
-            Forward::new(b, 64)
-        };
+        let forward = || gpu_forward(&model, opts);
         let prompts: Vec<Vec<u32>> =
             (0..4).map(|s| (0..5 + s).map(|i| (i * 97 + s * 13) as u32 % 3001).collect()).collect();
         let params =

@@ -175,13 +175,20 @@ impl<B: Backend> Forward<B> {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
+        let logits = self.step_layers(rows, ids)?;
+        self.read_logits(logits)
+    }
+
+    /// The layers and the head of a batched step (`rows`, `ids` checked non-empty and of
+    /// one length): every row's logits, on the device.
+    fn step_layers(&mut self, rows: &[SeqPos], ids: &[u32]) -> Result<Option<B::Act>> {
         let mut s = self.scratch(ids.len())?;
         let (times, scratch, all) = (&mut self.times, &mut s, Some(0..ids.len()));
         let placement = Placement::Rows(rows);
         let result =
             self.backend.on_workers(move |b| layers(b, times, scratch, ids, placement, all, &mut NoObserver));
         self.scratch = Some(s);
-        self.read_logits(result?)
+        result
     }
 
     /// [`step`](Self::step) where row `i` hands back what `picks[i]` asks: logits rows
@@ -199,13 +206,9 @@ impl<B: Backend> Forward<B> {
         if ids.is_empty() {
             return Ok(Vec::new());
         }
-        let mut s = self.scratch(ids.len())?;
-        let (times, scratch, all) = (&mut self.times, &mut s, Some(0..ids.len()));
-        let placement = Placement::Rows(rows);
-        let result =
-            self.backend.on_workers(move |b| layers(b, times, scratch, ids, placement, all, &mut NoObserver));
-        self.scratch = Some(s);
-        let logits = result?.ok_or_else(|| Error::Backend("the step computed no logits".into()))?;
+        let logits = self
+            .step_layers(rows, ids)?
+            .ok_or_else(|| Error::Backend("the step computed no logits".into()))?;
         let t0 = Instant::now();
         let vocab = self.backend.config().vocab_size;
         let values = match picks.iter().any(|p| matches!(p, Pick::Logits)) {
