@@ -422,14 +422,18 @@ impl Sampler {
         }
         let stats = LogitStats::of(logits, rule, plan.logprobs.is_some());
         let ranked = &mut self.cand;
-        rank(logits, plan.candidates.max(1), ranked);
-        let token = match choose(rule, plan.u, ranked, &stats) {
-            Some(t) => t,
-            None => {
-                // The draw lands beyond the first candidates: rank the whole vocabulary.
-                rank(logits, logits.len(), ranked);
-                choose(rule, plan.u, ranked, &stats).unwrap_or_else(|| ranked[ranked.len() - 1].0)
+        // Rank as few tokens as decide the draw: the plan's candidates, then 16 times as
+        // many while that is short of the vocabulary, then all of it (which always decides).
+        let mut n = plan.candidates.max(1);
+        let token = loop {
+            rank(logits, n, ranked);
+            if let Some(t) = choose(rule, plan.u, ranked, &stats) {
+                break t;
             }
+            if n >= logits.len() {
+                break ranked[ranked.len() - 1].0;
+            }
+            n = n.saturating_mul(16).min(logits.len());
         };
         let logit = logits.get(token as usize).copied().unwrap_or(f32::NEG_INFINITY);
         let logprobs = plan.logprobs.map(|n| report(logit, ranked, n, stats.log_partition));
