@@ -132,8 +132,9 @@ pub enum Pick {
     Logits,
     /// The greedy next token.
     Greedy,
-    /// A sampler's planned pick.
-    Planned(Box<SamplePlan>),
+    /// A sampler's planned pick (shared, so the session keeping it and the slots'
+    /// scheduler carrying it copy no table per token).
+    Planned(Arc<SamplePlan>),
 }
 
 /// What a [`Pick`] got.

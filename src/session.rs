@@ -4,6 +4,8 @@
 //! session emits is also consumed (fed back), so the next turn continues from a cache that
 //! matches the token history exactly. Every request is validated before any state changes.
 
+use std::sync::Arc;
+
 use crate::engine::{Pick, Picked, Runner};
 use crate::error::{Error, Result};
 use crate::model::{LogitRows, NoObserver, Observer};
@@ -53,7 +55,7 @@ enum Pending {
     /// The greedy token ([`Pick::Greedy`]).
     Greedy(u32),
     /// A planned pick and what the runner handed back for it ([`Pick::Planned`]).
-    Planned(Box<(SamplePlan, PlannedLogits)>),
+    Planned(Arc<SamplePlan>, Box<PlannedLogits>),
 }
 
 impl Session {
@@ -222,12 +224,13 @@ impl Session {
         self.check_fits(self.pos(), 1)?;
         self.logits.clear();
         self.next_token = None;
-        let pick = Pick::Planned(Box::new(plan.clone()));
+        let plan = Arc::new(plan);
+        let pick = Pick::Planned(Arc::clone(&plan));
         let Picked::Planned(handed) = self.runner.forward_pick(0, &[token], self.pos(), &pick)? else {
             return Err(Error::Backend("a planned step handed back no logits".into()));
         };
         self.tokens.push(token);
-        self.next_token = Some(Pending::Planned(Box::new((plan, handed))));
+        self.next_token = Some(Pending::Planned(plan, Box::new(handed)));
         Ok(())
     }
 
@@ -290,10 +293,7 @@ impl Session {
             }
             let sampled = match self.next_token.take() {
                 Some(Pending::Greedy(token)) => Sampled::token(token),
-                Some(Pending::Planned(planned)) => {
-                    let (plan, handed) = *planned;
-                    sampler.finish(&plan, &handed)?
-                }
+                Some(Pending::Planned(plan, handed)) => sampler.finish(&plan, &handed)?,
                 None => {
                     let Some(logits) = self.last_logits() else {
                         break;

@@ -263,9 +263,9 @@ fn a_batched_step_picks_each_row_as_its_solo_step_does() {
         let plan = |prompt: &[u32]| Sampler::new(params.clone()).unwrap().plan(prompt, &[7]).unwrap();
         let picks: Vec<Pick> = vec![
             Pick::Greedy,
-            Pick::Planned(Box::new(plan(&prompts[1]))),
+            Pick::Planned(std::sync::Arc::new(plan(&prompts[1]))),
             Pick::Logits,
-            Pick::Planned(Box::new(plan(&prompts[3]))),
+            Pick::Planned(std::sync::Arc::new(plan(&prompts[3]))),
         ];
         // The batch: four sequences on one runner, one token each after their prompts.
         let mut batch = forward();
