@@ -89,6 +89,13 @@ fn generate_on_the_gpu_matches_the_cpu_with_stats_and_verify() {
     assert!(small.status.success(), "{err}");
     assert_eq!(ids(&small), ids(&cpu));
     assert!(err.contains("routing prediction (router L+1"), "{err}");
+    // ... and the experts outside VRAM are computed on the CPU: the per-token line says how
+    // many on each side, the bytes over the bus, the busy time and the waits, none on uploads.
+    let line =
+        err.lines().find(|l| l.contains("per decoded token: experts")).unwrap_or_else(|| panic!("{err}"));
+    assert!(number_before(line, "on the CPU") > 0.0, "{line}");
+    assert!(number_before(line, "KiB over the bus") > 0.0, "{line}");
+    assert!(line.contains("ms on uploads (0 layers waited)"), "{line}");
     // An f16 key/value cache: the same tokens, verified, and the caches' line says f16 at
     // half the bytes (tiny-f32: 4 layers x keys and values x 96 values x 2 bytes a position).
     let f16 =

@@ -13,7 +13,7 @@ use common::gpu::{check_pinned_backend, gpu_options};
 use common::{Reference, argmax, convert_fixture, fixture, max_abs_diff};
 use picchio::backend::cpu::CpuBackend;
 use picchio::backend::gpu::context::SUBMIT_EVERY;
-use picchio::backend::gpu::{GpuBackend, GpuOptions, GpuStats, KvPrecision};
+use picchio::backend::gpu::{GpuBackend, GpuOptions, GpuStats, KvPrecision, MissPolicy};
 use picchio::engine::{self, LoadedModel, OpenOptions, RunOptions, Runner};
 use picchio::error::Error;
 use picchio::experts::ExpertStats;
@@ -239,7 +239,9 @@ fn identical_numbers_for_every_vram_cache_size_and_prediction_setting() {
     ];
     let mut first: Option<(Vec<f32>, Vec<u32>)> = None;
     for (what, vram, predict) in configs {
-        let opts = GpuOptions { vram_bytes: vram, predict, ..base.clone() };
+        // Every expert on the GPU, uploaded when missing: where an expert sits in VRAM
+        // changes no bit (tests/gpu_split.rs covers experts computed on the CPU).
+        let opts = GpuOptions { vram_bytes: vram, predict, misses: MissPolicy::Upload, ..base.clone() };
         let mut g = gpu_forward(&model, &opts);
         let out = greedy(&mut g, &r.prompt, 32);
         let s: GpuStats = g.backend().stats();

@@ -15,7 +15,7 @@ use common::gpu::{check_pinned_backend, gpu_options};
 use common::{argmax, convert_fixture, fixture, ints, max_abs_diff};
 use picchio::backend::RouteTable;
 use picchio::backend::gpu::context::SUBMIT_EVERY;
-use picchio::backend::gpu::{GpuBackend, GpuOptions};
+use picchio::backend::gpu::{GpuBackend, GpuOptions, MissPolicy};
 use picchio::engine::{self, LoadedModel, OpenOptions, RunOptions, Runner};
 use picchio::format::container::{DenseFormat, ExpertFormat, Formats};
 use picchio::model::{Forward, LogitRows, NoObserver, Observer};
@@ -158,7 +158,9 @@ fn the_dense_layer_runs_in_every_residency_with_identical_numbers() {
     ];
     let mut first: Option<(Vec<f32>, Vec<u32>)> = None;
     for (what, vram, predict) in configs {
-        let opts = GpuOptions { vram_bytes: vram, predict, ..base.clone() };
+        // Every expert on the GPU, uploaded when missing: where an expert sits in VRAM
+        // changes no bit (tests/gpu_split.rs covers experts computed on the CPU).
+        let opts = GpuOptions { vram_bytes: vram, predict, misses: MissPolicy::Upload, ..base.clone() };
         let mut g = gpu_forward(&model, &opts);
         let (logits, _, tokens) = run(&mut g, &prompt, 8);
         let s = g.backend().stats();

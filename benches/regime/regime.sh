@@ -25,6 +25,7 @@ READ_AHEAD_KB=""
 IN_RAM=1
 SLACK_GB=1.5
 DROP_CHECKPOINT=0
+GPU_VRAM=""
 EXTRA_PICCHIO=()
 
 usage() {
@@ -52,6 +53,10 @@ usage: $0 --picchio BIN [options]
                        weights (default 1.5; plan.py says why)
   --drop-checkpoint    delete each synthetic checkpoint once its container (and GGUF) exist, to
                        save disk (a later run reuses the container and GGUF)
+  --gpu-vram "F ..."   also run every machine's row on the GPU (CPU+GPU experts, --device gpu) with
+                       VRAM for these fractions of the container's experts (e.g. "0.33 0.1"); the
+                       adapter is whatever wgpu finds (WGPU_BACKEND picks the API; lavapipe on a
+                       machine without a GPU)
   --picchio-arg ARG    one more argument for picchio bench (repeatable)
 EOF
   exit 2
@@ -74,6 +79,7 @@ while [[ $# -gt 0 ]]; do
     --no-in-ram) IN_RAM=0; shift ;;
     --slack-gb) SLACK_GB="$2"; shift 2 ;;
     --drop-checkpoint) DROP_CHECKPOINT=1; shift ;;
+    --gpu-vram) GPU_VRAM="$2"; shift 2 ;;
     --picchio-arg) EXTRA_PICCHIO+=("$2"); shift 2 ;;
     -h|--help) usage ;;
     *) echo "regime: unknown argument '$1'" >&2; usage ;;
@@ -98,6 +104,7 @@ done
 [[ "$ROUNDS" =~ ^[1-9][0-9]*$ ]] || die "--rounds: '$ROUNDS' is not a count >= 1"
 for m in $MACHINES; do [[ "$m" =~ ^[1-9][0-9]*$ ]] || die "--machines: '$m' is not a size in GB"; done
 for s in $SKEWS; do [[ "$s" =~ ^[0-9]+(\.[0-9]+)?$ ]] || die "--skews: '$s' is not a number >= 0"; done
+for f in $GPU_VRAM; do [[ "$f" =~ ^0?\.[0-9]+$|^1(\.0+)?$ ]] || die "--gpu-vram: '$f' is not a fraction in (0, 1]"; done
 [[ -z "$READ_AHEAD_KB" || "$READ_AHEAD_KB" =~ ^[0-9]+$ ]] || die "--read-ahead-kb: '$READ_AHEAD_KB' is not a size"
 [[ "$(id -u)" == 0 ]] || die "needs root: memory cgroups and dropping the page cache"
 
@@ -210,7 +217,7 @@ measure() { # name limit-bytes|"" command...
 for s in $SKEWS; do
   prepare "$s"
   echo "container_s$s=$CONTAINER" >>"$OUT/machine.txt"
-  pic=("$PICCHIO" -q bench -m "$CONTAINER" --device cpu --prompt "$PROMPT" --gen "$GEN" --threads "$THREADS" --json)
+  pic=("$PICCHIO" -q bench -m "$CONTAINER" --prompt "$PROMPT" --gen "$GEN" --threads "$THREADS" --json)
   pic+=("${EXTRA_PICCHIO[@]}")
   lla=()
   if [[ -n "$GGUF" ]]; then
@@ -225,16 +232,23 @@ for s in $SKEWS; do
     echo "plan_s${s}_m$m $(echo $plan)" >>"$OUT/machine.txt"
     eval "RAM_GB_m$m=$RAM_GB CGROUP_m$m=$CGROUP_BYTES"
   done
+  EXPERTS_GB="$(python3 -c 'import os,sys; print(f"{os.path.getsize(sys.argv[1]) / 2**30:.4f}")' "$CONTAINER/experts.bin")"
   for r in $(seq 1 "$ROUNDS"); do
     for m in $MACHINES; do
       eval "RAM_GB=\$RAM_GB_m$m CGROUP_BYTES=\$CGROUP_m$m"
       log "round $r, skew $s, $m GB machine: --ram-gb $RAM_GB, cgroup $((CGROUP_BYTES >> 20)) MiB"
-      measure "picchio-s$s-m$m-r$r" "$CGROUP_BYTES" "${pic[@]}" --ram-gb "$RAM_GB"
+      measure "picchio-s$s-m$m-r$r" "$CGROUP_BYTES" "${pic[@]}" --device cpu --ram-gb "$RAM_GB"
       if [[ ${#lla[@]} -gt 0 ]]; then measure "llama-s$s-m$m-r$r" "$CGROUP_BYTES" "${lla[@]}"; fi
+      for f in $GPU_VRAM; do
+        vram="$(python3 -c 'import sys; print(f"{float(sys.argv[1]) * float(sys.argv[2]):.4f}")' "$f" "$EXPERTS_GB")"
+        log "round $r, skew $s, $m GB machine, CPU+GPU experts: --vram-gb $vram ($f of the experts)"
+        measure "picchio-s$s-m$m-g$f-r$r" "$CGROUP_BYTES" "${pic[@]}" --ram-gb "$RAM_GB" \
+          --device gpu --vram-gb "$vram" --stats
+      done
     done
     if [[ "$IN_RAM" == 1 ]]; then
       log "round $r, skew $s, every expert in RAM (no cgroup)"
-      measure "picchio-s$s-ram-r$r" "" "${pic[@]}"
+      measure "picchio-s$s-ram-r$r" "" "${pic[@]}" --device cpu
       if [[ ${#lla[@]} -gt 0 ]]; then measure "llama-s$s-ram-r$r" "" "${lla[@]}"; fi
     fi
   done

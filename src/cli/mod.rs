@@ -115,6 +115,11 @@ pub struct ModelArgs {
     /// VRAM for the expert cache, in GiB (default: from the adapter's memory).
     #[arg(long)]
     pub vram_gb: Option<f64>,
+    /// Experts a layer needs that are not in VRAM: `cpu` (computed on the CPU from RAM while
+    /// the GPU computes the resident ones; hot experts are promoted into VRAM in the
+    /// background) or `upload` (copied into VRAM before the layer runs).
+    #[arg(long, value_enum, default_value_t = picchio::backend::gpu::MissPolicy::Cpu)]
+    pub expert_misses: picchio::backend::gpu::MissPolicy,
     /// How the GPU stores the key/value cache: `f32` (exact, the CPU oracle's), or `f16`
     /// (IEEE binary16: half the VRAM per position and half the bytes attention reads; each
     /// key and value rounded to 11 significant bits). The CPU always keeps f32.
@@ -292,6 +297,7 @@ impl ModelArgs {
             vram_bytes,
             max_binding_bytes,
             predict: self.gpu_predict.then_some(true),
+            misses: self.expert_misses,
             fail_at_readback: None,
             kv_caches: 1,
             kv_vram_bytes: None,

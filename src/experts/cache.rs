@@ -283,11 +283,8 @@ impl CachedExperts {
     /// Loads the most used experts of earlier sessions (at most half the budget) and
     /// protects them from eviction.
     fn load_hot_set(&self) {
+        let hot = self.most_used(self.shared.capacity / 2);
         let mut st = self.shared.lock();
-        let mut ranked: Vec<(u64, usize)> =
-            st.usage.iter().enumerate().filter(|(_, c)| **c > 0).map(|(i, &c)| (c, i)).collect();
-        ranked.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
-        let hot: Vec<usize> = ranked.into_iter().take(self.shared.capacity / 2).map(|(_, i)| i).collect();
         let e = self.shared.num_experts;
         for &i in &hot {
             let key = (i / e, i % e);
@@ -298,6 +295,16 @@ impl CachedExperts {
             self.shared.start_read(&mut st, key, Urgency::Ahead);
         }
         st.stats.hot_set = hot.len() as u64;
+    }
+
+    /// The indices (`layer * experts + expert`) of at most `n` experts with a use count,
+    /// most used first, ties by index.
+    fn most_used(&self, n: usize) -> Vec<usize> {
+        let st = self.shared.lock();
+        let mut ranked: Vec<(u64, usize)> =
+            st.usage.iter().enumerate().filter(|(_, c)| **c > 0).map(|(i, &c)| (c, i)).collect();
+        ranked.sort_unstable_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+        ranked.into_iter().take(n).map(|(_, i)| i).collect()
     }
 
     /// Writes the usage counts (history plus this session) for the next session.
@@ -547,6 +554,11 @@ impl ExpertSource for CachedExperts {
 
     fn batch_limit(&self) -> usize {
         (self.shared.capacity / 2).max(1)
+    }
+
+    fn hot_experts(&self, n: usize) -> Vec<(usize, usize)> {
+        let e = self.shared.num_experts;
+        self.most_used(n).into_iter().map(|i| (i / e, i % e)).collect()
     }
 
     fn expert_bytes(&self) -> u64 {

@@ -171,4 +171,11 @@ pub trait ExpertSource: Send + Sync {
     fn batch_limit(&self) -> usize {
         usize::MAX
     }
+
+    /// The learned hot set: at most `n` experts `(layer, expert)` most used in earlier
+    /// sessions, most used first (ties by index). Empty for a source that keeps no history.
+    /// The GPU backend fills a VRAM cache that cannot hold every expert with them.
+    fn hot_experts(&self, _n: usize) -> Vec<(usize, usize)> {
+        Vec::new()
+    }
 }

@@ -81,6 +81,20 @@ pub fn dense_forward(
     scratch: &mut MoeScratch,
     out: &mut [f32],
 ) {
+    expert_rows(cfg, w, x, rows, scratch, out);
+}
+
+/// One expert's unweighted output on `rows` rows of `x` (`[rows, hidden]`) into `out`
+/// (`[rows, hidden]`), as [`moe_forward`] computes each expert: for the GPU backend's
+/// experts that are not in VRAM, computed on the CPU.
+pub fn expert_rows(
+    cfg: &ModelConfig,
+    w: &ExpertWeights,
+    x: &[f32],
+    rows: usize,
+    scratch: &mut MoeScratch,
+    out: &mut [f32],
+) {
     expert_forward(cfg, w, x, rows, out, &mut scratch.gate_up, &mut scratch.act);
 }
 

@@ -277,6 +277,11 @@ impl Gpu {
         Ok(())
     }
 
+    /// Counts `bytes` written to the device by another thread (the VRAM promoter's writes).
+    pub fn count_upload(&mut self, bytes: u64) {
+        self.counters.upload_bytes += bytes;
+    }
+
     fn kernel(&mut self, op: Op, variant: Variant) -> Result<&Kernel> {
         if !self.kernels.contains_key(&(op, variant)) {
             let k = self.build_kernel(op, variant)?;

@@ -10,7 +10,8 @@
 //! | [`buffers`] | pooled activations and routing buffers |
 //! | [`kv`] | the key/value cache's precision (F32 or F16) and its sizes |
 //! | [`weights`] | dense matrices in their container format, split by rows |
-//! | [`vram`] | the VRAM expert cache: slot pools, slot table, LRU |
+//! | [`vram`] | the VRAM expert cache: slot pools, slot table, what goes where |
+//! | [`promote`] | the background thread that writes promoted experts into their slots |
 //! | [`backend`] | [`GpuBackend`], the [`crate::backend::Backend`] ops as dispatches |
 //!
 //! See `docs/gpu.md` for the design and its limits.
@@ -21,13 +22,15 @@ pub mod context;
 pub mod device;
 pub mod kv;
 pub mod params;
+pub mod promote;
 pub mod shaders;
 pub mod vram;
 pub mod weights;
 
-pub use backend::{Clock, GpuBackend, GpuStats, Timed};
+pub use backend::{Clock, GpuBackend, GpuStats, SplitStats, Timed};
 pub use device::{AdapterReport, FeatureUse, GpuApi, list_adapters};
 pub use kv::KvPrecision;
+pub use vram::MissPolicy;
 
 /// How to open and use the GPU.
 #[derive(Clone, Debug, Default)]
@@ -45,6 +48,9 @@ pub struct GpuOptions {
     pub max_binding_bytes: Option<u64>,
     /// Run the resident-router prediction; `None`: only when not every expert is resident.
     pub predict: Option<bool>,
+    /// What happens to the experts a layer needs that are not in VRAM (`--expert-misses`):
+    /// computed on the CPU (the default) or uploaded first.
+    pub misses: MissPolicy,
     /// Testing: fail as a lost device would at this readback (exercises the CPU fallback).
     pub fail_at_readback: Option<u64>,
     /// Key/value caches (sequences, the slots of a server) the default expert budget and

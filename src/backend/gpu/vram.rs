@@ -3,9 +3,13 @@
 //! kernels read, and a least-recently-used policy bounded in bytes (`--vram-gb`).
 //!
 //! When every expert of the model fits, all are uploaded once and the table never changes
-//! (full residency: no CPU round trip per layer). Otherwise (partial residency) the
-//! backend makes each layer's experts resident before dispatching it, never evicting what
-//! that layer needs, and prefetches the predicted experts of the next layer. A slot holds
+//! (full residency: no CPU round trip per layer). Otherwise (partial residency) the cache
+//! starts with the learned hot set and, by default ([`MissPolicy::Cpu`]), the backend
+//! computes the resident experts on the GPU and the others on the CPU from the RAM tier,
+//! while experts the CPU computed often enough are promoted into VRAM in the background
+//! (`promote.rs`), taking the place of a less used one (TinyLFU admission: recent use
+//! counts, halved now and then). With [`MissPolicy::Upload`] a layer's missing experts are
+//! uploaded before it runs instead, evicting the least recently used. A slot holds
 //! the bytes of an `experts.bin` record in the record's layout (components on 64-byte
 //! boundaries, 4 KiB multiples), for F32, INT4-gs64 and MXFP4 alike; where an expert sits
 //! never changes what the kernels compute.
@@ -16,10 +20,39 @@ use std::sync::Arc;
 use crate::config::{MlpKind, ModelConfig};
 use crate::error::{Error, Result};
 use crate::experts::ExpertSource;
+use crate::experts::policy::Popularity;
 use crate::model::weights::ExpertWeights;
 use crate::quant::{MatrixData, int4, mxfp4};
 
 use super::context::{GBuf, Gpu};
+use super::promote::{Promoted, Promoter, Promotion};
+
+/// What the GPU backend does with the experts a layer needs that are not in VRAM
+/// (`--expert-misses`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum MissPolicy {
+    /// Compute them on the CPU from the RAM tier while the GPU computes the resident ones;
+    /// only activations cross the bus, and hot experts are promoted into VRAM in the
+    /// background. No token waits on an upload.
+    #[default]
+    Cpu,
+    /// Upload them before the layer runs (the layer waits for the host to fetch and copy
+    /// them), evicting the least recently used: every expert is computed on the GPU.
+    Upload,
+}
+
+impl std::fmt::Display for MissPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            MissPolicy::Cpu => "cpu",
+            MissPolicy::Upload => "upload",
+        })
+    }
+}
+
+/// Requests between halvings of the VRAM cache's use counts, per slot (popularity fades
+/// after this many requests a slot).
+const POPULARITY_SAMPLE_PER_SLOT: u64 = 8;
 
 /// Table entry of an expert that is not resident.
 pub const NO_SLOT: u32 = u32::MAX;
@@ -269,6 +302,13 @@ pub struct VramStats {
     pub evictions: u64,
     /// Bytes uploaded.
     pub bytes: u64,
+    /// Experts a layer needed that were not resident and were computed on the CPU
+    /// ([`MissPolicy::Cpu`]).
+    pub host_computed: u64,
+    /// Experts promoted into VRAM in the background (written; included in `uploads`).
+    pub promotions: u64,
+    /// Experts preloaded at start from the learned hot set.
+    pub hot_set: u64,
 }
 
 /// The expert cache in VRAM.
@@ -292,6 +332,11 @@ pub struct VramExperts {
     owner: Vec<Option<(usize, usize)>>,
     last_use: Vec<u64>,
     prefetched: Vec<bool>,
+    /// Slots a background promotion is writing (free, but not to be handed out).
+    filling: Vec<bool>,
+    /// Recent use counts of every `(layer, expert)` (index `layer * experts + expert`).
+    popularity: Popularity,
+    promoter: Option<Promoter>,
     clock: u64,
     scratch: Vec<u8>,
     /// Counters.
@@ -315,6 +360,8 @@ impl VramExperts {
                 "the model has no MoE layer: the GPU backend needs at least one layer of experts".into(),
             ));
         };
+        // The learned hot set, asked for before the probe below counts as a use.
+        let hot = source.hot_experts(moe_layers.len() * cfg.num_experts);
         let probe = source.expert(first_moe, 0)?;
         let format = SlotFormat::of(&probe.gate_up.data, &format!("layer {first_moe} expert 0"))?;
         let layout = SlotLayout::new(cfg, format)?;
@@ -382,6 +429,12 @@ impl VramExperts {
             owner: vec![None; slots],
             last_use: vec![0; slots],
             prefetched: vec![false; slots],
+            filling: vec![false; slots],
+            popularity: Popularity::new(
+                cfg.num_layers * cfg.num_experts,
+                POPULARITY_SAMPLE_PER_SLOT.saturating_mul(slots as u64),
+            ),
+            promoter: None,
             clock: 0,
             scratch: vec![0; layout.bytes() as usize],
             stats: VramStats::default(),
@@ -404,8 +457,42 @@ impl VramExperts {
                 }
             }
             gpu.sync()?;
+        } else {
+            v.load_hot_set(gpu, cfg, source, &hot)?;
         }
         Ok(v)
+    }
+
+    /// Fills the slots with `hot`, the learned hot set of the expert source (the most used
+    /// experts of earlier sessions, most used first; MoE layers only), at load.
+    fn load_hot_set(
+        &mut self,
+        gpu: &mut Gpu,
+        cfg: &ModelConfig,
+        source: &Arc<dyn ExpertSource>,
+        hot: &[(usize, usize)],
+    ) -> Result<()> {
+        let hot: Vec<(usize, usize)> = hot
+            .iter()
+            .copied()
+            .filter(|&(l, e)| l < cfg.num_layers && cfg.mlp_kinds[l] == MlpKind::Moe && e < cfg.num_experts)
+            .take(self.slots)
+            .collect();
+        let mut since_sync = 0;
+        for (slot, &(l, e)) in hot.iter().enumerate() {
+            let w = source.expert(l, e)?;
+            self.upload(gpu, slot, &w, &format!("layer {l} expert {e}"))?;
+            self.owner[slot] = Some((l, e));
+            self.map.insert((l, e), slot);
+            self.set_table(gpu, l, e, slot as u32)?;
+            since_sync += self.layout.bytes();
+            if since_sync >= UPLOAD_BATCH {
+                gpu.sync()?;
+                since_sync = 0;
+            }
+        }
+        self.stats.hot_set = hot.len() as u64;
+        gpu.sync()
     }
 
     /// True when every expert of the model is resident.
@@ -433,14 +520,137 @@ impl VramExperts {
         gpu.write(&self.table, ((layer * self.experts + expert) * 4) as u64, &slot.to_le_bytes())
     }
 
-    /// A free slot, or the least recently used one not in `keep`.
+    /// A free slot (not being filled), or the least recently used one not in `keep`.
     fn victim(&self, keep: &HashSet<(usize, usize)>) -> Option<usize> {
-        if let Some(free) = self.owner.iter().position(Option::is_none) {
+        if let Some(free) = self.free_slot() {
             return Some(free);
         }
         (0..self.slots)
             .filter(|&s| self.owner[s].is_some_and(|o| !keep.contains(&o)))
             .min_by_key(|&s| (self.last_use[s], s))
+    }
+
+    /// A slot that holds nothing and is not being filled.
+    fn free_slot(&self) -> Option<usize> {
+        (0..self.slots).find(|&s| self.owner[s].is_none() && !self.filling[s])
+    }
+
+    fn index(&self, layer: usize, expert: usize) -> usize {
+        layer * self.experts + expert
+    }
+
+    /// Splits the experts `layer` needs (`needed`, distinct) into those resident now and
+    /// those to compute on the host, counting each request's use ([`MissPolicy::Cpu`]).
+    pub fn split(&mut self, layer: usize, needed: &[usize]) -> (Vec<usize>, Vec<usize>) {
+        self.clock += 1;
+        let (mut resident, mut host) = (Vec::new(), Vec::new());
+        for &e in needed {
+            let i = self.index(layer, e);
+            self.popularity.record(i);
+            match self.map.get(&(layer, e)) {
+                Some(&slot) => {
+                    self.last_use[slot] = self.clock;
+                    self.stats.hits += 1;
+                    resident.push(e);
+                }
+                None => {
+                    self.stats.host_computed += 1;
+                    host.push(e);
+                }
+            }
+        }
+        (resident, host)
+    }
+
+    /// Starts promoting `weights`, expert `expert` of `layer` (just computed on the host),
+    /// into VRAM in the background when a slot is free, or when it has been used more
+    /// lately than the least used resident expert, which it then replaces (that one's
+    /// table entry is cleared now, so no kernel recorded from here on reads the slot).
+    /// Returns whether it was queued. Never waits: with [`super::promote::IN_FLIGHT`]
+    /// promotions outstanding it declines.
+    pub fn promote(
+        &mut self,
+        gpu: &mut Gpu,
+        layer: usize,
+        expert: usize,
+        weights: Arc<ExpertWeights>,
+    ) -> Result<bool> {
+        if self.full || self.map.contains_key(&(layer, expert)) {
+            return Ok(false);
+        }
+        if self.promoter.is_none() {
+            self.promoter = Some(Promoter::start(gpu.queue.clone(), self.layout)?);
+        }
+        if !self.promoter.as_ref().is_some_and(Promoter::has_room) {
+            return Ok(false);
+        }
+        let heat = self.popularity.of(self.index(layer, expert));
+        let slot = match self.free_slot() {
+            Some(s) => s,
+            None => {
+                let coldest = (0..self.slots)
+                    .filter_map(|s| self.owner[s].map(|(l, e)| (s, self.popularity.of(self.index(l, e)))))
+                    .min_by_key(|&(s, pop)| (pop, self.last_use[s], s));
+                match coldest {
+                    Some((s, pop)) if pop < heat => s,
+                    _ => return Ok(false),
+                }
+            }
+        };
+        if let Some(old) = self.owner[slot].take() {
+            self.map.remove(&old);
+            self.set_table(gpu, old.0, old.1, NO_SLOT)?;
+            self.stats.evictions += 1;
+        }
+        self.filling[slot] = true;
+        let pool = self.pools[slot / self.slots_per_pool].buf.clone();
+        let offset = (slot % self.slots_per_pool) as u64 * self.layout.bytes();
+        let job = Promotion { key: (layer, expert), weights, slot, pool, offset };
+        if let Some(p) = self.promoter.as_mut() {
+            p.send(job)?;
+        }
+        Ok(true)
+    }
+
+    /// Makes the promotions written since the last call visible to the kernels: each
+    /// slot's table entry is set (the write lands before the next submission, after the
+    /// slot's bytes). Never waits.
+    pub fn finish_promotions(&mut self, gpu: &mut Gpu) -> Result<()> {
+        let done = match self.promoter.as_mut() {
+            Some(p) => p.finished(),
+            None => return Ok(()),
+        };
+        self.settle(gpu, done)
+    }
+
+    /// Waits for every promotion in flight and makes them visible (tests, and before a
+    /// statistic that counts them).
+    pub fn drain_promotions(&mut self, gpu: &mut Gpu) -> Result<()> {
+        let done = match self.promoter.as_mut() {
+            Some(p) => p.drain(),
+            None => return Ok(()),
+        };
+        self.settle(gpu, done)
+    }
+
+    fn settle(&mut self, gpu: &mut Gpu, done: Vec<Promoted>) -> Result<()> {
+        for Promoted { key: (l, e), slot, result } in done {
+            self.filling[slot] = false;
+            match result {
+                Ok(()) => {
+                    self.owner[slot] = Some((l, e));
+                    self.map.insert((l, e), slot);
+                    self.last_use[slot] = self.clock;
+                    self.set_table(gpu, l, e, slot as u32)?;
+                    gpu.count_upload(self.layout.bytes());
+                    self.stats.uploads += 1;
+                    self.stats.promotions += 1;
+                    self.stats.bytes += self.layout.bytes();
+                }
+                Err(err) => tracing::warn!("layer {l} expert {e} not promoted into VRAM: {err}"),
+            }
+        }
+        Ok(())
     }
 
     /// Makes `experts` of `layer` resident (at most `slots` of them), uploading misses from

@@ -22,7 +22,7 @@ use super::context::{Bind, DeviceCounters, GBuf, Gpu};
 use super::device::{self, AdapterReport};
 use super::params::{AddParams, RmsNormHeadsParams, RmsNormParams};
 use super::shaders::{Op, Variant};
-use super::vram::VramExperts;
+use super::vram::{MissPolicy, VramExperts};
 use super::weights::{GpuMatrix, upload_matrix, upload_vector};
 use super::{GpuOptions, KvPrecision};
 
@@ -41,9 +41,11 @@ mod dense;
 mod head;
 mod model;
 mod moe;
+mod split;
 mod stats;
 mod timing;
 
+pub use split::SplitStats;
 pub use stats::GpuStats;
 use stats::Segment;
 pub use timing::{Clock, Timed};
@@ -83,6 +85,10 @@ pub struct GpuBackend {
     subgroup: bool,
     shader_f16: bool,
     predict: bool,
+    /// What happens to experts a layer needs that are not in VRAM.
+    misses: MissPolicy,
+    /// The host's buffers for the experts it computes ([`MissPolicy::Cpu`]).
+    host: split::HostExperts,
     pred: Option<Prediction>,
     /// Counters the kernels add to and every readback brings along ([`DEVICE_COUNTERS`]
     /// words): the prediction's hits and total, the grouped expert kernels' weight passes
@@ -254,6 +260,8 @@ impl GpuBackend {
             vram,
             pool: BufferPool::default(),
             predict,
+            misses: opts.misses,
+            host: Default::default(),
             pred: None,
             agree,
             batched_step: false,
@@ -349,6 +357,11 @@ impl GpuBackend {
     /// whether every expert is resident.
     pub fn residency(&self) -> (usize, usize, u32, bool) {
         (self.vram.slots, self.vram.pools.len(), self.vram.pools_per_dispatch, self.vram.is_full())
+    }
+
+    /// Experts in VRAM now (every expert of the model with full residency).
+    pub fn resident_experts(&self) -> usize {
+        self.vram.resident()
     }
 
     /// Counters so far.

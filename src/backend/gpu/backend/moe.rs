@@ -2,17 +2,20 @@
 //! score), the expert kernels over the VRAM expert cache, and the weighted combine.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use crate::backend::{Backend, LinearId, NormId};
 use crate::error::{Error, Result};
 
-use super::super::buffers::{GpuAct, GpuRoutes, decode_routes};
+use super::super::buffers::{GpuAct, GpuRoutes, decode_routes, floats};
 use super::super::context::{Bind, GBuf};
 use super::super::params::{
     ExpertDownParams, ExpertGateUpParams, ExpertGroupParams, MoeCombineParams, RouteAgreeParams,
     RouterTopkParams,
 };
 use super::super::shaders::Op;
+use super::super::vram::MissPolicy;
+use super::split::SplitStats;
 use super::{GpuBackend, activation_code, check_shape, routing_code};
 
 /// The most experts a layer may have for the GROUPED expert kernels (expert_group.wgsl's
@@ -409,27 +412,41 @@ impl GpuBackend {
             self.vram.stats.hits += pairs as u64;
             self.dispatch_experts(layer, x, routes, order.as_ref(), act.buf(), contrib.buf())?;
         } else {
-            // Read back this layer's routing (and the prediction for the next layer, in the
-            // same readback), make its experts resident, then dispatch.
+            // Read back this layer's routing (with the CPU+GPU split, its input rows too;
+            // and the prediction for the next layer), all in one readback.
+            let host_rows = self.misses == MissPolicy::Cpu;
+            let x_bytes = (rows * h * 4) as u64;
             let next = self.pred.as_ref().filter(|p| p.valid_for == Some(layer + 1) && p.rows == rows);
-            let mut ranges = vec![(routes.buf(), 0, routes.bytes())];
+            let mut ranges = vec![(routes.buf().clone(), 0, routes.bytes())];
+            if host_rows {
+                ranges.push((x.buf().clone(), 0, x_bytes));
+            }
+            let has_next = next.is_some();
             if let Some(p) = next {
                 let b = &p.bufs[(layer + 1) % 2];
-                ranges.push((b.buf(), 0, b.bytes()));
+                ranges.push((b.buf().clone(), 0, b.bytes()));
             }
-            let ranges: Vec<(GBuf, u64, u64)> =
-                ranges.into_iter().map(|(b, o, s)| (b.clone(), o, s)).collect();
             let refs: Vec<(&GBuf, u64, u64)> = ranges.iter().map(|(b, o, s)| (b, *o, *s)).collect();
+            let waited = Instant::now();
             let bytes = self.read_back(&refs)?;
+            let device_wait_s = waited.elapsed().as_secs_f64();
             self.stats.route_readbacks += 1;
             let table = decode_routes(&bytes, rows, k);
-            if ranges.len() > 1 {
-                let p = decode_routes(&bytes[routes.bytes() as usize..], rows, k);
+            let mut at = routes.bytes() as usize;
+            let xs = if host_rows {
+                let v = floats(&bytes[at..at + x_bytes as usize]);
+                at += x_bytes as usize;
+                v
+            } else {
+                Vec::new()
+            };
+            if has_next {
+                let p = decode_routes(&bytes[at..], rows, k);
                 predicted = p.experts.iter().map(|&e| e as usize).collect();
                 predicted.sort_unstable();
                 predicted.dedup();
                 // Start the disk reads of the predicted experts now, in the RAM tier's
-                // background readers, so they overlap this layer's uploads and kernels.
+                // background readers, so they overlap this layer's work.
                 if layer + 1 < cfg.num_layers {
                     self.source.prefetch(layer + 1, &predicted);
                 }
@@ -440,9 +457,43 @@ impl GpuBackend {
             if needed.iter().any(|&e| e >= cfg.num_experts) {
                 return Err(Error::Backend(format!("layer {layer}: routing names an expert out of range")));
             }
-            for chunk in needed.chunks(self.vram.slots) {
-                self.vram.ensure(&mut self.gpu, &self.source, layer, chunk, false)?;
-                self.dispatch_experts(layer, x, routes, order.as_ref(), act.buf(), contrib.buf())?;
+            let mut split = match self.misses {
+                MissPolicy::Cpu => {
+                    let mut s = self.split_experts(
+                        layer,
+                        x,
+                        &xs,
+                        &table,
+                        &needed,
+                        routes,
+                        order.as_ref(),
+                        act.buf(),
+                        contrib.buf(),
+                    )?;
+                    s.bus_bytes += x_bytes;
+                    s
+                }
+                MissPolicy::Upload => {
+                    let misses = self.vram.stats.misses;
+                    let started = Instant::now();
+                    for chunk in needed.chunks(self.vram.slots) {
+                        self.vram.ensure(&mut self.gpu, &self.source, layer, chunk, false)?;
+                        self.dispatch_experts(layer, x, routes, order.as_ref(), act.buf(), contrib.buf())?;
+                    }
+                    let waited = self.vram.stats.misses > misses;
+                    SplitStats {
+                        layers: 1,
+                        gpu_experts: needed.len() as u64,
+                        upload_waits: waited as u64,
+                        upload_wait_s: if waited { started.elapsed().as_secs_f64() } else { 0.0 },
+                        ..Default::default()
+                    }
+                }
+            };
+            split.device_wait_s = device_wait_s;
+            self.stats.split.add(&split);
+            if self.in_decode {
+                self.stats.decode_split.add(&split);
             }
         }
         let (nx, ny) = self.gpu.grid((rows * h).div_ceil(64) as u64)?;
@@ -450,7 +501,7 @@ impl GpuBackend {
         let v = self.variant(Op::MoeCombine);
         let cb = Bind::first(contrib.buf(), (pairs * h * 4) as u64);
         self.gpu.dispatch(Op::MoeCombine, v, &params, &[cb, routes.bind(), out.bind()], (nx, ny, 1))?;
-        if !predicted.is_empty() && layer + 1 < cfg.num_layers {
+        if self.misses == MissPolicy::Upload && !predicted.is_empty() && layer + 1 < cfg.num_layers {
             // Submit this layer's work, then fetch and upload the predicted experts of the
             // next layer while the device runs it.
             self.gpu.flush()?;

@@ -4,6 +4,7 @@
 use super::super::context::DeviceCounters;
 use super::super::vram::VramStats;
 use super::GpuBackend;
+use super::split::SplitStats;
 use crate::backend::DecodeCounters;
 
 /// Counters of a GPU run (what `--stats` prints).
@@ -24,6 +25,11 @@ pub struct GpuStats {
     pub decode: DecodeCounters,
     /// Readbacks of a layer's routing (partial residency).
     pub route_readbacks: u64,
+    /// The CPU+GPU expert split (or the uploads) of partially resident layers, all blocks.
+    pub split: SplitStats,
+    /// The same for decode steps only (single positions): divided by `decode_steps`, per
+    /// decoded token.
+    pub decode_split: SplitStats,
     /// VRAM expert cache counters.
     pub vram: VramStats,
     /// Experts of the next layer that the resident-router prediction got right.
@@ -206,8 +212,12 @@ impl GpuBackend {
         ));
         let v = s.vram;
         lines.push(format!(
-            "  vram experts: {} ({} of {} slots of {:.2} MiB in {} pool(s)); {} hits, {} misses, {} uploads ({} prefetched, {} of them used), {} evictions, {:.1} MiB uploaded",
-            if s.full_residency { "all resident" } else { "LRU" },
+            "  vram experts: {} ({} of {} slots of {:.2} MiB in {} pool(s)); {} hits, {} misses, {} uploads ({} prefetched, {} of them used; {} promoted in the background, {} from the hot set), {} evictions, {:.1} MiB uploaded",
+            if s.full_residency {
+                "all resident".to_string()
+            } else {
+                format!("partial, misses {}", self.misses)
+            },
             self.vram.resident(),
             self.vram.slots,
             self.vram.layout.bytes() as f64 / (1u64 << 20) as f64,
@@ -217,9 +227,17 @@ impl GpuBackend {
             v.uploads,
             v.prefetches,
             v.prefetch_used,
+            v.promotions,
+            v.hot_set,
             v.evictions,
             v.bytes as f64 / (1u64 << 20) as f64
         ));
+        if s.split.layers > 0 {
+            if s.decode_steps > 0 && s.decode_split.layers > 0 {
+                lines.push(format!("  per decoded token: {}", split_line(&s.decode_split, s.decode_steps)));
+            }
+            lines.push(format!("  all blocks: {}", split_line(&s.split, 1)));
+        }
         lines.push(match s.prediction_accuracy() {
             Some(a) => format!(
                 "  routing prediction (router L+1 on layer L's activation): {}/{} next-layer experts = {:.1}%",
@@ -232,4 +250,22 @@ impl GpuBackend {
         });
         lines
     }
+}
+
+/// One line of the CPU+GPU split's counters, divided by `per` (decode steps for a
+/// per-token line, 1 for totals).
+fn split_line(s: &SplitStats, per: u64) -> String {
+    let n = per.max(1) as f64;
+    format!(
+        "experts {:.1} on the GPU, {:.1} on the CPU ({:.1} row pairs); {:.1} KiB over the bus; CPU busy {:.2} ms; waits: {:.2} ms on the RAM tier, {:.2} ms on the GPU, {:.2} ms on uploads ({} layers waited)",
+        s.gpu_experts as f64 / n,
+        s.cpu_experts as f64 / n,
+        s.cpu_pairs as f64 / n,
+        s.bus_bytes as f64 / 1024.0 / n,
+        1e3 * s.cpu_busy_s / n,
+        1e3 * s.source_wait_s / n,
+        1e3 * s.device_wait_s / n,
+        1e3 * s.upload_wait_s / n,
+        s.upload_waits
+    )
 }
