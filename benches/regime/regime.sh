@@ -233,6 +233,13 @@ for s in $SKEWS; do
     eval "RAM_GB_m$m=$RAM_GB CGROUP_m$m=$CGROUP_BYTES"
   done
   EXPERTS_GB="$(python3 -c 'import os,sys; print(f"{os.path.getsize(sys.argv[1]) / 2**30:.4f}")' "$CONTAINER/experts.bin")"
+  DENSE_BYTES="$(stat -c %s "$CONTAINER/dense.bin")"
+  SOFTWARE_GPU=0
+  if [[ -n "$GPU_VRAM" ]]; then
+    adapter="$("$PICCHIO" -q devices 2>/dev/null | head -n 3 || true)"
+    if grep -qi "llvmpipe\|lavapipe\|swiftshader\|cpu" <<<"$adapter"; then SOFTWARE_GPU=1; fi
+    echo "gpu_adapter=$(echo $adapter) software=$SOFTWARE_GPU" >>"$OUT/machine.txt"
+  fi
   for r in $(seq 1 "$ROUNDS"); do
     for m in $MACHINES; do
       eval "RAM_GB=\$RAM_GB_m$m CGROUP_BYTES=\$CGROUP_m$m"
@@ -241,8 +248,15 @@ for s in $SKEWS; do
       if [[ ${#lla[@]} -gt 0 ]]; then measure "llama-s$s-m$m-r$r" "$CGROUP_BYTES" "${lla[@]}"; fi
       for f in $GPU_VRAM; do
         vram="$(python3 -c 'import sys; print(f"{float(sys.argv[1]) * float(sys.argv[2]):.4f}")' "$f" "$EXPERTS_GB")"
-        log "round $r, skew $s, $m GB machine, CPU+GPU experts: --vram-gb $vram ($f of the experts)"
-        measure "picchio-s$s-m$m-g$f-r$r" "$CGROUP_BYTES" "${pic[@]}" --ram-gb "$RAM_GB" \
+        # A software adapter's VRAM is this process's memory: the cgroup grows by the expert
+        # slots and the GPU's copy of the dense weights, so the host keeps the same budget.
+        limit="$CGROUP_BYTES"
+        if [[ "$SOFTWARE_GPU" == 1 ]]; then
+          limit="$(python3 -c 'import sys; print(int(sys.argv[1]) + int(float(sys.argv[2]) * 2**30) + int(sys.argv[3]))' \
+            "$CGROUP_BYTES" "$vram" "$DENSE_BYTES")"
+        fi
+        log "round $r, skew $s, $m GB machine, CPU+GPU experts: --vram-gb $vram ($f of the experts), cgroup $((limit >> 20)) MiB"
+        measure "picchio-s$s-m$m-g$f-r$r" "$limit" "${pic[@]}" --ram-gb "$RAM_GB" \
           --device gpu --vram-gb "$vram" --stats
       done
     done
