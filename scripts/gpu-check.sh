@@ -3,7 +3,8 @@
 # and test executables built beforehand, run the GPU tests, `picchio devices`, the kernel
 # microbenchmark (`picchio bench-gpu`) and `picchio bench --device gpu` on a synthetic
 # GPT-OSS-20B (every expert resident, also with an f16 key/value cache, with --verify, and
-# with --vram-gb holding a third and a tenth of the experts), writing summary.md and the raw
+# with --vram-gb holding a third and a tenth of the experts: CPU+GPU experts, and for
+# contrast uploads of missing experts; and the CPU alone), writing summary.md and the raw
 # outputs into an output directory.
 #
 # Usage:
@@ -14,7 +15,7 @@
 # Build first (here):
 #   cargo build --release
 #   cargo test --release --no-run --test gpu_translate --test gpu_kernels --test gpu_fused --test gpu_sampling \
-#       --test gpu_parity --test gpu_slots --test gpu_qwen3 --test gpu_cli
+#       --test gpu_parity --test gpu_slots --test gpu_qwen3 --test gpu_cli --test gpu_split
 #
 # For the device machine's carry (ignored paths only, 64 MiB): --prepare target/gpu-pack, then
 # carry target/gpu-pack.tar.xz (38 MB with the binary and the 7 GPU test executables, measured at 529ae7f)
@@ -49,7 +50,7 @@ while [ $# -gt 0 ]; do
     shift
 done
 
-GPU_TESTS="gpu_translate gpu_kernels gpu_fused gpu_sampling gpu_parity gpu_slots gpu_qwen3 gpu_cli"
+GPU_TESTS="gpu_translate gpu_kernels gpu_fused gpu_sampling gpu_parity gpu_slots gpu_qwen3 gpu_cli gpu_split"
 
 # The newest executable of test $1 under $2 (cargo names them NAME-HASH).
 newest_test() {
@@ -181,7 +182,10 @@ if [ -n "$experts_bytes" ]; then
     for part in 3 10; do
         gib=$(awk -v b="$experts_bytes" -v p="$part" 'BEGIN { printf "%.9f", b / p / 1073741824 }')
         run "bench-vram-1of$part" 600 "$bin" "${common[@]}" --vram-gb "$gib" --json
+        run "bench-vram-1of$part-upload" 600 "$bin" "${common[@]}" --vram-gb "$gib" --expert-misses upload --json
     done
+    # The CPU alone, for CPU+GPU experts to beat at every budget.
+    run bench-cpu 600 "$bin" bench -m "$model" --cache-dir "$cache" --device cpu "${bench[@]}" --json
 else
     echo "| bench --vram-gb | SKIPPED | | no converted experts.bin under the cache |" >> "$summary"
     status=1
@@ -215,9 +219,14 @@ EOF
         python3 - "$out" <<'EOF' || true
 import json, os, sys
 out = sys.argv[1]
+import re
+split = re.compile(r"per decoded token: (experts .*)")
 print("| run | decode tok/s | prefill tok/s | dispatches/token | per layer | submissions/token | waits/token | bytes read back/token |")
 print("|---|---:|---:|---:|---:|---:|---:|---:|")
-for name in ["bench-resident", "bench-resident-kvf16", "bench-vram-1of3", "bench-vram-1of10"]:
+runs = ["bench-resident", "bench-resident-kvf16", "bench-vram-1of3", "bench-vram-1of3-upload",
+        "bench-vram-1of10", "bench-vram-1of10-upload", "bench-cpu"]
+lines = []
+for name in runs:
     try:
         d = json.load(open(os.path.join(out, name + ".out")))
     except Exception as e:
@@ -227,6 +236,16 @@ for name in ["bench-resident", "bench-resident-kvf16", "bench-vram-1of3", "bench
     g = lambda k: c.get(k, float("nan"))
     print(f"| {name} | {d['decode']['tokens_per_s']:.2f} | {d['prefill']['tokens_per_s']:.2f} | {g('dispatches_per_token'):.1f} | "
           f"{g('dispatches_per_layer'):.1f} | {g('submissions_per_token'):.2f} | {g('readbacks_per_token'):.2f} | {g('readback_bytes_per_token'):.0f} |")
+    report = d.get("device_report") or []
+    for line in report if isinstance(report, list) else [str(report)]:
+        m = split.search(str(line))
+        if m:
+            lines.append(f"- {name}: {m.group(1)}")
+if lines:
+    print()
+    print("Per decoded token, experts on each side (CPU+GPU experts, or uploads):")
+    print()
+    print("\n".join(lines))
 EOF
     fi
     echo

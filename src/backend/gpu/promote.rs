@@ -22,8 +22,9 @@ use crate::model::weights::ExpertWeights;
 
 use super::vram::SlotLayout;
 
-/// Promotions queued or being encoded at once (the staging ring's depth).
-pub const IN_FLIGHT: usize = 2;
+/// Promotions queued or being encoded at once (the staging ring's depth): a slot's bytes
+/// each (12.6 MiB for GPT-OSS) in the encoder's buffer or wgpu's staging memory.
+pub const IN_FLIGHT: usize = 4;
 
 /// One expert to write into a slot.
 pub struct Promotion {

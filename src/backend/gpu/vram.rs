@@ -567,7 +567,7 @@ impl VramExperts {
     /// lately than the least used resident expert, which it then replaces (that one's
     /// table entry is cleared now, so no kernel recorded from here on reads the slot).
     /// Returns whether it was queued. Never waits: with [`super::promote::IN_FLIGHT`]
-    /// promotions outstanding it declines.
+    /// promotions outstanding (after taking in those already written) it declines.
     pub fn promote(
         &mut self,
         gpu: &mut Gpu,
@@ -582,7 +582,11 @@ impl VramExperts {
             self.promoter = Some(Promoter::start(gpu.queue.clone(), self.layout)?);
         }
         if !self.promoter.as_ref().is_some_and(Promoter::has_room) {
-            return Ok(false);
+            // Those written since the last look free their place in the ring (no wait).
+            self.finish_promotions(gpu)?;
+            if !self.promoter.as_ref().is_some_and(Promoter::has_room) {
+                return Ok(false);
+            }
         }
         let heat = self.popularity.of(self.index(layer, expert));
         let slot = match self.free_slot() {
