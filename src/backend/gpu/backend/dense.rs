@@ -22,10 +22,11 @@ pub const TILE_TOKENS: usize = 32;
 const TILE_ROWS: usize = 32;
 /// Fewest tokens a product runs tiled (the TILED variants, matmul_common.wgsl) in: a prompt
 /// block of this many rows or more reads each weight once per [`TILE_TOKENS`] tokens instead
-/// of once per 4 (the matrix-vector kernels' `TOKENS_PER_GROUP`). Below it, and always for a decoded token or a batched
-/// step (whose rows must each equal the same row computed alone, bit for bit), the
-/// matrix-vector kernels run. At 8 tokens a tile is a quarter full, but its empty token
-/// groups skip their arithmetic, and the weights are read once instead of twice.
+/// of once per 4 (the matrix-vector kernels' `TOKENS_PER_GROUP`). Below it, and always for
+/// a decoded token or a batched step (whose rows must each equal the same row computed
+/// alone, bit for bit), the matrix-vector kernels run. At 8 tokens a tile is a quarter
+/// full, but its empty token groups skip their arithmetic, and the weights are read once
+/// instead of twice. (Not tuned on a hardware GPU: none was at hand.)
 pub const TILED_MIN_TOKENS: usize = 8;
 
 impl GpuBackend {
@@ -283,14 +284,16 @@ impl GpuBackend {
 
     /// Builds the fused kernel variants a fused forward pass uses (so that a broken shader
     /// fails at load, not mid-token): NORM and ACCUMULATE of every dense matrix format in the
-    /// model (tiled too, for prompt blocks, when the backend tiles), and, when [`Self::experts_fused`] can apply (every expert resident in one
-    /// pool group), expert_gate_up NORM and expert_down COMBINE. Unfused variants are built
-    /// by `prepare_kernels`.
+    /// model (tiled too, for prompt blocks, when the backend tiles), and, when
+    /// [`Self::experts_fused`] can apply (every expert resident in one pool group),
+    /// expert_gate_up NORM and expert_down COMBINE. Unfused variants are built by
+    /// `prepare_kernels`.
     pub fn prepare_fused_kernels(&mut self) -> Result<()> {
         let ops = self.matrix_ops();
+        let tilings: &[bool] = if self.tiled_dense { &[false, true] } else { &[false] };
         for op in ops {
             for (norm, accumulate) in [(true, false), (false, true)] {
-                for tiled in [false, self.tiled_dense] {
+                for &tiled in tilings {
                     let v = Variant { norm, accumulate, tiled, ..self.variant(op) };
                     self.gpu.prepare(op, v)?;
                 }
