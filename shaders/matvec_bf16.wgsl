@@ -3,6 +3,8 @@
 // chunk is 8 weights, loaded as one vec4<u32> and widened exactly to f32 (a bf16 is the
 // upper half of an f32): even elements by a shift, odd ones by a mask. Rows are padded to
 // whole chunks.
+// TILED: the tiled product of prompt blocks (matmul_common.wgsl), which reads the weights
+// through `w4`.
 
 @group(0) @binding(4) var<storage, read> w: array<vec4<u32>>;
 
@@ -10,6 +12,25 @@ fn row_scale(row: u32) -> f32 {
     return 1.0;
 }
 
+//#if TILED
+// TILED (matmul_common.wgsl): weights `c .. c + 3` of row `row` of the block (c a multiple
+// of 4 within the padded row): words (c % 8) / 2 and the next of the chunk, each an even
+// element (low half) and an odd one (high half), widened exactly.
+fn w4(row: u32, c: u32) -> vec4<f32> {
+    let q = row * p.row_chunks + c / 8u;
+    let k = (c % 8u) / 2u;
+    let a = w[q][k];
+    let b = w[q][k + 1u];
+    return bitcast<vec4<f32>>(vec4<u32>(a << 16u, a & 0xffff0000u, b << 16u, b & 0xffff0000u));
+}
+//#endif
+
+//#if TILED
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+    matmul(ids);
+}
+//#else
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
     let row0 = flat_wid(ids, p.nx) * R;
@@ -42,3 +63,4 @@ fn main(ids: Ids) {
     }
     finish(acc, row0, t0, ids);
 }
+//#endif

@@ -7,6 +7,8 @@
 // decode.wgsl: exact, no conversions) once for all the tile's tokens, and the chunk's sum is
 // multiplied by its group's scale once (one scale load per chunk). Rows are whole chunks
 // (32-byte groups); inputs past `cols` count as zero.
+// TILED: the tiled product of prompt blocks (matmul_common.wgsl), which reads the weights
+// through `w4`.
 
 @group(0) @binding(4) var<storage, read> codes: array<vec4<u32>>;
 //#if F16
@@ -28,6 +30,26 @@ fn scale(i: u32) -> f32 {
 //#endif
 }
 
+//#if TILED
+// TILED (matmul_common.wgsl): weights `c .. c + 3` of row `row` of the block (c a multiple
+// of 4 within the padded row, whole groups): group g = c / 64, code bytes b .. b + 3 with
+// b = c % 32, the low nibbles for the group's first 32 elements and the high ones for the
+// rest; times the group's scale (exact: a 4-bit integer times an f16 fits an f32).
+fn w4(row: u32, c: u32) -> vec4<f32> {
+    let g = c / 64u;
+    let b = c % 32u;
+    let word = codes[row * p.row_chunks + 2u * g + b / 16u][(b % 16u) / 4u];
+    let q = select(int4_lo(word), int4_hi(word), (c % 64u) >= 32u);
+    return scale(row * (p.row_chunks / 2u) + g) * q;
+}
+//#endif
+
+//#if TILED
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+    matmul(ids);
+}
+//#else
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
     let row0 = flat_wid(ids, p.nx) * R;
@@ -73,3 +95,4 @@ fn main(ids: Ids) {
     }
     finish(acc, row0, t0, ids);
 }
+//#endif

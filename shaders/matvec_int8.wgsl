@@ -4,6 +4,8 @@
 // four codes are decoded at once (`int8x4`, decode.wgsl: exact, no conversions). The row's
 // f32 scale multiplies the reduced sum, as in the CPU reference (`scale * sum q x`). Rows are
 // padded to whole chunks.
+// TILED: the tiled product of prompt blocks (matmul_common.wgsl), which reads the weights
+// through `w4`.
 
 @group(0) @binding(4) var<storage, read> codes: array<vec4<u32>>;
 @group(0) @binding(5) var<storage, read> scales: array<f32>;
@@ -12,6 +14,20 @@ fn row_scale(row: u32) -> f32 {
     return scales[row];
 }
 
+//#if TILED
+// TILED (matmul_common.wgsl): codes `c .. c + 3` of row `row` of the block (c a multiple of
+// 4 within the padded row): one word, decoded exactly; the row scale multiplies the sum.
+fn w4(row: u32, c: u32) -> vec4<f32> {
+    return int8x4(codes[row * p.row_chunks + c / 16u][(c % 16u) / 4u]);
+}
+//#endif
+
+//#if TILED
+@compute @workgroup_size(WG)
+fn main(ids: Ids) {
+    matmul(ids);
+}
+//#else
 @compute @workgroup_size(WG)
 fn main(ids: Ids) {
     let row0 = flat_wid(ids, p.nx) * R;
@@ -46,3 +62,4 @@ fn main(ids: Ids) {
     }
     finish(acc, row0, t0, ids);
 }
+//#endif

@@ -369,6 +369,9 @@ fn bench_gpu_times_every_kernel_against_a_copy() {
         "q int8-row",
         "head int8-row",
         "experts int4-gs64",
+        "q block bf16",
+        "o block bf16",
+        "q block int8-row",
     ] {
         assert!(names.iter().any(|n| n == want), "no {want:?} in {names:?}");
     }
@@ -387,6 +390,10 @@ fn bench_gpu_times_every_kernel_against_a_copy() {
     assert_eq!(bytes("q", "bf16"), 1024 * 576 * 2 + 4 * 1024 + 4 * 576);
     assert_eq!(bytes("head", "int8-row"), 8192 * 576 + 4 * 8192 + 4 * 576);
     assert_eq!(bytes("attention", "f32 cache, ctx 200"), 2 * 200 * 256 * 4 + 1024 * 4 + 2 * 256 * 4);
+    // A prompt block's product reads its weights once and all its tokens' inputs, tiled.
+    assert_eq!(bytes("q block", "bf16"), 1024 * 576 * 2 + 4 * 1024 + 4 * 576 * 64);
+    let block = cases.iter().find(|c| c["case"] == "q block").unwrap();
+    assert_eq!(block["detail"], "[1024 x 576] x 64 tokens, tiled", "{block}");
     // The table says what it measured and on what.
     let out = picchio(&[
         "bench-gpu",
@@ -399,10 +406,13 @@ fn bench_gpu_times_every_kernel_against_a_copy() {
         "2",
         "--case-seconds",
         "0.01",
+        "--untiled",
     ]);
     let s = text(&out.stdout);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(s.contains("QUICK shapes") && s.contains("copy GB/s") && s.contains("clock "), "{s}");
+    // --untiled: the prompt blocks run the matrix-vector kernels, and the table says so.
+    assert!(s.contains("x 64 tokens, matrix-vector kernels") && !s.contains("tiled\n"), "{s}");
     // Bad flags are errors, not panics.
     let out = picchio(&["bench-gpu", "--quick", "--case-seconds", "-1"]);
     assert!(!out.status.success() && !text(&out.stderr).contains("panicked"));

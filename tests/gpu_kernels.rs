@@ -16,7 +16,7 @@ use common::gpu::{
     random_model_shaped, random_qwen3_model, rel_diff, variants,
 };
 use picchio::backend::cpu::{CpuAct, CpuBackend};
-use picchio::backend::gpu::{GpuBackend, GpuOptions, KvPrecision, MissPolicy};
+use picchio::backend::gpu::{GpuBackend, GpuOptions, KvPrecision, MissPolicy, TILE_TOKENS, TILED_MIN_TOKENS};
 use picchio::backend::{Backend, LinearId, NormId, RouteTable};
 use picchio::engine::LoadedModel;
 use picchio::experts::ResidentExperts;
@@ -49,7 +49,10 @@ fn each_variant(test: &str, max_binding: Option<u64>, mut f: impl FnMut(&str, &G
 
 #[test]
 fn matvec_every_format_matches_cpu() {
+    // The matrix-vector kernels alone (9 tokens would otherwise run tiled): the kernels of
+    // decode and batched steps.
     each_variant("matvec", Some(64 << 10), |variant, opts| {
+        let opts = &GpuOptions { untiled_dense: true, ..opts.clone() };
         for fmt in [Fmt::F32, Fmt::Bf16, Fmt::Int8, Fmt::Int4] {
             let model = random_model(1, fmt, Fmt::Int4);
             let cfg = model.config.clone();
@@ -82,6 +85,61 @@ fn matvec_every_format_matches_cpu() {
                         assert!(
                             g.read(&go1).unwrap()[..] == got[t * rows_out..(t + 1) * rows_out],
                             "{variant} {fmt:?} {id:?}: token {t} of {tokens} differs from the token alone"
+                        );
+                    }
+                }
+            }
+            assert_eq!(g.stats().tiled_products, 0, "untiled_dense runs no tiled product");
+        }
+    });
+}
+
+#[test]
+fn tiled_product_every_format_matches_cpu() {
+    // Prompt blocks of TILED_MIN_TOKENS or more run the tiled product (matmul_common.wgsl):
+    // token counts that are not multiples of its 32-token tile (8: a quarter tile; 33: a
+    // full tile and one token; 70), rows that are not multiples of its 32-row tile (vocab
+    // 3001, q_dim 96, 6 experts) or exactly one (kv_dim 32), columns that are not multiples
+    // of its 32-column step (hidden 100), with bias (Q, K, O, router) and without (head).
+    assert_eq!(TILED_MIN_TOKENS, 8, "the token counts below straddle the threshold");
+    each_variant("tiled matvec", None, |variant, opts| {
+        for fmt in [Fmt::F32, Fmt::Bf16, Fmt::Int8, Fmt::Int4] {
+            let model = random_model(35, fmt, Fmt::Int4);
+            let cfg = model.config.clone();
+            let (mut c, mut g) = (cpu(&model), gpu(&model, opts));
+            let mut rng = Rng::new(36);
+            let ids = [
+                (LinearId::LmHead, cfg.hidden_size, cfg.vocab_size),
+                (LinearId::Q(0), cfg.hidden_size, cfg.q_dim()),
+                (LinearId::K(2), cfg.hidden_size, cfg.kv_dim()),
+                (LinearId::O(1), cfg.q_dim(), cfg.hidden_size),
+                (LinearId::Router(2), cfg.hidden_size, cfg.num_experts),
+            ];
+            for (id, cols, rows_out) in ids {
+                for tokens in [7, 8, 9, TILE_TOKENS + 1, 70] {
+                    let what = format!("{variant} {fmt:?} {id:?} tokens {tokens}");
+                    let x = rng.vec(tokens * cols, 1.0);
+                    let mut co = c.alloc(tokens, rows_out).unwrap();
+                    c.linear(id, &host(tokens, cols, x.clone()), &mut co).unwrap();
+                    let before = g.stats().tiled_tokens;
+                    let gx = g.upload(tokens, cols, &x).unwrap();
+                    let mut go = g.alloc(tokens, rows_out).unwrap();
+                    g.linear(id, &gx, &mut go).unwrap();
+                    let got = g.read(&go).unwrap();
+                    let tiled = g.stats().tiled_tokens - before;
+                    assert_eq!(tiled, if tokens >= TILED_MIN_TOKENS { tokens as u64 } else { 0 }, "{what}");
+                    let d = rel_diff(&got, &co.data);
+                    assert!(d < 2e-5, "{what}: relative difference {d}");
+                    // A token's row does not depend on the block it is in: the same rows
+                    // one token later in another block (another tile position) give the
+                    // same bits.
+                    if tokens > TILED_MIN_TOKENS {
+                        let gx1 = g.upload(tokens - 1, cols, &x[cols..]).unwrap();
+                        let mut go1 = g.alloc(tokens - 1, rows_out).unwrap();
+                        g.linear(id, &gx1, &mut go1).unwrap();
+                        assert!(
+                            g.read(&go1).unwrap()[..] == got[rows_out..],
+                            "{what}: a token's row depends on its place in the block"
                         );
                     }
                 }
@@ -739,7 +797,8 @@ fn silu_glu_experts_match_cpu_beside_a_dense_layer() {
 
 #[test]
 fn dense_mlp_matches_cpu_in_every_dense_format() {
-    // A 32 KiB binding limit splits the F32 and BF16 gate/up projections into row blocks.
+    // A 32 KiB binding limit splits the F32 and BF16 gate/up projections into row blocks,
+    // and 70 rows into blocks of 46 and 24 (the gate/up output bound whole), both run tiled.
     each_variant("dense mlp", Some(32 << 10), |variant, opts| {
         for fmt in [Fmt::F32, Fmt::Bf16, Fmt::Int8, Fmt::Int4] {
             let model = random_qwen3_model(29, fmt, Fmt::Int4, true);
@@ -790,7 +849,9 @@ fn fused_norm_product_matches_cpu_rms_norm_then_product() {
             g.prepare_fused_kernels().unwrap();
             let mut rng = Rng::new(32);
             for (id, norm, cols, rows_out) in fused_linears(&cfg) {
-                for tokens in [1, 3, 5, 9] {
+                // 9 and 33 tokens run tiled (up to the head, whose output the binding limit
+                // splits into groups of 5 tokens).
+                for tokens in [1, 3, 5, 9, 33] {
                     let what = format!("{variant} {fmt:?} {id:?} {norm:?} tokens {tokens}");
                     let x = rng.vec(tokens * cols, 3.0);
                     let mut cn = c.alloc(tokens, cols).unwrap();
@@ -827,7 +888,7 @@ fn fused_accumulate_product_matches_cpu_product_then_add() {
                 vec![(LinearId::O(1), None, cfg.q_dim(), cfg.hidden_size)];
             ids.extend(fused_linears(&cfg).into_iter().map(|(id, n, c, r)| (id, Some(n), c, r)));
             for (id, norm, cols, rows_out) in ids {
-                for tokens in [1, 3, 5, 9] {
+                for tokens in [1, 3, 5, 9, 33] {
                     let what = format!("{variant} {fmt:?} {id:?} {norm:?} tokens {tokens}");
                     let x = rng.vec(tokens * cols, 1.0);
                     let residual = rng.vec(tokens * rows_out, 2.0);

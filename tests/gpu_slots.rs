@@ -19,7 +19,7 @@ use common::gpu::{check_pinned_backend, gpu_options};
 use common::http::{get_text, listener, metric, post};
 use picchio::backend::cpu::CpuBackend;
 use picchio::backend::gpu::context::SUBMIT_EVERY;
-use picchio::backend::gpu::{GpuBackend, GpuOptions, KvPrecision, MissPolicy};
+use picchio::backend::gpu::{GpuBackend, GpuOptions, KvPrecision, MissPolicy, TILED_MIN_TOKENS};
 use picchio::backend::{Backend, SeqPos};
 use picchio::engine::{self, Device, LoadedModel, OpenOptions, RunOptions, Runner};
 use picchio::error::Error;
@@ -219,6 +219,39 @@ fn a_batched_step_is_one_submission_and_one_readback_with_every_expert_resident(
     let per_step = (after.dispatches - before.dispatches) / 5;
     let submissions = per_step / SUBMIT_EVERY as u64 + 1;
     assert_eq!(after.submissions - before.submissions, 5 * submissions, "{per_step} dispatches a step");
+}
+
+#[test]
+fn a_batched_step_of_many_rows_runs_the_matrix_vector_kernels() {
+    // A step of more rows than a prompt block needs to run its dense products tiled
+    // (TILED_MIN_TOKENS) still computes each row as the row's solo decode step does, bit for
+    // bit: batched steps never use the tiled product. The prompts (8 tokens and more) do.
+    let Some(opts) = gpu_options("batched step, many rows") else { return };
+    let model = engine::load_hf(&fixture("tiny-f32")).unwrap();
+    let n = TILED_MIN_TOKENS + 1;
+    let vocab = model.config.vocab_size;
+    let ps: Vec<Vec<u32>> = (0..n)
+        .map(|s| (0..TILED_MIN_TOKENS + s % 3).map(|i| ((s * 31 + i * 7) % vocab) as u32).collect())
+        .collect();
+    let mut f = Forward::new(gpu_backend(&model, &GpuOptions { kv_caches: n, ..opts.clone() }), 16);
+    let mut solo_f = Forward::new(gpu_backend(&model, &opts), 16);
+    let mut last = Vec::new();
+    for (s, p) in ps.iter().enumerate() {
+        if s > 0 {
+            assert_eq!(f.backend_mut().add_sequence().unwrap(), s);
+        }
+        last.push(f.run_on(s, p, 0, LogitRows::Last, &mut NoObserver).unwrap());
+    }
+    let tiled = f.backend().stats().tiled_products;
+    assert!(tiled > 0, "prompts of {TILED_MIN_TOKENS} tokens or more run tiled");
+    let at: Vec<SeqPos> = ps.iter().enumerate().map(|(s, p)| SeqPos { seq: s, pos: p.len() }).collect();
+    let ids: Vec<u32> = last.iter().map(|l| common::argmax(l) as u32).collect();
+    let rows = f.step(&at, &ids).unwrap();
+    assert_eq!(f.backend().stats().tiled_products, tiled, "a batched step runs no tiled product");
+    for (s, row) in rows.chunks(vocab).enumerate() {
+        let alone = solo(&mut solo_f, &ps[s], &ids[s..s + 1]);
+        assert!(row == &alone[1][..], "sequence {s}: the batched row differs from its solo decode step");
+    }
 }
 
 #[test]

@@ -38,6 +38,10 @@ pub struct BenchGpuArgs {
     /// Build the kernels without optional features (SHADER_F16, SUBGROUP).
     #[arg(long)]
     portable: bool,
+    /// Run the prompt-block cases with the matrix-vector kernels instead of the tiled
+    /// product (to measure what the tiling gains).
+    #[arg(long)]
+    untiled: bool,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -75,6 +79,7 @@ pub fn run(args: BenchGpuArgs) -> anyhow::Result<()> {
         } else {
             FeatureUse::default()
         },
+        untiled_dense: args.untiled,
         ..Default::default()
     };
     let opts = Options {

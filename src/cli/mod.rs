@@ -188,6 +188,10 @@ pub struct ModelArgs {
     /// Use only portable shaders (no SUBGROUP or SHADER_F16 even where present).
     #[arg(long, hide = true)]
     pub gpu_portable: bool,
+    /// Run prompt blocks' dense products with the matrix-vector kernels instead of the
+    /// tiled product (to measure what the tiling gains; docs/perf.md).
+    #[arg(long, hide = true)]
+    pub gpu_untiled: bool,
     /// Lower the storage binding limit to this many MiB (exercises split tensors).
     #[arg(long, hide = true)]
     pub gpu_max_binding_mb: Option<u64>,
@@ -304,6 +308,7 @@ impl ModelArgs {
             kv_precision: self.kv_cache,
             timestamps: false,
             extra_dispatches: 0,
+            untiled_dense: self.gpu_untiled,
         })
     }
 

@@ -3,7 +3,9 @@
 //! measures whatever the kernels are: the Q/K/V/O products and the head in each dense
 //! format the container uses, the experts (gate/up, down and their combination, top-k of
 //! every resident expert) in INT4-gs64 and MXFP4, and attention at several contexts with an
-//! F32 and an F16 key/value cache (`--kv-cache`). Each
+//! F32 and an F16 key/value cache (`--kv-cache`); and the Q/K/V and O products of a prompt
+//! block of [`BLOCK_TOKENS`] tokens (tiled, or the matrix-vector kernels with
+//! [`GpuOptions::untiled_dense`]). Each
 //! case reports the time per call, the bytes the op must read, its GB/s, and the GB/s of a
 //! buffer-to-buffer copy of the same bytes measured in the same run, with their ratio.
 //!
@@ -19,6 +21,9 @@ use crate::engine::LoadedModel;
 use crate::error::{Error, Result};
 
 pub use model::{Format, Shape, random_matrix, random_model};
+
+/// Tokens of the prompt-block cases (`q block`, `o block`): a prefill block's dense products.
+pub const BLOCK_TOKENS: usize = 64;
 
 /// What to measure.
 #[derive(Clone, Debug)]
@@ -127,7 +132,10 @@ pub fn run(opts: &Options, mut progress: impl FnMut(&CaseResult)) -> Result<Repo
         clock = b.clock();
         let mut bench = Bench { b: &mut b, model: &model, opts, progress: &mut progress, out: &mut cases };
         for case in ["q", "k", "v", "o", "head"] {
-            bench.linear(case, dense)?;
+            bench.linear(case, dense, 1)?;
+        }
+        for case in ["q", "o"] {
+            bench.linear(case, dense, BLOCK_TOKENS)?;
         }
         if moe {
             bench.experts(experts)?;
@@ -209,8 +217,11 @@ impl<P: FnMut(&CaseResult)> Bench<'_, P> {
         Ok(())
     }
 
-    /// A dense product: `q`, `k`, `v`, `o` (cycling through the layers) or `head`.
-    fn linear(&mut self, case: &str, format: Format) -> Result<()> {
+    /// A dense product over `tokens` rows: `q`, `k`, `v`, `o` (cycling through the layers)
+    /// or `head`; over more than one token the case is named `q block` (`o block`, ...).
+    /// (`q`, `k` and `v` each run the stacked Q/K/V product; their bytes count their own
+    /// weights only.)
+    fn linear(&mut self, case: &str, format: Format, tokens: usize) -> Result<()> {
         let d = &self.model.dense;
         let layers = self.model.config.num_layers;
         let (id, regions): (fn(usize) -> LinearId, usize) = match case {
@@ -228,11 +239,21 @@ impl<P: FnMut(&CaseResult)> Bench<'_, P> {
             _ => &crate::model::weights::Linear { weight: d.lm_head.clone(), bias: None },
         };
         let (rows, cols) = (lin.weight.rows, lin.weight.cols);
-        let bytes = (lin.weight.byte_len() + 4 * lin.bias.as_ref().map_or(0, Vec::len) + 4 * cols) as u64;
-        let x = self.b.upload(1, cols, &vec![0.01; cols])?;
-        let mut y = self.b.alloc(1, rows)?;
+        let bytes =
+            (lin.weight.byte_len() + 4 * lin.bias.as_ref().map_or(0, Vec::len) + 4 * cols * tokens) as u64;
+        let x = self.b.upload(tokens, cols, &vec![0.01; cols * tokens])?;
+        let mut y = self.b.alloc(tokens, rows)?;
+        let before = self.b.stats().tiled_products;
         let t = self.time(|b, i| b.linear(id(i % regions), &x, &mut y))?;
-        self.record(case, format.name(), format!("[{rows} x {cols}] x 1 token"), bytes, regions, t)
+        let (name, detail) = match tokens {
+            1 => (case.to_string(), format!("[{rows} x {cols}] x 1 token")),
+            _ => {
+                let how =
+                    if self.b.stats().tiled_products > before { "tiled" } else { "matrix-vector kernels" };
+                (format!("{case} block"), format!("[{rows} x {cols}] x {tokens} tokens, {how}"))
+            }
+        };
+        self.record(&name, format.name(), detail, bytes, regions, t)
     }
 
     /// The experts of one token (top-k of every resident expert), cycling through layers

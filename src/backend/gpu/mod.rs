@@ -27,7 +27,7 @@ pub mod shaders;
 pub mod vram;
 pub mod weights;
 
-pub use backend::{Clock, GpuBackend, GpuStats, SplitStats, Timed};
+pub use backend::{Clock, GpuBackend, GpuStats, SplitStats, TILE_TOKENS, TILED_MIN_TOKENS, Timed};
 pub use device::{AdapterReport, FeatureUse, GpuApi, list_adapters};
 pub use kv::KvPrecision;
 pub use vram::MissPolicy;
@@ -70,6 +70,9 @@ pub struct GpuOptions {
     /// Extra dispatches the parameter ring holds before a submission (a benchmark records
     /// many calls into one submission).
     pub extra_dispatches: usize,
+    /// Run every dense product with the matrix-vector kernels, prompt blocks too (no tiled
+    /// products, the TILED kernel variants): to compare the two in tests and measurements.
+    pub untiled_dense: bool,
 }
 
 /// Opens the adapter `opts` would use and describes it (no model needed): for tests and

@@ -8,7 +8,9 @@
 //! ([`entry_point`]). Variants differ only where an optional adapter feature is used (SUBGROUP
 //! for reductions, SHADER_F16 for loading f16 scales), in the expert weight format (F32,
 //! INT4-gs64 or MXFP4: [`SlotFormat`]), in how many expert pools the expert kernels bind,
-//! and in the key/value cache's precision (KV_F16: [`Variant::kv_f16`]). `all_variants` lists every
+//! in the key/value cache's precision (KV_F16: [`Variant::kv_f16`]), in the fusions (NORM,
+//! ACCUMULATE, COMBINE) and, for the dense products, in the tiling (TILED: the tiled product
+//! of prompt blocks, [`Variant::tiled`]). `all_variants` lists every
 //! variant, so a test can translate each one for every target API.
 
 use std::fmt::Write;
@@ -21,6 +23,7 @@ const COMMON: &str = include_str!("../../../shaders/common.wgsl");
 const DECODE: &str = include_str!("../../../shaders/decode.wgsl");
 const EXPERT_COMMON: &str = include_str!("../../../shaders/expert_common.wgsl");
 const MATVEC_COMMON: &str = include_str!("../../../shaders/matvec_common.wgsl");
+const MATMUL_COMMON: &str = include_str!("../../../shaders/matmul_common.wgsl");
 
 /// Access of a storage binding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -203,6 +206,12 @@ impl Op {
         self.is_matvec()
     }
 
+    /// True if the op has TILED variants (the tiled product of prompt blocks,
+    /// `matmul_common.wgsl`): the matrix-vector kernels.
+    pub fn has_tiled(self) -> bool {
+        self.is_matvec()
+    }
+
     /// True if the op has COMBINE variants (down, routing-weighted sum and residual add in
     /// one dispatch): `expert_down.wgsl`.
     pub fn has_combine(self) -> bool {
@@ -285,6 +294,12 @@ pub struct Variant {
     /// routed to that expert (grouped by expert_group.wgsl), each weight chunk loaded once
     /// for a tile of 8 of them; a prompt block reads each expert of its union once.
     pub grouped: bool,
+    /// TILED (matrix-vector kernels): the tiled matrix-matrix product of prompt blocks
+    /// (`matmul_common.wgsl` in place of `matvec_common.wgsl`): a workgroup computes 32 rows
+    /// for 32 tokens from weight and input tiles in workgroup memory, each weight loaded
+    /// once per 32 tokens instead of once per 4. With NORM and ACCUMULATE as the untiled
+    /// build.
+    pub tiled: bool,
     /// KV_F16 (`kv_store`, `attention`, `attention_decode`): the key/value cache holds
     /// binary16 pairs in u32 words (`pack2x16float` / `unpack2x16float`, core WGSL: no
     /// `enable f16`), rows of `ceil(kv_dim / 2)` words; else f32 values.
@@ -318,6 +333,9 @@ impl Variant {
         }
         if self.grouped {
             parts.push("grouped".to_string());
+        }
+        if self.tiled {
+            parts.push("tiled".to_string());
         }
         if self.kv_f16 {
             parts.push("kvf16".to_string());
@@ -500,6 +518,12 @@ pub fn source(op: Op, variant: Variant) -> Result<String> {
         }
         flags.push("GROUPED");
     }
+    if variant.tiled {
+        if !op.has_tiled() {
+            return Err(Error::Backend(format!("{} has no TILED variant", op.file())));
+        }
+        flags.push("TILED");
+    }
     if variant.kv_f16 {
         if !op.uses_kv_cache() {
             return Err(Error::Backend(format!("{} has no KV_F16 variant", op.file())));
@@ -531,10 +555,11 @@ pub fn source(op: Op, variant: Variant) -> Result<String> {
         src.push_str(&common);
     }
     if op.is_matvec() {
-        src.push_str(
-            &preprocess(MATVEC_COMMON, &flags)
-                .map_err(|e| Error::Backend(format!("matvec_common.wgsl: {e}")))?,
-        );
+        let (common, name) = match variant.tiled {
+            true => (MATMUL_COMMON, "matmul_common.wgsl"),
+            false => (MATVEC_COMMON, "matvec_common.wgsl"),
+        };
+        src.push_str(&preprocess(common, &flags).map_err(|e| Error::Backend(format!("{name}: {e}")))?);
     }
     let kernel = preprocess(op.text(), &flags).and_then(|k| with_entry_point(&k, variant.subgroup));
     src.push_str(&kernel.map_err(|e| Error::Backend(format!("{}: {e}", op.file())))?);
@@ -566,20 +591,25 @@ pub fn all_variants() -> Vec<(Op, Variant)> {
                                         for kv_f16 in
                                             if op.uses_kv_cache() { vec![false, true] } else { vec![false] }
                                         {
-                                            out.push((
-                                                op,
-                                                Variant {
-                                                    f16,
-                                                    subgroup,
-                                                    experts,
-                                                    pools,
-                                                    norm,
-                                                    accumulate,
-                                                    combine,
-                                                    grouped,
-                                                    kv_f16,
-                                                },
-                                            ));
+                                            for tiled in
+                                                if op.has_tiled() { vec![false, true] } else { vec![false] }
+                                            {
+                                                out.push((
+                                                    op,
+                                                    Variant {
+                                                        f16,
+                                                        subgroup,
+                                                        experts,
+                                                        pools,
+                                                        norm,
+                                                        accumulate,
+                                                        combine,
+                                                        grouped,
+                                                        tiled,
+                                                        kv_f16,
+                                                    },
+                                                ));
+                                            }
                                         }
                                     }
                                 }
@@ -635,6 +665,10 @@ mod tests {
             // the cache's kernels have the variant.
             assert_eq!(src.contains("unpack2x16float("), v.kv_f16, "{} {}", op.file(), v.label());
             assert!(!v.kv_f16 || op.uses_kv_cache(), "{} {}", op.file(), v.label());
+            // TILED builds are the tiled product (matmul_common.wgsl's `matmul`), only of the
+            // matrix-vector kernels, and the untiled ones are not.
+            assert_eq!(src.contains("fn matmul("), v.tiled, "{} {}", op.file(), v.label());
+            assert!(!v.tiled || op.has_tiled(), "{} {}", op.file(), v.label());
             // The entry point is one line: the kernel's lines keep their count.
             let kernel = preprocess(op.text(), &[]).unwrap();
             assert_eq!(
@@ -646,7 +680,10 @@ mod tests {
 
     #[test]
     fn params_are_declared_once_by_the_loader() {
-        for text in [COMMON, DECODE, EXPERT_COMMON, MATVEC_COMMON].into_iter().chain(Op::ALL.map(Op::text)) {
+        for text in [COMMON, DECODE, EXPERT_COMMON, MATVEC_COMMON, MATMUL_COMMON]
+            .into_iter()
+            .chain(Op::ALL.map(Op::text))
+        {
             assert!(!text.contains("struct Params"), "a shader declares its own Params:\n{text}");
         }
         for (op, v) in all_variants() {
@@ -656,9 +693,11 @@ mod tests {
         }
         // Each kernel's binding comment names its struct.
         for op in Op::ALL {
-            let text = if op.is_matvec() { MATVEC_COMMON } else { op.text() };
+            let texts: &[&str] = if op.is_matvec() { &[MATVEC_COMMON, MATMUL_COMMON] } else { &[op.text()] };
             let line = format!("// `Params` is {} (src/backend/gpu/params.rs)", op.params().name);
-            assert!(text.contains(&line), "{}: no `{line}`", op.file());
+            for text in texts {
+                assert!(text.contains(&line), "{}: no `{line}`", op.file());
+            }
         }
     }
 

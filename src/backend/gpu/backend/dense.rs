@@ -16,6 +16,18 @@ use super::{GpuBackend, TOKENS_PER_GROUP, activation_code, check_shape};
 
 /// Output rows one matrix-vector workgroup computes (`R` in matvec_common.wgsl).
 const MATVEC_ROWS: usize = 4;
+/// Tokens one tiled-product workgroup computes (`TM` in matmul_common.wgsl).
+pub const TILE_TOKENS: usize = 32;
+/// Output rows one tiled-product workgroup computes (`TN` in matmul_common.wgsl).
+const TILE_ROWS: usize = 32;
+/// Fewest tokens a product runs tiled (the TILED variants, matmul_common.wgsl) in: a prompt
+/// block of this many rows or more reads each weight once per [`TILE_TOKENS`] tokens instead
+/// of once per 4 (the matrix-vector kernels' `TOKENS_PER_GROUP`). Below it, and always for
+/// a decoded token or a batched step (whose rows must each equal the same row computed
+/// alone, bit for bit), the matrix-vector kernels run. At 8 tokens a tile is a quarter
+/// full, but its empty token groups skip their arithmetic, and the weights are read once
+/// instead of twice. (Not tuned on a hardware GPU: none was at hand.)
+pub const TILED_MIN_TOKENS: usize = 8;
 
 impl GpuBackend {
     /// `out = W x + b` over every row block of `m`. An output larger than one binding is
@@ -40,6 +52,11 @@ impl GpuBackend {
     ///   `out + (W x + b)`) instead of `=`.
     ///
     /// `x` and `out` must be different buffers. With neither flag this is [`Self::matvec`].
+    ///
+    /// A prompt block of [`TILED_MIN_TOKENS`] rows or more runs the tiled product (the TILED
+    /// variants, with the same fusions; equal to the matrix-vector kernels within f32
+    /// rounding, not bit for bit); fewer rows, a decoded token and a batched step run the
+    /// matrix-vector kernels.
     pub(super) fn matvec_fused(
         &mut self,
         m: &GpuMatrix,
@@ -131,6 +148,14 @@ impl GpuBackend {
         self.gpu.dispatch(Op::Copy, v, &params, &binds, (nx, ny, 1))
     }
 
+    /// True when a product over `tokens` rows runs tiled ([`TILED_MIN_TOKENS`]): a prompt
+    /// block (not a batched step) of enough rows, on a backend that tiles.
+    pub(super) fn tiles(&self, tokens: usize) -> bool {
+        self.tiled_dense && !self.batched_step && tokens >= TILED_MIN_TOKENS
+    }
+
+    /// One product into `out` (within one binding), one dispatch per row block: the
+    /// matrix-vector kernels, or the tiled product for a prompt block ([`Self::tiles`]).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn matvec_into(
         &mut self,
@@ -147,14 +172,17 @@ impl GpuBackend {
         v.accumulate = accumulate;
         let eps = self.cfg.rms_norm_eps;
         let tokens = x.rows();
-        let tiles = tokens.div_ceil(TOKENS_PER_GROUP);
+        v.tiled = self.tiles(tokens);
+        let (tile_tokens, tile_rows) =
+            if v.tiled { (TILE_TOKENS, TILE_ROWS) } else { (TOKENS_PER_GROUP, MATVEC_ROWS) };
+        let tiles = tokens.div_ceil(tile_tokens);
         if tiles > self.gpu.max_groups as usize {
             return Err(Error::Backend(format!("{tokens} tokens in one product exceed the device's grid")));
         }
         let dummy = self.gpu.dummy.clone();
         for block in &m.blocks {
-            // MATVEC_ROWS rows per workgroup (matvec_common.wgsl).
-            let (nx, ny) = self.gpu.grid(block.rows.div_ceil(MATVEC_ROWS) as u64)?;
+            // `tile_rows` rows per workgroup (matvec_common.wgsl, matmul_common.wgsl).
+            let (nx, ny) = self.gpu.grid(block.rows.div_ceil(tile_rows) as u64)?;
             let params = MatvecParams {
                 rows: block.rows as u32,
                 cols: m.cols as u32,
@@ -180,6 +208,12 @@ impl GpuBackend {
                 binds.push(Bind::whole(w));
             }
             self.gpu.dispatch(m.op, v, &params, &binds, (nx, ny, tiles as u32))?;
+            if v.tiled {
+                self.stats.tiled_products += 1;
+            }
+        }
+        if v.tiled {
+            self.stats.tiled_tokens += tokens as u64;
         }
         Ok(())
     }
@@ -250,15 +284,19 @@ impl GpuBackend {
 
     /// Builds the fused kernel variants a fused forward pass uses (so that a broken shader
     /// fails at load, not mid-token): NORM and ACCUMULATE of every dense matrix format in the
-    /// model, and, when [`Self::experts_fused`] can apply (every expert resident in one
-    /// pool group), expert_gate_up NORM and expert_down COMBINE. Unfused variants are built
-    /// by `prepare_kernels`.
+    /// model (tiled too, for prompt blocks, when the backend tiles), and, when
+    /// [`Self::experts_fused`] can apply (every expert resident in one pool group),
+    /// expert_gate_up NORM and expert_down COMBINE. Unfused variants are built by
+    /// `prepare_kernels`.
     pub fn prepare_fused_kernels(&mut self) -> Result<()> {
         let ops = self.matrix_ops();
+        let tilings: &[bool] = if self.tiled_dense { &[false, true] } else { &[false] };
         for op in ops {
             for (norm, accumulate) in [(true, false), (false, true)] {
-                let v = Variant { norm, accumulate, ..self.variant(op) };
-                self.gpu.prepare(op, v)?;
+                for &tiled in tilings {
+                    let v = Variant { norm, accumulate, tiled, ..self.variant(op) };
+                    self.gpu.prepare(op, v)?;
+                }
             }
         }
         if self.fused_experts_fit(1) {

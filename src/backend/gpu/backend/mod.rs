@@ -45,6 +45,7 @@ mod split;
 mod stats;
 mod timing;
 
+pub use dense::{TILE_TOKENS, TILED_MIN_TOKENS};
 pub use split::SplitStats;
 pub use stats::GpuStats;
 use stats::Segment;
@@ -95,8 +96,12 @@ pub struct GpuBackend {
     /// and pairs.
     agree: GBuf,
     /// The block being recorded is a batched step (rows of distinct sequences), set by the
-    /// row-wise attention ops: its experts run per pair, as each row's solo step runs them.
+    /// row-wise attention ops: its experts run per pair, as each row's solo step runs them,
+    /// and its dense products with the matrix-vector kernels (never tiled).
     batched_step: bool,
+    /// Prompt blocks run their dense products tiled (`dense.rs`, `TILED_MIN_TOKENS`); false
+    /// with [`GpuOptions::untiled_dense`].
+    tiled_dense: bool,
     /// The partial results of the fused decode attention's key splits; `None` where the
     /// model's shape has no fused decode attention.
     attn_partial: Option<GBuf>,
@@ -265,6 +270,7 @@ impl GpuBackend {
             pred: None,
             agree,
             batched_step: false,
+            tiled_dense: !opts.untiled_dense,
             attn_partial,
             in_decode: false,
             block_device: DeviceCounters::default(),
@@ -344,6 +350,9 @@ impl GpuBackend {
         for op in ops {
             let v = self.variant(op);
             self.gpu.prepare(op, v)?;
+            if op.has_tiled() && self.tiled_dense {
+                self.gpu.prepare(op, Variant { tiled: true, ..v })?;
+            }
         }
         Ok(())
     }

@@ -43,6 +43,12 @@ pub struct GpuStats {
     pub expert_passes: u64,
     /// The (row, expert) pairs those passes computed.
     pub grouped_pairs: u64,
+    /// Dispatches of the tiled dense product (prompt blocks: each a row block of a matrix
+    /// over the block's tokens, each weight read once per 32 tokens).
+    pub tiled_products: u64,
+    /// Token rows those tiled products computed, summed over the products (a product over
+    /// a 64-token block counts 64, whatever its row blocks).
+    pub tiled_tokens: u64,
     /// Sampled picks decided by the candidates ranked on the device (kilobytes read back).
     pub sampled_from_candidates: u64,
     /// Sampled picks that read the whole row of logits (the draw landed beyond the
@@ -186,6 +192,14 @@ impl GpuBackend {
             lines.push(format!(
                 "  prefill experts: {} weight passes for {} (row, expert) pairs: each expert of a block's union read once",
                 s.expert_passes, s.grouped_pairs
+            ));
+        }
+        if s.tiled_products > 0 {
+            lines.push(format!(
+                "  prefill dense products: {} tiled dispatches over {} token rows (each weight read once per {} tokens)",
+                s.tiled_products,
+                s.tiled_tokens,
+                super::dense::TILE_TOKENS
             ));
         }
         if s.sampled_from_candidates + s.sampled_from_logits > 0 {
