@@ -10,7 +10,7 @@ mod common;
 
 use common::f16kv::F16KvCpu;
 use common::gpu::{check_pinned_backend, gpu_options};
-use common::{Reference, argmax, convert_fixture, fixture, max_abs_diff};
+use common::{Reference, argmax, convert_fixture, fixture, greedy, max_abs_diff};
 use picchio::backend::cpu::CpuBackend;
 use picchio::backend::gpu::context::SUBMIT_EVERY;
 use picchio::backend::gpu::{GpuBackend, GpuOptions, GpuStats, KvPrecision, MissPolicy};
@@ -42,21 +42,6 @@ fn gpu_forward(model: &LoadedModel, opts: &GpuOptions) -> Forward<GpuBackend> {
         GpuBackend::new(model.config.clone(), model.dense.clone(), model.experts.clone(), ctx, opts).unwrap();
     check_pinned_backend(b.adapter());
     Forward::new(b, 256)
-}
-
-/// Prompt logits (every position) and a greedy continuation of `n` tokens, as a Session
-/// would run them (prefill, then one position per token).
-fn greedy(runner: &mut dyn Runner, prompt: &[u32], n: usize) -> (Vec<f32>, Vec<u32>) {
-    let vocab = runner.config().vocab_size;
-    let logits = runner.forward(prompt, 0, LogitRows::All, &mut NoObserver).unwrap();
-    let mut tokens = vec![argmax(&logits[logits.len() - vocab..]) as u32];
-    let mut pos = prompt.len();
-    while tokens.len() < n {
-        let l = runner.forward(&tokens[tokens.len() - 1..], pos, LogitRows::Last, &mut NoObserver).unwrap();
-        pos += 1;
-        tokens.push(argmax(&l) as u32);
-    }
-    (logits, tokens)
 }
 
 fn cpu_greedy(model: &LoadedModel, prompt: &[u32], n: usize) -> (Vec<f32>, Vec<u32>) {

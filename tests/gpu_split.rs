@@ -12,11 +12,11 @@
 mod common;
 
 use common::gpu::{check_pinned_backend, gpu_options};
-use common::{Reference, argmax, convert_fixture, fixture};
+use common::{Reference, argmax, convert_fixture, fixture, greedy};
 use picchio::backend::gpu::{GpuBackend, GpuOptions, GpuStats, MissPolicy};
 use picchio::engine::{self, LoadedModel, OpenOptions, RunOptions, Runner};
 use picchio::format::container::{DenseFormat, ExpertFormat, Formats};
-use picchio::model::{Forward, LogitRows, NoObserver};
+use picchio::model::Forward;
 
 const INT4: Formats = Formats { experts: ExpertFormat::Int4, dense: DenseFormat::Auto };
 const MXFP4: Formats = Formats { experts: ExpertFormat::Mxfp4, dense: DenseFormat::F32 };
@@ -37,16 +37,8 @@ fn gpu_forward(model: &LoadedModel, opts: &GpuOptions) -> Forward<GpuBackend> {
 /// The top-1 token at every prompt position, then a greedy continuation of `n` tokens.
 fn top1_and_greedy(runner: &mut dyn Runner, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<u32>) {
     let vocab = runner.config().vocab_size;
-    let logits = runner.forward(prompt, 0, LogitRows::All, &mut NoObserver).unwrap();
-    let top1: Vec<u32> = logits.chunks(vocab).map(|row| argmax(row) as u32).collect();
-    let mut tokens = vec![*top1.last().unwrap()];
-    let mut pos = prompt.len();
-    while tokens.len() < n {
-        let l = runner.forward(&tokens[tokens.len() - 1..], pos, LogitRows::Last, &mut NoObserver).unwrap();
-        pos += 1;
-        tokens.push(argmax(&l) as u32);
-    }
-    (top1, tokens)
+    let (logits, tokens) = greedy(runner, prompt, n);
+    (logits.chunks(vocab).map(|row| argmax(row) as u32).collect(), tokens)
 }
 
 fn cpu_oracle(model: &LoadedModel, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<u32>) {

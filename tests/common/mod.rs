@@ -144,3 +144,19 @@ pub fn cpu_prompt_and_greedy(model: &picchio::engine::LoadedModel, r: &Reference
         .unwrap();
     (logits, out.tokens)
 }
+
+/// Prompt logits (every position) and a greedy continuation of `n` tokens, as a Session
+/// would run them (prefill, then one position per token).
+pub fn greedy(runner: &mut dyn picchio::engine::Runner, prompt: &[u32], n: usize) -> (Vec<f32>, Vec<u32>) {
+    use picchio::model::{LogitRows, NoObserver};
+    let vocab = runner.config().vocab_size;
+    let logits = runner.forward(prompt, 0, LogitRows::All, &mut NoObserver).unwrap();
+    let mut tokens = vec![argmax(&logits[logits.len() - vocab..]) as u32];
+    let mut pos = prompt.len();
+    while tokens.len() < n {
+        let l = runner.forward(&tokens[tokens.len() - 1..], pos, LogitRows::Last, &mut NoObserver).unwrap();
+        pos += 1;
+        tokens.push(argmax(&l) as u32);
+    }
+    (logits, tokens)
+}

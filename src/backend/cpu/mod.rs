@@ -420,7 +420,8 @@ impl Backend for CpuBackend {
         let FeedForward::Dense(w) = &self.dense.layers[layer].ffn else {
             return Err(Error::Backend(format!("layer {layer} is a MoE layer, not a dense one")));
         };
-        moe::dense_forward(&self.cfg, w, &x.data, x.rows, &mut self.moe, &mut out.data);
+        // A dense MLP is an expert of weight one.
+        moe::expert_rows(&self.cfg, w, &x.data, x.rows, &mut self.moe, &mut out.data);
         Ok(())
     }
 

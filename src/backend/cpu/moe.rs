@@ -71,22 +71,10 @@ fn expert_forward(
     }
 }
 
-/// A dense layer's gated MLP on `rows` rows of `x` into `out`: the expert computation with
-/// weight one, so it is exactly what an expert of the same weights would give.
-pub fn dense_forward(
-    cfg: &ModelConfig,
-    w: &ExpertWeights,
-    x: &[f32],
-    rows: usize,
-    scratch: &mut MoeScratch,
-    out: &mut [f32],
-) {
-    expert_rows(cfg, w, x, rows, scratch, out);
-}
-
 /// One expert's unweighted output on `rows` rows of `x` (`[rows, hidden]`) into `out`
 /// (`[rows, hidden]`), as [`moe_forward`] computes each expert: for the GPU backend's
-/// experts that are not in VRAM, computed on the CPU.
+/// experts that are not in VRAM, computed on the CPU, and for a dense layer's gated MLP (an
+/// expert of weight one, so exactly what an expert of the same weights would give).
 pub fn expert_rows(
     cfg: &ModelConfig,
     w: &ExpertWeights,
