@@ -422,3 +422,25 @@ fn prediction_is_issued_in_single_and_batched_decode_and_changes_no_bit() {
         }
     }
 }
+
+#[test]
+fn a_preload_is_not_a_use_of_the_learned_hot_set() {
+    let name = "tiny-mxfp4";
+    let dir = convert_fixture(name, Formats::default());
+    let cfg = picchio::ModelConfig::from_dir(dir.path()).unwrap();
+    let opts = OpenOptions { hot_set: true, ctx: 128, ..Default::default() };
+    {
+        let model = engine::load_container(dir.path(), &opts).unwrap();
+        let all: Vec<usize> = (0..cfg.num_experts).collect();
+        for l in 0..cfg.num_layers {
+            assert_eq!(model.experts.preload(l, &all).unwrap().len(), all.len());
+        }
+        assert!(model.experts.hot_experts(usize::MAX).is_empty(), "a preload counted as a use");
+        // One real use is counted.
+        model.experts.expert(1, 2).unwrap();
+        assert_eq!(model.experts.hot_experts(usize::MAX), vec![(1, 2)]);
+    }
+    // The next session learned only the real use.
+    let model = engine::load_container(dir.path(), &opts).unwrap();
+    assert_eq!(model.experts.hot_experts(usize::MAX), vec![(1, 2)]);
+}

@@ -297,6 +297,102 @@ impl CachedExperts {
         st.stats.hot_set = hot.len() as u64;
     }
 
+    /// The weights of `ids` of `layer`, in order, through [`Self::demand`].
+    fn fetch(&self, layer: usize, ids: &[usize], count_use: bool) -> Result<Vec<Arc<ExpertWeights>>> {
+        let mut out: Vec<Option<Arc<ExpertWeights>>> = vec![None; ids.len()];
+        let mut put = |i: usize, w: Arc<ExpertWeights>| {
+            out[i] = Some(w);
+            Ok(())
+        };
+        self.demand(layer, ids, &[], &mut put, count_use)?;
+        Ok(out.into_iter().map(|w| w.expect("every index is delivered")).collect())
+    }
+
+    /// Hands each of `ids` of `layer` to `f` as it arrives (reading the missing ones), the
+    /// demand path of [`ExpertSource::for_each_loaded`]; `count_use` says whether the
+    /// requests count towards the learned hot set (a preload or a probe does not).
+    fn demand(
+        &self,
+        layer: usize,
+        ids: &[usize],
+        ahead: &[usize],
+        f: &mut dyn FnMut(usize, Arc<ExpertWeights>) -> Result<()>,
+        count_use: bool,
+    ) -> Result<()> {
+        if layer >= self.shared.store.num_layers() || ids.iter().any(|&e| e >= self.shared.num_experts) {
+            return Err(Error::invalid(format!("no such experts in layer {layer}: {ids:?}")));
+        }
+        if let Some(t) = &self.shared.trace {
+            t.record('D', layer, ids);
+        }
+        let mut to_read = Vec::new();
+        {
+            let mut st = self.shared.lock();
+            st.clock += 1;
+            let now = st.clock;
+            let mut predicted = std::mem::take(&mut st.predicted[layer]);
+            if !predicted.is_empty() {
+                st.stats.predicted += ids.len() as u64;
+                st.stats.predicted_right += ids.iter().filter(|e| predicted.contains(e)).count() as u64;
+                for &e in predicted.iter().filter(|e| !ids.contains(e)) {
+                    self.drop_wrong_guess(&mut st, (layer, e));
+                }
+                predicted.clear();
+            }
+            st.predicted[layer] = predicted;
+            let e_count = self.shared.num_experts;
+            for &e in ids {
+                if count_use {
+                    st.usage[layer * e_count + e] += 1;
+                }
+                st.popularity.record(layer * e_count + e);
+                let found = st.entries.get_mut(&(layer, e)).map(|entry| {
+                    entry.pins += 1;
+                    entry.last_use = now;
+                    let guess = std::mem::take(&mut entry.speculative);
+                    // How far a background read had got: done (its whole read time is behind
+                    // us), under way (the time since it started), or still queued.
+                    let progress = match &entry.slot {
+                        Slot::Ready(_) => entry.read_time.map(|d| (d, true)),
+                        _ => entry.read.as_ref().and_then(|r| r.started()).map(|t| (t.elapsed(), false)),
+                    };
+                    (guess, progress, matches!(entry.slot, Slot::Loading))
+                });
+                match found {
+                    Some((guess, progress, loading)) => {
+                        st.stats.hits += 1;
+                        if guess {
+                            st.stats.prefetch_useful += 1;
+                            let cap = if st.read_secs > 0.0 { st.read_secs } else { f64::INFINITY };
+                            let hidden = progress.map_or(0.0, |(d, _)| d.as_secs_f64().min(cap));
+                            st.gate.hid(hidden);
+                            st.stats.prefetch_hidden += Duration::from_secs_f64(hidden);
+                        }
+                        if loading && self.shared.queue.promote((layer, e), Urgency::Demand) {
+                            st.stats.promoted += 1;
+                        }
+                    }
+                    None => {
+                        st.stats.misses += 1;
+                        st.entries.insert((layer, e), Entry::demanded(now));
+                        to_read.push(e);
+                    }
+                }
+            }
+            self.evict_to_fit(&mut st, 0);
+            for &e in &to_read {
+                self.shared.start_read(&mut st, (layer, e), Urgency::Demand);
+            }
+        }
+        // These are pinned now, so loading the next ones cannot push them out.
+        if !ahead.is_empty() {
+            self.start_loads(layer, ahead, false);
+        }
+        let result = self.deliver(layer, ids, f);
+        self.unpin(layer, ids);
+        result
+    }
+
     /// The indices (`layer * experts + expert`) of at most `n` experts with a use count,
     /// most used first, ties by index.
     fn most_used(&self, n: usize) -> Vec<usize> {
@@ -457,12 +553,7 @@ impl ExpertSource for CachedExperts {
     }
 
     fn experts(&self, layer: usize, ids: &[usize]) -> Result<Vec<Arc<ExpertWeights>>> {
-        let mut out: Vec<Option<Arc<ExpertWeights>>> = vec![None; ids.len()];
-        self.for_each_loaded(layer, ids, &[], &mut |i, w| {
-            out[i] = Some(w);
-            Ok(())
-        })?;
-        Ok(out.into_iter().map(|w| w.expect("every index is delivered")).collect())
+        self.fetch(layer, ids, true)
     }
 
     fn for_each_loaded(
@@ -472,76 +563,11 @@ impl ExpertSource for CachedExperts {
         ahead: &[usize],
         f: &mut dyn FnMut(usize, Arc<ExpertWeights>) -> Result<()>,
     ) -> Result<()> {
-        if layer >= self.shared.store.num_layers() || ids.iter().any(|&e| e >= self.shared.num_experts) {
-            return Err(Error::invalid(format!("no such experts in layer {layer}: {ids:?}")));
-        }
-        if let Some(t) = &self.shared.trace {
-            t.record('D', layer, ids);
-        }
-        let mut to_read = Vec::new();
-        {
-            let mut st = self.shared.lock();
-            st.clock += 1;
-            let now = st.clock;
-            let mut predicted = std::mem::take(&mut st.predicted[layer]);
-            if !predicted.is_empty() {
-                st.stats.predicted += ids.len() as u64;
-                st.stats.predicted_right += ids.iter().filter(|e| predicted.contains(e)).count() as u64;
-                for &e in predicted.iter().filter(|e| !ids.contains(e)) {
-                    self.drop_wrong_guess(&mut st, (layer, e));
-                }
-                predicted.clear();
-            }
-            st.predicted[layer] = predicted;
-            let e_count = self.shared.num_experts;
-            for &e in ids {
-                st.usage[layer * e_count + e] += 1;
-                st.popularity.record(layer * e_count + e);
-                let found = st.entries.get_mut(&(layer, e)).map(|entry| {
-                    entry.pins += 1;
-                    entry.last_use = now;
-                    let guess = std::mem::take(&mut entry.speculative);
-                    // How far a background read had got: done (its whole read time is behind
-                    // us), under way (the time since it started), or still queued.
-                    let progress = match &entry.slot {
-                        Slot::Ready(_) => entry.read_time.map(|d| (d, true)),
-                        _ => entry.read.as_ref().and_then(|r| r.started()).map(|t| (t.elapsed(), false)),
-                    };
-                    (guess, progress, matches!(entry.slot, Slot::Loading))
-                });
-                match found {
-                    Some((guess, progress, loading)) => {
-                        st.stats.hits += 1;
-                        if guess {
-                            st.stats.prefetch_useful += 1;
-                            let cap = if st.read_secs > 0.0 { st.read_secs } else { f64::INFINITY };
-                            let hidden = progress.map_or(0.0, |(d, _)| d.as_secs_f64().min(cap));
-                            st.gate.hid(hidden);
-                            st.stats.prefetch_hidden += Duration::from_secs_f64(hidden);
-                        }
-                        if loading && self.shared.queue.promote((layer, e), Urgency::Demand) {
-                            st.stats.promoted += 1;
-                        }
-                    }
-                    None => {
-                        st.stats.misses += 1;
-                        st.entries.insert((layer, e), Entry::demanded(now));
-                        to_read.push(e);
-                    }
-                }
-            }
-            self.evict_to_fit(&mut st, 0);
-            for &e in &to_read {
-                self.shared.start_read(&mut st, (layer, e), Urgency::Demand);
-            }
-        }
-        // These are pinned now, so loading the next ones cannot push them out.
-        if !ahead.is_empty() {
-            self.start_loads(layer, ahead, false);
-        }
-        let result = self.deliver(layer, ids, f);
-        self.unpin(layer, ids);
-        result
+        self.demand(layer, ids, ahead, f, true)
+    }
+
+    fn preload(&self, layer: usize, ids: &[usize]) -> Result<Vec<Arc<ExpertWeights>>> {
+        self.fetch(layer, ids, false)
     }
 
     fn prefetch(&self, layer: usize, ids: &[usize]) {

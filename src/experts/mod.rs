@@ -172,6 +172,13 @@ pub trait ExpertSource: Send + Sync {
         usize::MAX
     }
 
+    /// The weights of `experts` of `layer` fetched for something other than computing with
+    /// them (a benchmark's preload, a format probe): like [`ExpertSource::experts`], but not
+    /// counted as uses in the learned hot set, so they do not skew the next session's.
+    fn preload(&self, layer: usize, experts: &[usize]) -> Result<Vec<Arc<ExpertWeights>>> {
+        self.experts(layer, experts)
+    }
+
     /// The learned hot set: at most `n` experts `(layer, expert)` most used in earlier
     /// sessions, most used first (ties by index). Empty for a source that keeps no history.
     /// The GPU backend fills a VRAM cache that cannot hold every expert with them.

@@ -360,9 +360,9 @@ impl VramExperts {
                 "the model has no MoE layer: the GPU backend needs at least one layer of experts".into(),
             ));
         };
-        // The learned hot set, asked for before the probe below counts as a use.
         let hot = source.hot_experts(moe_layers.len() * cfg.num_experts);
-        let probe = source.expert(first_moe, 0)?;
+        // A probe of the format, not a use.
+        let probe = source.preload(first_moe, &[0])?.remove(0);
         let format = SlotFormat::of(&probe.gate_up.data, &format!("layer {first_moe} expert 0"))?;
         let layout = SlotLayout::new(cfg, format)?;
         let total = moe_layers.len() * cfg.num_experts;
@@ -443,7 +443,7 @@ impl VramExperts {
             let mut since_sync = 0;
             for &l in &moe_layers {
                 let ids: Vec<usize> = (0..cfg.num_experts).collect();
-                let weights = source.experts(l, &ids)?;
+                let weights = source.preload(l, &ids)?;
                 for (e, w) in weights.iter().enumerate() {
                     let slot = table_words[l * cfg.num_experts + e] as usize;
                     v.upload(gpu, slot, w, &format!("layer {l} expert {e}"))?;
@@ -480,7 +480,7 @@ impl VramExperts {
             .collect();
         let mut since_sync = 0;
         for (slot, &(l, e)) in hot.iter().enumerate() {
-            let w = source.expert(l, e)?;
+            let w = source.preload(l, &[e])?.remove(0);
             self.upload(gpu, slot, &w, &format!("layer {l} expert {e}"))?;
             self.owner[slot] = Some((l, e));
             self.map.insert((l, e), slot);
