@@ -9,7 +9,7 @@
 mod common;
 
 use common::f16kv::F16KvCpu;
-use common::gpu::{check_pinned_backend, gpu_options};
+use common::gpu::gpu_options;
 use common::{Reference, argmax, convert_fixture, fixture, greedy, max_abs_diff};
 use picchio::backend::cpu::CpuBackend;
 use picchio::backend::gpu::context::SUBMIT_EVERY;
@@ -37,11 +37,7 @@ fn open(dir: &std::path::Path) -> LoadedModel {
 }
 
 fn gpu_forward(model: &LoadedModel, opts: &GpuOptions) -> Forward<GpuBackend> {
-    let ctx = CTX.min(model.config.max_position_embeddings);
-    let b =
-        GpuBackend::new(model.config.clone(), model.dense.clone(), model.experts.clone(), ctx, opts).unwrap();
-    check_pinned_backend(b.adapter());
-    Forward::new(b, 256)
+    common::gpu::gpu_forward(model, opts, CTX)
 }
 
 fn cpu_greedy(model: &LoadedModel, prompt: &[u32], n: usize) -> (Vec<f32>, Vec<u32>) {

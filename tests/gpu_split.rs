@@ -11,7 +11,7 @@
 
 mod common;
 
-use common::gpu::{check_pinned_backend, gpu_options};
+use common::gpu::gpu_options;
 use common::{Reference, argmax, convert_fixture, fixture, greedy};
 use picchio::backend::gpu::{GpuBackend, GpuOptions, GpuStats, MissPolicy};
 use picchio::engine::{self, LoadedModel, OpenOptions, RunOptions, Runner};
@@ -27,11 +27,7 @@ fn open(dir: &std::path::Path, ram_bytes: Option<u64>) -> LoadedModel {
 }
 
 fn gpu_forward(model: &LoadedModel, opts: &GpuOptions) -> Forward<GpuBackend> {
-    let ctx = CTX.min(model.config.max_position_embeddings);
-    let b =
-        GpuBackend::new(model.config.clone(), model.dense.clone(), model.experts.clone(), ctx, opts).unwrap();
-    check_pinned_backend(b.adapter());
-    Forward::new(b, 256)
+    common::gpu::gpu_forward(model, opts, CTX)
 }
 
 /// The top-1 token at every prompt position, then a greedy continuation of `n` tokens.

@@ -414,3 +414,24 @@ pub fn assert_within_f16_bounds(got: &[f32], want: &[f32], bounds: &[f64], what:
     }
     (worst, share)
 }
+
+/// `model` on the GPU with `opts`, a context of `ctx` positions (at most the model's) and
+/// blocks of up to 256 positions, checked to run on the pinned backend.
+#[allow(dead_code)]
+pub fn gpu_forward(
+    model: &LoadedModel,
+    opts: &GpuOptions,
+    ctx: usize,
+) -> picchio::model::Forward<picchio::backend::gpu::GpuBackend> {
+    let ctx = ctx.min(model.config.max_position_embeddings);
+    let b = picchio::backend::gpu::GpuBackend::new(
+        model.config.clone(),
+        model.dense.clone(),
+        model.experts.clone(),
+        ctx,
+        opts,
+    )
+    .unwrap();
+    check_pinned_backend(b.adapter());
+    picchio::model::Forward::new(b, 256)
+}

@@ -302,9 +302,6 @@ pub struct VramStats {
     pub evictions: u64,
     /// Bytes uploaded.
     pub bytes: u64,
-    /// Experts a layer needed that were not resident and were computed on the CPU
-    /// ([`MissPolicy::Cpu`]).
-    pub host_computed: u64,
     /// Experts promoted into VRAM in the background (written; included in `uploads`).
     pub promotions: u64,
     /// Experts preloaded at start from the learned hot set.
@@ -553,10 +550,7 @@ impl VramExperts {
                     self.stats.hits += 1;
                     resident.push(e);
                 }
-                None => {
-                    self.stats.host_computed += 1;
-                    host.push(e);
-                }
+                None => host.push(e),
             }
         }
         (resident, host)
