@@ -30,7 +30,7 @@ use rayon::ThreadPool;
 const SHAPES: [(usize, usize); 3] = [(256, 2880), (2880, 2880), (5760, 2880)];
 /// Inputs per batched product: about what one expert gets in a 64-token prefill (64 tokens,
 /// top-4 of 32 experts), and what an attention projection gets.
-const BATCHES: [usize; 2] = [8, 64];
+const BATCHES: [usize; 4] = [2, 4, 8, 64];
 
 fn weights(rows: usize, cols: usize) -> Vec<f32> {
     (0..rows * cols).map(|i| ((i * 7919 % 1000) as f32 - 500.0) * 1e-3).collect()

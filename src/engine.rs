@@ -457,6 +457,9 @@ pub struct OpenOptions {
     /// Bytes of the pieces expert records are split into across the reader threads (a
     /// multiple of 4 KiB); see [`crate::experts::readers`].
     pub read_piece_bytes: usize,
+    /// Prepare the expert cache's memory (map and touch its buffers) on a background thread
+    /// after load, so that the first prompts do not pay it inside their reads.
+    pub prepare_memory: bool,
 }
 
 impl Default for OpenOptions {
@@ -475,6 +478,7 @@ impl Default for OpenOptions {
             cache_policy: crate::experts::CachePolicy::default(),
             expert_trace: None,
             read_piece_bytes: crate::experts::store::HASHED_READ_CHUNK,
+            prepare_memory: true,
         }
     }
 }
@@ -583,6 +587,7 @@ pub fn load_container(dir: &Path, opts: &OpenOptions) -> Result<LoadedModel> {
             policy: opts.cache_policy,
             trace: opts.expert_trace.clone(),
             read_piece_bytes: opts.read_piece_bytes,
+            prepare_memory: opts.prepare_memory,
         },
     )?;
     Ok(LoadedModel { config, dense: Arc::new(dense), experts: Arc::new(cache), dir: dir.to_path_buf() })

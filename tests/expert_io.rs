@@ -1,8 +1,9 @@
 //! The expert I/O levers change speed only: outputs are bit-identical across RAM cache
 //! sizes, eviction policies, reader threads, direct I/O, prediction, completion-driven
-//! compute and prefill block sizes; a prefill block reads each expert of its union at most
-//! once; the frequency policy keeps popular experts through a scan; and prediction (early,
-//! late or off) is issued in single and batched decode steps without changing a bit.
+//! compute, prefill block sizes, and the cache's memory prepared after load or taken on use;
+//! a prefill block reads each expert of its union at most once; the frequency policy keeps
+//! popular experts through a scan; and prediction (early, late or off) is issued in single
+//! and batched decode steps without changing a bit.
 
 mod common;
 
@@ -28,6 +29,7 @@ struct Setup {
     predict: Predict,
     completion_driven: bool,
     block: usize,
+    prepare_memory: bool,
 }
 
 fn expert_bytes(dir: &Path) -> u64 {
@@ -44,6 +46,7 @@ fn run(dir: &Path, prompt: &[u32], s: &Setup) -> (Vec<f32>, Vec<u32>) {
         read_piece_bytes: s.piece,
         direct_io: Some(s.direct),
         hot_set: false,
+        prepare_memory: s.prepare_memory,
         ctx,
         ..Default::default()
     };
@@ -100,6 +103,7 @@ fn every_lever_gives_bit_identical_output() {
             predict: Predict::Early,
             completion_driven: true,
             block: 256,
+            prepare_memory: true,
         };
         let reference = run(dir.path(), prompt, &base);
         let variants = [
@@ -133,6 +137,10 @@ fn every_lever_gives_bit_identical_output() {
             Setup { block: 1, ram_experts: cfg.num_layers, ..base.clone() },
             Setup { block: 7, ram_experts: 3, ..base.clone() },
             Setup { block: 16, io_threads: 8, direct: true, ram_experts: all / 3, ..base.clone() },
+            // Buffers made as reads need them instead of prepared after load.
+            Setup { prepare_memory: false, ram_experts: cfg.num_layers, ..base.clone() },
+            Setup { prepare_memory: false, ram_experts: 1, block: 1, ..base.clone() },
+            Setup { prepare_memory: false, direct: true, ram_experts: all / 2, ..base.clone() },
         ];
         for v in &variants {
             let got = run(dir.path(), prompt, v);

@@ -177,6 +177,12 @@ pub struct ModelArgs {
     /// early. A size of at least the record reads each record on one thread.
     #[arg(long, default_value_t = (picchio::experts::store::HASHED_READ_CHUNK >> 10) as u64, value_name = "KIB")]
     pub read_piece_kib: u64,
+    /// Do not prepare the RAM expert cache's memory after load: by default a background
+    /// thread maps and touches its buffers (up to `--ram-gb`), so that the first prompts do
+    /// not pay the first touch of every page inside their expert reads; with this flag the
+    /// memory is taken only as experts are read.
+    #[arg(long)]
+    pub lazy_cache_memory: bool,
     /// Quantize activations to int8 for the AVX-512 VNNI integer kernels: faster, but no
     /// longer implementation-exact against the F32 oracle (an error of about 0.3% per
     /// product on top of the INT4 weights').
@@ -260,6 +266,7 @@ impl ModelArgs {
             cache_policy: self.cache_policy,
             expert_trace: self.expert_trace.clone(),
             read_piece_bytes: read_piece_bytes(self.read_piece_kib)?,
+            prepare_memory: !self.lazy_cache_memory,
         };
         picchio::engine::open(&dir, &opts).with_context(|| format!("loading model {}", dir.display()))
     }

@@ -49,6 +49,9 @@ pub struct CacheOptions {
     /// Bytes of the pieces a record is split into across the readers: a multiple of 4 KiB
     /// (direct I/O reads at piece offsets); [`HASHED_READ_CHUNK`] is the default.
     pub read_piece_bytes: usize,
+    /// Map and touch the cache's buffers, up to its capacity, on a background thread after
+    /// load ([`BufferPool::prepare`]), instead of on first use inside the reads.
+    pub prepare_memory: bool,
 }
 
 /// A record of the requests the cache sees, one line each, for replaying them through other
@@ -272,6 +275,12 @@ impl CachedExperts {
             io_threads: opts.io_threads.max(1),
         };
         cache.load_hot_set();
+        if opts.prepare_memory
+            && let Err(e) = cache.shared.buffers.prepare(capacity)
+        {
+            // Only slower: the reads make their buffers as they need them.
+            tracing::warn!("the expert cache's memory is not prepared in the background: {e}");
+        }
         Ok(cache)
     }
 
@@ -539,6 +548,7 @@ impl Drop for CachedExperts {
         if let Err(e) = self.save_usage() {
             tracing::debug!("expert usage not saved: {e}");
         }
+        self.shared.buffers.stop_preparing();
         // Closing the queue ends the readers (reads in flight finish first).
         self.shared.queue.close();
         for w in self.workers.drain(..) {
@@ -585,6 +595,10 @@ impl ExpertSource for CachedExperts {
     fn hot_experts(&self, n: usize) -> Vec<(usize, usize)> {
         let e = self.shared.num_experts;
         self.most_used(n).into_iter().map(|i| (i / e, i % e)).collect()
+    }
+
+    fn wait_prepared(&self) -> Option<crate::experts::buffers::Preparation> {
+        Some(self.shared.buffers.wait_prepared())
     }
 
     fn expert_bytes(&self) -> u64 {

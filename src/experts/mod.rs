@@ -185,4 +185,12 @@ pub trait ExpertSource: Send + Sync {
     fn hot_experts(&self, _n: usize) -> Vec<(usize, usize)> {
         Vec::new()
     }
+
+    /// Waits until the memory the source prepares in the background after load (a cache's
+    /// buffers, touched page by page) is ready, and says what was prepared; `None` for a
+    /// source that prepares nothing. A benchmark calls it before timing, as a served
+    /// session's first prompt would find the memory ready after a few idle seconds.
+    fn wait_prepared(&self) -> Option<buffers::Preparation> {
+        None
+    }
 }
