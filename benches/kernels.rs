@@ -1,7 +1,7 @@
 //! Matrix-vector products in every weight format against a memory copy of the same number
 //! of bytes, in one run: the ratio says how close each kernel gets to the memory-bandwidth
 //! floor. (A copy reads and writes its bytes; a product only reads them.) Then batched
-//! products (`Matrix::matmul`, prefill) of 8 and 64 inputs.
+//! products (`Matrix::matmul`, prefill) of 2, 4, 8 and 64 inputs.
 //!
 //! `cargo bench --bench kernels`; criterion reports each matrix-vector product as
 //! bytes/second (throughput is set to the weight bytes one product reads), each batched
@@ -28,8 +28,9 @@ use rayon::ThreadPool;
 /// cores' memory traffic does not disturb), one GPT-OSS expert's down projection, and its
 /// fused gate/up projection.
 const SHAPES: [(usize, usize); 3] = [(256, 2880), (2880, 2880), (5760, 2880)];
-/// Inputs per batched product: about what one expert gets in a 64-token prefill (64 tokens,
-/// top-4 of 32 experts), and what an attention projection gets.
+/// Inputs per batched product: what one expert gets in a 64-token prefill of the 120B (top-4
+/// of 128 experts: about 2) and of the 20B (top-4 of 32: about 8), a few more, and what an
+/// attention projection gets.
 const BATCHES: [usize; 4] = [2, 4, 8, 64];
 
 fn weights(rows: usize, cols: usize) -> Vec<f32> {
