@@ -12,7 +12,7 @@ use std::path::Path;
 use common::{Reference, convert_fixture, fixture};
 use picchio::backend::{Predict, SeqPos};
 use picchio::engine::{self, OpenOptions, RunOptions};
-use picchio::experts::CachePolicy;
+use picchio::experts::{CachePolicy, ExpertStats};
 use picchio::format::container::{Container, Formats};
 use picchio::model::{LogitRows, NoObserver};
 use picchio::sample::Sampler;
@@ -428,6 +428,43 @@ fn prediction_is_issued_in_single_and_batched_decode_and_changes_no_bit() {
             let reads = on.solo_decode.prefetch_reads + on.steps.prefetch_reads;
             assert!(reads > 0, "{name}: {predict:?} issued no prefetch read");
         }
+    }
+}
+
+/// Prompt logits of one prefill block and the cache's counters over it, under `predict`.
+fn prefill_run(dir: &Path, prompt: &[u32], predict: Predict, ram_experts: usize) -> (Vec<u32>, ExpertStats) {
+    let opts = OpenOptions {
+        ram_bytes: Some(ram_experts as u64 * expert_bytes(dir)),
+        hot_set: false,
+        ctx: 128,
+        ..Default::default()
+    };
+    let model = engine::load_container(dir, &opts).unwrap();
+    let run_opts = RunOptions { ctx: 128, max_batch: 256, predict, ..Default::default() };
+    let mut s = Session::new(engine::cpu_runner(&model, &run_opts).unwrap());
+    let logits = s.feed(prompt, LogitRows::All, &mut NoObserver).unwrap();
+    (logits.iter().map(|v| v.to_bits()).collect(), model.experts.stats())
+}
+
+#[test]
+fn prompt_blocks_predict_the_next_layers_first_group_and_change_no_bit() {
+    let dir = small_synthetic();
+    let prompt: Vec<u32> = (0..40u32).map(|i| (i * 389 + 7) % 2048).collect();
+    // 10 of the 96 experts: each layer's union is read in groups of 5.
+    let (off_logits, off) = prefill_run(dir.path(), &prompt, Predict::Off, 10);
+    assert_eq!(off.predicted + off.prefetch_reads, 0, "off predicts nothing");
+    for predict in [Predict::Early, Predict::Late] {
+        let (logits, st) = prefill_run(dir.path(), &prompt, predict, 10);
+        assert!(logits == off_logits, "prompt logits differ with {predict:?}");
+        eprintln!(
+            "{predict:?}: {}/{} experts of first groups predicted, {} prefetch reads, {} useful",
+            st.predicted_right, st.predicted, st.prefetch_reads, st.prefetch_useful
+        );
+        // Five layers follow another; each prediction is scored against the first group
+        // the next layer asks for (5 experts).
+        assert_eq!(st.predicted, 5 * 5, "{predict:?}: every next layer's first group is scored");
+        assert!(st.predicted_right > 0 && st.prefetch_reads > 0, "{predict:?}: predictions were read");
+        assert!(st.prefetch_reads <= 5 * 5, "{predict:?}: a prediction never exceeds one group");
     }
 }
 

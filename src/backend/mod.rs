@@ -89,6 +89,10 @@ impl RouteTable {
 /// "Predicted prefetch"). `Early`'s reads have all of layer L's expert reads and compute to
 /// land in, where `Late`'s have only L+1's attention (one token's: shorter than one record
 /// read); whether that pays for its wasted reads is a wall-time question for a quiet machine.
+///
+/// In a prompt block the prediction is the first group of L+1's union (the CPU backend reads
+/// a union in ascending groups as large as the RAM cache takes at once), so the disk works
+/// through L's last computations and L+1's attention instead of idling between layers.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum Predict {
     /// Once layer L's routing is known: from the residual entering L's MoE block (after L's
@@ -100,7 +104,8 @@ pub enum Predict {
     /// accurate, but little time left to read).
     #[default]
     Late,
-    /// No prediction (prefill blocks still load their exact unions ahead).
+    /// No prediction (prefill blocks still load the next group of a layer's exact union
+    /// ahead).
     Off,
 }
 

@@ -140,10 +140,12 @@ pub struct ModelArgs {
     /// every expert].
     #[arg(long, value_enum)]
     pub direct_io: Option<Toggle>,
-    /// When the next layer's experts are predicted and prefetched in decode (CPU backend):
-    /// `late` after each layer, from the state leaving it (the more accurate); `early` once a
-    /// layer's routing is known, from the residual entering its MoE block (its reads overlap
-    /// that layer's expert reads and compute, but fewer are right); `off`.
+    /// When the next layer's experts are predicted and prefetched (CPU backend): `late` after
+    /// each layer, from the state leaving it (the more accurate); `early` once a layer's
+    /// routing is known, from the residual entering its MoE block (its reads overlap that
+    /// layer's expert reads and compute, but fewer are right); `off`. In decode the
+    /// prediction is each row's experts; in a prompt block, the first group of the next
+    /// layer's union (as many as the RAM cache takes at once).
     #[arg(long, value_enum, default_value_t = picchio::backend::Predict::default())]
     pub predict: picchio::backend::Predict,
     /// The same as `--predict off`.

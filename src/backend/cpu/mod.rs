@@ -56,7 +56,7 @@ pub struct CpuBackend {
     kv: Vec<KvCache>,
     /// The sequence whose cache [`Backend::rope`] and [`Backend::attention`] use.
     current: usize,
-    /// When each next layer's experts are predicted and prefetched in decode.
+    /// When each next layer's experts are predicted and prefetched.
     predict: Predict,
     /// Compute experts in arrival order rather than after all have arrived.
     completion_driven: bool,
@@ -137,7 +137,7 @@ impl CpuBackend {
     }
 
     /// Sets how experts are fetched: `predict` says when each next layer's experts are
-    /// predicted and prefetched during decode (off until set); `completion_driven` computes
+    /// predicted and prefetched (off until set); `completion_driven` computes
     /// experts as they arrive. Neither changes any result.
     pub fn with_expert_pipeline(mut self, predict: Predict, completion_driven: bool) -> Self {
         self.predict = predict;
@@ -475,12 +475,6 @@ impl Backend for CpuBackend {
     }
 
     fn predict_next(&mut self, layer: usize, at: LayerPoint, rows: RowKind, x: &CpuAct) -> Result<()> {
-        match rows {
-            // A prompt block's union is known exactly when it is needed and is loaded ahead
-            // group by group instead.
-            RowKind::Prompt => return Ok(()),
-            RowKind::Decode => {}
-        }
         let due = match (self.predict, at) {
             (Predict::Early, LayerPoint::BeforeMlp) | (Predict::Late, LayerPoint::AfterLayer) => true,
             (Predict::Early, LayerPoint::AfterLayer)
@@ -517,6 +511,18 @@ impl Backend for CpuBackend {
                 if !p.experts.contains(&e) {
                     p.experts.push(e);
                 }
+            }
+        }
+        match rows {
+            RowKind::Decode => {}
+            // A prompt block's next layer asks for its union group by group in ascending
+            // order (`moe_forward`), each group as large as the source's batch limit: the
+            // predicted union in that order, as much of it as the first group holds, is read
+            // while this layer finishes and the next one's attention runs, so the disk does
+            // not idle between layers.
+            RowKind::Prompt => {
+                p.experts.sort_unstable();
+                p.experts.truncate(self.experts.batch_limit());
             }
         }
         match (at, self.cfg.mlp_kinds[layer]) {
