@@ -348,17 +348,22 @@ struct BatchedRun {
     steps: picchio::experts::ExpertStats,
 }
 
-/// Four prompts on one runner under `predict` with a cache of `ram_experts`: sequence 0 decodes
-/// two tokens alone, then six batched steps advance all four sequences (one drops out after
-/// three, so steps of four and three rows).
-fn batched_run(dir: &Path, predict: Predict, ram_experts: usize) -> BatchedRun {
+/// The container at `dir` with a cache of `ram_experts` experts, no hot set, 128 positions.
+fn open_with_cache(dir: &Path, ram_experts: usize) -> engine::LoadedModel {
     let opts = OpenOptions {
         ram_bytes: Some(ram_experts as u64 * expert_bytes(dir)),
         hot_set: false,
         ctx: 128,
         ..Default::default()
     };
-    let model = engine::load_container(dir, &opts).unwrap();
+    engine::load_container(dir, &opts).unwrap()
+}
+
+/// Four prompts on one runner under `predict` with a cache of `ram_experts`: sequence 0 decodes
+/// two tokens alone, then six batched steps advance all four sequences (one drops out after
+/// three, so steps of four and three rows).
+fn batched_run(dir: &Path, predict: Predict, ram_experts: usize) -> BatchedRun {
+    let model = open_with_cache(dir, ram_experts);
     let vocab = model.config.vocab_size;
     let run_opts = RunOptions { ctx: 128, max_batch: 8, predict, ..Default::default() };
     let mut r = engine::cpu_runner(&model, &run_opts).unwrap();
@@ -433,13 +438,7 @@ fn prediction_is_issued_in_single_and_batched_decode_and_changes_no_bit() {
 
 /// Prompt logits of one prefill block and the cache's counters over it, under `predict`.
 fn prefill_run(dir: &Path, prompt: &[u32], predict: Predict, ram_experts: usize) -> (Vec<u32>, ExpertStats) {
-    let opts = OpenOptions {
-        ram_bytes: Some(ram_experts as u64 * expert_bytes(dir)),
-        hot_set: false,
-        ctx: 128,
-        ..Default::default()
-    };
-    let model = engine::load_container(dir, &opts).unwrap();
+    let model = open_with_cache(dir, ram_experts);
     let run_opts = RunOptions { ctx: 128, max_batch: 256, predict, ..Default::default() };
     let mut s = Session::new(engine::cpu_runner(&model, &run_opts).unwrap());
     let logits = s.feed(prompt, LogitRows::All, &mut NoObserver).unwrap();
