@@ -302,3 +302,32 @@ fn bench_predict_flag_and_both_disk_figures() {
     assert!(!out.status.success());
     assert!(stderr(&out).contains("--no-prefetch") && stderr(&out).contains("--predict"), "{}", stderr(&out));
 }
+
+/// `bench --warmup-prompt` warms up with the whole prompt, as llama-bench does: with the
+/// cache cold (`--no-preload`) and large enough for everything, the timed prefill then reads
+/// nothing, where after the default one-token warm-up it reads what the rest of the prompt
+/// needs; `--no-warmup` conflicts with it.
+#[test]
+fn bench_warmup_prompt_leaves_the_prefill_nothing_to_read() {
+    let cache = tempfile::tempdir().unwrap();
+    let model = fixture("tiny-mxfp4");
+    let prefill = |extra: &[&str]| -> serde_json::Value {
+        let mut args = vec!["-q", "bench", "--device", "cpu", "--prompt", "12", "--gen", "2", "--json"];
+        args.extend(["--no-routing", "--no-hot-set", "--no-preload", "-m", model.to_str().unwrap()]);
+        args.extend(extra);
+        let out = picchio_cached(cache.path(), &args);
+        assert!(out.status.success(), "{}", stderr(&out));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["prefill"].clone()
+    };
+    let cold = prefill(&[]);
+    assert!(cold["reads"].as_u64().unwrap() > 0, "{cold}");
+    let warm = prefill(&["--warmup-prompt"]);
+    assert_eq!(warm["reads"], 0, "{warm}");
+    assert_eq!(warm["cache_hit_rate"], 1.0, "{warm}");
+    let out = picchio_cached(
+        cache.path(),
+        &["bench", "--warmup-prompt", "--no-warmup", "-m", model.to_str().unwrap()],
+    );
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("--no-warmup"), "{}", stderr(&out));
+}

@@ -43,6 +43,11 @@ pub struct BenchArgs {
     /// weights and starts the worker threads.
     #[arg(long)]
     no_warmup: bool,
+    /// Warm up with the whole prompt instead of one token (rewound before timing), as
+    /// llama-bench's warm-up run does: the timed prefill then finds in the RAM cache what the
+    /// same prompt read, so it measures a warm cache rather than a cold one.
+    #[arg(long, conflicts_with = "no_warmup")]
+    warmup_prompt: bool,
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
@@ -274,11 +279,12 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let description = runner.describe();
     let mut session = Session::new(runner);
     let prompt = prompt_ids(args.prompt, cfg.vocab_size, args.seed);
-    // One warm-up token, then rewound, as llama-bench's warm-up run: it pages in the dense
-    // weights (memory-mapped, perhaps evicted by whatever ran before) and starts the worker
-    // threads, so that neither is charged to the prefill.
+    // One warm-up token (or the whole prompt), then rewound, as llama-bench's warm-up run:
+    // it pages in the dense weights (memory-mapped, perhaps evicted by whatever ran before)
+    // and starts the worker threads, so that neither is charged to the prefill.
     if !args.no_warmup {
-        session.feed(&prompt[..1], LogitRows::Last, &mut NoObserver)?;
+        let warmup = if args.warmup_prompt { &prompt[..] } else { &prompt[..1.min(prompt.len())] };
+        session.feed(warmup, LogitRows::Last, &mut NoObserver)?;
         session.rewind(0)?;
     }
 
