@@ -18,6 +18,17 @@ fn picchio_cached(cache: &std::path::Path, args: &[&str]) -> Output {
     picchio(&all)
 }
 
+/// `picchio -q bench --device cpu --json --no-routing --no-hot-set -m MODEL ARGS` with the
+/// conversion cache in `cache`; asserts success and returns the JSON report.
+fn bench_json(cache: &std::path::Path, model: &std::path::Path, args: &[&str]) -> serde_json::Value {
+    let mut all = vec!["-q", "bench", "--device", "cpu", "--json", "--no-routing", "--no-hot-set"];
+    all.extend(["-m", model.to_str().unwrap()]);
+    all.extend(args);
+    let out = picchio_cached(cache, &all);
+    assert!(out.status.success(), "{}", stderr(&out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
 fn stdout_ids(out: &Output) -> Vec<u32> {
     String::from_utf8(out.stdout.clone())
         .unwrap()
@@ -273,13 +284,8 @@ fn logit_bias_and_stop_flags_of_generate() {
 fn bench_predict_flag_and_both_disk_figures() {
     let cache = tempfile::tempdir().unwrap();
     let model = fixture("tiny-mxfp4");
-    let bench = |extra: &[&str]| -> serde_json::Value {
-        let mut args = vec!["-q", "bench", "--device", "cpu", "--prompt", "4", "--gen", "6", "--json"];
-        args.extend(["--no-routing", "--no-hot-set", "-m", model.to_str().unwrap()]);
-        args.extend(extra);
-        let out = picchio_cached(cache.path(), &args);
-        assert!(out.status.success(), "{}", stderr(&out));
-        serde_json::from_slice(&out.stdout).unwrap()
+    let bench = |extra: &[&str]| {
+        bench_json(cache.path(), &model, &[&["--prompt", "4", "--gen", "6"], extra].concat())
     };
     for predict in ["early", "late"] {
         let doc = bench(&["--predict", predict]);
@@ -311,13 +317,9 @@ fn bench_predict_flag_and_both_disk_figures() {
 fn bench_warmup_prompt_leaves_the_prefill_nothing_to_read() {
     let cache = tempfile::tempdir().unwrap();
     let model = fixture("tiny-mxfp4");
-    let prefill = |extra: &[&str]| -> serde_json::Value {
-        let mut args = vec!["-q", "bench", "--device", "cpu", "--prompt", "12", "--gen", "2", "--json"];
-        args.extend(["--no-routing", "--no-hot-set", "--no-preload", "-m", model.to_str().unwrap()]);
-        args.extend(extra);
-        let out = picchio_cached(cache.path(), &args);
-        assert!(out.status.success(), "{}", stderr(&out));
-        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["prefill"].clone()
+    let prefill = |extra: &[&str]| {
+        let args = [&["--prompt", "12", "--gen", "2", "--no-preload"], extra].concat();
+        bench_json(cache.path(), &model, &args)["prefill"].clone()
     };
     let cold = prefill(&[]);
     assert!(cold["reads"].as_u64().unwrap() > 0, "{cold}");

@@ -18,7 +18,7 @@ use picchio::backend::gpu::context::SUBMIT_EVERY;
 use picchio::backend::gpu::{GpuBackend, GpuOptions, MissPolicy};
 use picchio::engine::{self, LoadedModel, OpenOptions, RunOptions, Runner};
 use picchio::format::container::{DenseFormat, ExpertFormat, Formats};
-use picchio::model::{Forward, LogitRows, NoObserver, Observer};
+use picchio::model::{Forward, Observer};
 use safetensors::SafeTensors;
 
 const EXACT: Formats = Formats { experts: ExpertFormat::F32, dense: DenseFormat::F32 };
@@ -61,16 +61,8 @@ impl Observer for Routes {
 /// Prompt logits (every position), the experts of every MoE layer at every prompt
 /// position, and a greedy continuation of `n` tokens.
 fn run(runner: &mut dyn Runner, prompt: &[u32], n: usize) -> (Vec<f32>, Routes, Vec<u32>) {
-    let vocab = runner.config().vocab_size;
     let mut routes = Routes::default();
-    let logits = runner.forward(prompt, 0, LogitRows::All, &mut routes).unwrap();
-    let mut tokens = vec![argmax(&logits[logits.len() - vocab..]) as u32];
-    let mut pos = prompt.len();
-    while tokens.len() < n {
-        let l = runner.forward(&tokens[tokens.len() - 1..], pos, LogitRows::Last, &mut NoObserver).unwrap();
-        pos += 1;
-        tokens.push(argmax(&l) as u32);
-    }
+    let (logits, tokens) = common::greedy_observed(runner, prompt, n, &mut routes);
     (logits, routes, tokens)
 }
 

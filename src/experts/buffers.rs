@@ -24,6 +24,8 @@ pub struct BufferPool {
     free: Mutex<Vec<AlignedBytes>>,
     /// Buffers that exist: on loan plus free.
     live: AtomicUsize,
+    /// Set by the first [`BufferPool::prepare`]: the pool is prepared once.
+    started: AtomicBool,
     /// Set to stop a [`BufferPool::prepare`] thread early ([`BufferPool::stop_preparing`]).
     stop: AtomicBool,
     /// The state of the memory preparation, and a signal when it ends.
@@ -31,14 +33,14 @@ pub struct BufferPool {
     prepared: Condvar,
 }
 
-/// How far [`BufferPool::prepare`] has got.
+/// What [`BufferPool::prepare`] did (while it runs, only that it runs).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Preparation {
     /// A preparation thread is running.
     pub running: bool,
     /// Buffers it made and touched.
     pub buffers: usize,
-    /// Time it has taken so far.
+    /// Time it took.
     pub elapsed: Duration,
 }
 
@@ -50,6 +52,7 @@ impl BufferPool {
             keep,
             free: Mutex::new(Vec::new()),
             live: AtomicUsize::new(0),
+            started: AtomicBool::new(false),
             stop: AtomicBool::new(false),
             preparing: Mutex::new(Preparation::default()),
             prepared: Condvar::new(),
@@ -83,13 +86,10 @@ impl BufferPool {
     /// early when the pool is dropped. Does nothing if a preparation already ran or runs.
     /// Fails only when the thread cannot be started.
     pub fn prepare(self: &Arc<Self>, target: usize) -> std::io::Result<()> {
-        {
-            let mut p = self.lock_preparation();
-            if p.running || p.buffers > 0 {
-                return Ok(());
-            }
-            p.running = true;
+        if self.started.swap(true, Ordering::SeqCst) {
+            return Ok(());
         }
+        self.lock_preparation().running = true;
         let pool: Weak<BufferPool> = Arc::downgrade(self);
         let target = target.min(self.keep);
         let spawned = std::thread::Builder::new().name("picchio-prepare".into()).spawn(move || {
@@ -107,7 +107,6 @@ impl BufferPool {
                 made += 1;
                 // Dropped (and counted out again) if the free list is full meanwhile.
                 drop(PooledBytes { bytes: Some(bytes), pool: Arc::clone(&pool) });
-                pool.lock_preparation().buffers = made;
             }
         });
         if let Err(e) = spawned {

@@ -225,8 +225,9 @@ impl CachedExperts {
         // Buffers freed by evictions are kept for the reads that caused them: a group of
         // misses takes all its buffers when it is queued, and a buffer released to the
         // system has to be mapped and faulted in again by the next read. Entries plus free
-        // buffers never exceed the most entries the cache has held, so keeping up to the
-        // capacity costs no memory beyond the budget.
+        // buffers never exceed the capacity (or the most entries the cache has held, when
+        // pins took it past), and the preparation after load stops at the capacity, so
+        // keeping up to it costs no memory beyond the budget.
         let buffers = BufferPool::new(store.read_bytes() as usize, capacity.max(opts.io_threads.max(1) + 2));
         let shared = Arc::new(Shared {
             store,

@@ -148,9 +148,19 @@ pub fn cpu_prompt_and_greedy(model: &picchio::engine::LoadedModel, r: &Reference
 /// Prompt logits (every position) and a greedy continuation of `n` tokens, as a Session
 /// would run them (prefill, then one position per token).
 pub fn greedy(runner: &mut dyn picchio::engine::Runner, prompt: &[u32], n: usize) -> (Vec<f32>, Vec<u32>) {
+    greedy_observed(runner, prompt, n, &mut picchio::model::NoObserver)
+}
+
+/// [`greedy`] with `observer` watching the prompt's forward pass (its routes, residuals).
+pub fn greedy_observed(
+    runner: &mut dyn picchio::engine::Runner,
+    prompt: &[u32],
+    n: usize,
+    observer: &mut dyn picchio::model::Observer,
+) -> (Vec<f32>, Vec<u32>) {
     use picchio::model::{LogitRows, NoObserver};
     let vocab = runner.config().vocab_size;
-    let logits = runner.forward(prompt, 0, LogitRows::All, &mut NoObserver).unwrap();
+    let logits = runner.forward(prompt, 0, LogitRows::All, observer).unwrap();
     let mut tokens = vec![argmax(&logits[logits.len() - vocab..]) as u32];
     let mut pos = prompt.len();
     while tokens.len() < n {
