@@ -6,11 +6,18 @@
 //! `cargo bench --bench kernels`; criterion reports each matrix-vector product as
 //! bytes/second (throughput is set to the weight bytes one product reads), each batched
 //! product as multiply-adds/second ("elem/s": `n * rows * cols` per product) and weight
-//! bytes/second. Each product runs on one thread (`1t`) and on the
+//! bytes/second. The L2-resident shape shows the batched kernels' compute ceiling, the
+//! expert shapes what the engine gets from the L3 or memory. Each product runs on one thread (`1t`) and on the
 //! default rayon pool (`pool`), on the selected kernel path, which `PICCHIO_KERNELS` overrides:
 //! `PICCHIO_KERNELS=scalar cargo bench --bench kernels -- 2880x2880` compares against the
 //! reference. Where the CPU has AVX-512 VNNI but the selected path does not quantize
 //! activations, the integer kernels on quantized activations are measured too (`vnni-q8`).
+//!
+//! First, the machine's own ceiling for the float kernels: `fma_peak` runs independent chains
+//! of 512-bit (AVX-512) or 256-bit (AVX2) fused multiply-adds, so "a kernel reaches N% of the
+//! f32 multiply-add peak" is a ratio of two figures from the same run (Zen 4 executes a
+//! 512-bit FMA as two 256-bit halves, Zen 5 server cores natively: the peak is measured, not
+//! taken from a datasheet).
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -90,8 +97,91 @@ fn bench_threads(
     g.bench_function(format!("{name}/pool"), |b| b.iter(&mut f));
 }
 
+/// Independent chains of fused multiply-adds, as many as keep the units busy despite their
+/// latency; returns a value that depends on every chain so none is optimized away.
+/// Multiply-adds per call: `iters * CHAINS * LANES`.
+#[cfg(target_arch = "x86_64")]
+mod fma_peak {
+    use std::arch::x86_64::*;
+
+    /// Chains in flight: latency (4-5 cycles) times units (2), with room to spare.
+    pub const CHAINS: usize = 16;
+
+    /// `iters` rounds of [`CHAINS`] 512-bit multiply-adds (16 lanes each).
+    #[target_feature(enable = "avx512f")]
+    pub fn avx512(iters: usize) -> f32 {
+        let (m, a) = (_mm512_set1_ps(0.999_9), _mm512_set1_ps(1e-4));
+        let mut acc = [_mm512_setzero_ps(); CHAINS];
+        for _ in 0..iters {
+            for c in &mut acc {
+                *c = _mm512_fmadd_ps(*c, m, a);
+            }
+        }
+        acc.iter().map(|&c| _mm512_reduce_add_ps(c)).sum()
+    }
+
+    /// `iters` rounds of [`CHAINS`] 256-bit multiply-adds (8 lanes each).
+    #[target_feature(enable = "avx2,fma")]
+    pub fn avx2(iters: usize) -> f32 {
+        let (m, a) = (_mm256_set1_ps(0.999_9), _mm256_set1_ps(1e-4));
+        let mut acc = [_mm256_setzero_ps(); CHAINS];
+        for _ in 0..iters {
+            for c in &mut acc {
+                *c = _mm256_fmadd_ps(*c, m, a);
+            }
+        }
+        let mut lanes = [0.0f32; 8];
+        acc.iter()
+            .map(|&c| {
+                // SAFETY: `lanes` has room for 8 floats.
+                unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), c) };
+                lanes.iter().sum::<f32>()
+            })
+            .sum()
+    }
+}
+
+/// One width of [`fma_peak`]: its name, f32 lanes, whether this CPU has it, and the chains.
+#[cfg(target_arch = "x86_64")]
+type FmaWidth = (&'static str, usize, bool, fn(usize) -> f32);
+
+/// The f32 multiply-add peak, on one thread and on every thread of the pool at once
+/// (`elem/s` = multiply-adds per second).
+#[cfg(target_arch = "x86_64")]
+fn bench_fma_peak(c: &mut Criterion, one: &ThreadPool) {
+    const ITERS: usize = 1 << 16;
+    let mut g = c.benchmark_group("fma_peak");
+    g.measurement_time(Duration::from_secs(2)).warm_up_time(Duration::from_secs(1)).sample_size(20);
+    let widths: [FmaWidth; 2] = [
+        ("avx512", 16, is_x86_feature_detected!("avx512f"), |n| {
+            // SAFETY: only called where the CPU has AVX-512 F (checked beside it).
+            unsafe { fma_peak::avx512(n) }
+        }),
+        ("avx2", 8, is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma"), |n| {
+            // SAFETY: only called where the CPU has AVX2 and FMA (checked beside it).
+            unsafe { fma_peak::avx2(n) }
+        }),
+    ];
+    for (name, lanes, available, f) in widths {
+        if !available {
+            continue;
+        }
+        let per_call = (ITERS * fma_peak::CHAINS * lanes) as u64;
+        g.throughput(Throughput::Elements(per_call));
+        g.bench_function(format!("{name}/1t"), |b| one.install(|| b.iter(|| black_box(f(black_box(ITERS))))));
+        let threads = rayon::current_num_threads();
+        g.throughput(Throughput::Elements(per_call * threads as u64));
+        g.bench_function(format!("{name}/pool"), |b| {
+            b.iter(|| black_box(rayon::broadcast(|_| f(black_box(ITERS)))))
+        });
+    }
+    g.finish();
+}
+
 fn bench(c: &mut Criterion) {
     let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+    #[cfg(target_arch = "x86_64")]
+    bench_fma_peak(c, &one);
     let path = kernels::selected();
     let extra_q8 = KernelPath::Avx512Vnni.is_available() && !path.quantizes_activations();
     for (rows, cols) in SHAPES {
@@ -121,7 +211,7 @@ fn bench(c: &mut Criterion) {
         }
         g.finish();
     }
-    for (rows, cols) in SHAPES.into_iter().skip(1) {
+    for (rows, cols) in SHAPES {
         let mut g = c.benchmark_group(format!("matmul_{rows}x{cols}"));
         g.measurement_time(Duration::from_secs(2)).warm_up_time(Duration::from_secs(1)).sample_size(10);
         for m in matrices(rows, cols).into_iter().filter(|m| !matches!(m.data, MatrixData::F32(_))) {

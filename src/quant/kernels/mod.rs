@@ -456,10 +456,11 @@ pub fn max_inputs(path: KernelPath, product: Product) -> usize {
         (P::Neon, D::F32 | D::Bf16 | D::Int8) => 6,
         (P::Neon, D::Int4) => 4,
         // MXFP4: two accumulators per input plus the looked-up block (4 vectors) and the
-        // table on AVX2; four per input plus the table, the scaled table, the indices and
-        // the two looked-up halves on AVX-512; one per input plus the block on VNNI.
+        // table on AVX2; two per input plus the table, the scaled table, the indices, the two
+        // looked-up halves and the input's two halves on AVX-512; one per input plus the
+        // block on VNNI.
         (P::Avx2, D::Mxfp4) => 3,
-        (P::Avx512 | P::Avx512Vnni, D::Mxfp4) => 6,
+        (P::Avx512 | P::Avx512Vnni, D::Mxfp4) => 5,
         (P::Avx512Vnni, D::Mxfp4Q8) => 8,
         (P::Neon, D::Mxfp4) => 4,
         // Scalar references, one input at a time.
@@ -808,7 +809,7 @@ pub fn mxfp4_dot_multi_arranged_with(
             x86::mxfp4_dot_avx2::<_, ROW_BLOCK>(codes, scales, rows, cols, a, out, n)
         }),
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512 | KernelPath::Avx512Vnni => by_count!(xs, [1, 2, 3, 4, 5, 6], |a| unsafe {
+        KernelPath::Avx512 | KernelPath::Avx512Vnni => by_count!(xs, [1, 2, 3, 4, 5, 6, 7, 8], |a| unsafe {
             x86::mxfp4_dot_avx512::<_, ROW_BLOCK>(codes, scales, rows, cols, a, out, n)
         }),
         #[cfg(target_arch = "aarch64")]

@@ -763,6 +763,23 @@ pub fn int4_dot_avx512<const T: usize, const R: usize>(
     }
 }
 
+/// Rows of an MXFP4 matrix that [`mxfp4_dot_avx512`] decodes side by side for `t` inputs.
+///
+/// Each row and input has two accumulator chains, and a multiply-add waits for the previous one
+/// on its chain (4-5 cycles). With few inputs a row alone does not keep enough chains in flight,
+/// so several rows go together; with many inputs one row has enough, and the 32 vector registers
+/// go to inputs instead (each decoded block then serves more multiply-adds). Every row's
+/// arithmetic is the same whatever the grouping.
+pub(crate) const fn mxfp4_rows_together(t: usize) -> usize {
+    match t {
+        1 => 4,
+        2 => 4,
+        3 => 3,
+        4 | 5 => 2,
+        _ => 1,
+    }
+}
+
 /// MXFP4 rows of `cols` inputs (`codes`, `scales`: whole rows) with each input (whole
 /// blocks) **in split order** ([`super::mxfp4_split`]: each block's 16 even-indexed inputs,
 /// then its 16 odd-indexed ones), with AVX-512, into `out[r * stride + t]`.
@@ -772,9 +789,14 @@ pub fn int4_dot_avx512<const T: usize, const R: usize>(
 /// dwords, and `vpermps` (which reads the low 4 bits of each index) looks up the even
 /// weights from them and the odd ones from them shifted right by 4, in the block's 16 E2M1
 /// values already multiplied by its scale (a power of two: exact for the finite scales a
-/// loaded matrix has). Per row and input, four accumulators: `acc[2 (b % 2)]` takes the even
-/// products of block `b` and `acc[2 (b % 2) + 1]` the odd ones, by fused multiply-add; they
-/// are added as `(acc0 + acc1) + (acc2 + acc3)` and summed horizontally at the end.
+/// loaded matrix has).
+///
+/// Per row and input, two accumulators take the even and the odd products of every block, in
+/// block order, by fused multiply-add; they are added and summed horizontally at the end. That
+/// order is the same for every input count, row grouping ([`mxfp4_rows_together`]) and block
+/// of the contraction, so a batched product equals the single-input one bit for bit. The
+/// decode (five vector operations a block) is paid once per row and pass, the multiply-adds
+/// (two a block) once per input: passes of up to 8 inputs.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
 pub fn mxfp4_dot_avx512<const T: usize, const R: usize>(
     codes: &[u8],
@@ -797,57 +819,78 @@ pub fn mxfp4_dot_avx512<const T: usize, const R: usize>(
         xb[t] = &xs[t].as_chunks::<16>().0.as_chunks::<2>().0[..n];
     }
     let table = load16(&mxfp4::FP4_VALUES);
-    let step = k_step::<R>(n, BLOCK * 4 * T, 2);
+    let step = k_step::<R>(n, BLOCK * 4 * T, 1);
+    let together = mxfp4_rows_together(T);
     let mut r0 = 0;
     while r0 < rows {
         let rr = R.min(rows - r0);
-        let mut state = [[[_mm512_setzero_ps(); 4]; T]; R];
+        let mut state = [[[_mm512_setzero_ps(); 2]; T]; R];
         let mut b0 = 0;
         while b0 < n {
             let b1 = n.min(b0 + step);
-            for (r, st) in state.iter_mut().enumerate().take(rr) {
-                prefetch_next::<_, R>(r0 + r, rows, |r| {
-                    [
-                        &codes[r * rb + b0 * BLOCK_BYTES..r * rb + b1 * BLOCK_BYTES],
-                        &scales[r * bpr + b0..r * bpr + b1],
-                    ]
-                });
-                let cb = &codes[(r0 + r) * rb..][..rb].as_chunks::<BLOCK_BYTES>().0[..n];
-                let sc = &scales[(r0 + r) * bpr..][..n];
-                let mut acc = *st;
-                macro_rules! block {
-                    ($b:expr, $a:literal) => {{
-                        let b: usize = $b;
-                        let scaled = _mm512_mul_ps(table, _mm512_set1_ps(mxfp4::SCALES_F32[sc[b] as usize]));
-                        // SAFETY: `cb[b]` is 16 readable bytes; unaligned loads are allowed.
-                        let idx = _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(cb[b].as_ptr().cast()) });
-                        let even = _mm512_permutexvar_ps(idx, scaled);
-                        let odd = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(idx), scaled);
-                        for t in 0..T {
-                            let [xe, xo] = &xb[t][b];
-                            acc[t][$a] = _mm512_fmadd_ps(even, load16(xe), acc[t][$a]);
-                            acc[t][$a + 1] = _mm512_fmadd_ps(odd, load16(xo), acc[t][$a + 1]);
+            // Rows `r0 + r ..` (`$g` of them) over blocks `b0..b1`, accumulating into `state`.
+            macro_rules! rows_over_blocks {
+                ($g:literal, $r:expr) => {{
+                    const G: usize = $g;
+                    let r: usize = $r;
+                    let mut cb: [&[[u8; BLOCK_BYTES]]; G] = [&[]; G];
+                    let mut sc: [&[u8]; G] = [&[]; G];
+                    let mut acc = [[[_mm512_setzero_ps(); 2]; T]; G];
+                    for i in 0..G {
+                        let row = r0 + r + i;
+                        prefetch_next::<_, R>(row, rows, |row| {
+                            [
+                                &codes[row * rb + b0 * BLOCK_BYTES..row * rb + b1 * BLOCK_BYTES],
+                                &scales[row * bpr + b0..row * bpr + b1],
+                            ]
+                        });
+                        cb[i] = &codes[row * rb..][..rb].as_chunks::<BLOCK_BYTES>().0[b0..b1];
+                        sc[i] = &scales[row * bpr..][b0..b1];
+                        acc[i] = state[r + i];
+                    }
+                    for b in 0..b1 - b0 {
+                        let mut even = [_mm512_setzero_ps(); G];
+                        let mut odd = [_mm512_setzero_ps(); G];
+                        for i in 0..G {
+                            let scale = _mm512_set1_ps(mxfp4::SCALES_F32[sc[i][b] as usize]);
+                            let scaled = _mm512_mul_ps(table, scale);
+                            // SAFETY: `cb[i][b]` is 16 readable bytes; unaligned loads are allowed.
+                            let idx =
+                                _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(cb[i][b].as_ptr().cast()) });
+                            even[i] = _mm512_permutexvar_ps(idx, scaled);
+                            odd[i] = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(idx), scaled);
                         }
-                    }};
+                        for t in 0..T {
+                            let [xe, xo] = &xb[t][b0 + b];
+                            let (xe, xo) = (load16(xe), load16(xo));
+                            for i in 0..G {
+                                acc[i][t][0] = _mm512_fmadd_ps(even[i], xe, acc[i][t][0]);
+                                acc[i][t][1] = _mm512_fmadd_ps(odd[i], xo, acc[i][t][1]);
+                            }
+                        }
+                    }
+                    for i in 0..G {
+                        state[r + i] = acc[i];
+                    }
+                }};
+            }
+            let mut r = 0;
+            while r < rr {
+                let g = together.min(rr - r);
+                match g {
+                    4.. => rows_over_blocks!(4, r),
+                    3 => rows_over_blocks!(3, r),
+                    2 => rows_over_blocks!(2, r),
+                    _ => rows_over_blocks!(1, r),
                 }
-                let mut b = b0;
-                while b + 2 <= b1 {
-                    block!(b, 0);
-                    block!(b + 1, 2);
-                    b += 2;
-                }
-                if b < b1 {
-                    block!(b, 0);
-                }
-                *st = acc;
+                r += g.clamp(1, 4);
             }
             b0 = b1;
         }
         for (r, acc) in state.iter().enumerate().take(rr) {
             let mut s = [0.0f32; T];
             for t in 0..T {
-                let a = &acc[t];
-                s[t] = hsum512(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])));
+                s[t] = hsum512(_mm512_add_ps(acc[t][0], acc[t][1]));
             }
             store(out, (r0 + r) * stride, &s);
         }
