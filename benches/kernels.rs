@@ -13,6 +13,9 @@
 //! reference. Where the CPU has AVX-512 VNNI but the selected path does not quantize
 //! activations, the integer kernels on quantized activations are measured too (`vnni-q8`).
 //!
+//! Then `stream_*`: matrix-vector products over more distinct matrices than any cache
+//! holds, the memory-bound case decode is in.
+//!
 //! First, the machine's own ceiling for the float kernels: `fma_peak` runs independent chains
 //! of 512-bit (AVX-512) or 256-bit (AVX2) fused multiply-adds, so "a kernel reaches N% of the
 //! f32 multiply-add peak" is a ratio of two figures from the same run (Zen 4 executes a
@@ -179,10 +182,58 @@ fn bench_fma_peak(c: &mut Criterion, one: &ThreadPool) {
     g.finish();
 }
 
+/// Bytes of weights the streaming benchmark goes through: several times any L3, as the
+/// experts and dense weights a decoded token reads are.
+const STREAM_BYTES: usize = 128 << 20;
+
+/// Matrix-vector products over [`STREAM_BYTES`] of distinct expert-shaped matrices (the
+/// 5760x2880 gate/up projection), one after another as decode goes through a layer's
+/// weights, so every weight comes from memory: the memory-bound case, against a copy of the
+/// same bytes. MXFP4 (the experts) and BF16 (attention).
+fn bench_stream(c: &mut Criterion, one: &ThreadPool, path: KernelPath) {
+    let (rows, cols) = (5760, 2880);
+    let mut g = c.benchmark_group(format!("stream_{rows}x{cols}"));
+    g.measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_secs(1)).sample_size(10);
+    let x = input(cols);
+    let (mb, blocks) = (mxfp4::row_bytes(cols), mxfp4::blocks(cols));
+    let mxfp4_bytes = rows * (mb + blocks);
+    let mxfp4: Vec<Matrix> = (0..STREAM_BYTES / mxfp4_bytes)
+        .map(|i| {
+            let codes: Vec<u8> = (0..rows * mb).map(|j| ((j + i) * 7919 % 251) as u8).collect();
+            let scales: Vec<u8> = (0..rows * blocks).map(|j| 122 + ((j + i) % 7) as u8).collect();
+            let data = MatrixData::Mxfp4 { codes: aligned(codes), scales: aligned(scales) };
+            Matrix::new("stream", rows, cols, data).unwrap()
+        })
+        .collect();
+    let bf16: Vec<Matrix> = (0..STREAM_BYTES / (rows * cols * 2))
+        .map(|i| {
+            let w = (0..rows * cols)
+                .map(|j| half::bf16::from_f32(((j + i) % 1000) as f32 * 1e-3).to_bits())
+                .collect();
+            Matrix::new("stream", rows, cols, MatrixData::Bf16(aligned(w))).unwrap()
+        })
+        .collect();
+    let mut y = vec![0.0f32; rows];
+    for (name, ms) in [("mxfp4", &mxfp4), ("bf16", &bf16)] {
+        let bytes: usize = ms.iter().map(Matrix::byte_len).sum();
+        g.throughput(Throughput::Bytes(bytes as u64));
+        let src = vec![1u8; bytes];
+        let mut dst = vec![0u8; bytes];
+        g.bench_function(format!("{name}/memcpy"), |b| b.iter(|| dst.copy_from_slice(black_box(&src))));
+        bench_threads(&mut g, &format!("{name}/{}", path.name()), one, || {
+            for m in ms.iter() {
+                m.matvec(black_box(&x), &mut y);
+            }
+        });
+    }
+    g.finish();
+}
+
 fn bench(c: &mut Criterion) {
     let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
     #[cfg(target_arch = "x86_64")]
     bench_fma_peak(c, &one);
+    bench_stream(c, &one, kernels::selected());
     let path = kernels::selected();
     let extra_q8 = KernelPath::Avx512Vnni.is_available() && !path.quantizes_activations();
     for (rows, cols) in SHAPES {

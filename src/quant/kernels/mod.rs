@@ -39,8 +39,9 @@ pub enum KernelPath {
     Avx512,
     /// x86-64 AVX-512 with VNNI: integer kernels on quantized activations for INT4 and INT8
     /// matrix-vector products (see [`KernelPath::quantizes_activations`]), 512-bit float
-    /// kernels for single INT4 and INT8 dots, and the AVX2 kernels for f32 and bf16 (faster
-    /// on Zen 4 when the weights come from memory).
+    /// kernels for single INT4 and INT8 dots, and for f32 and bf16 the AVX2 kernels (faster
+    /// on Zen 4 when the weights come from memory) or, on cores with 512-bit wide floating-point
+    /// units ([`wide_float_units`]), the AVX-512 ones.
     Avx512Vnni,
     /// aarch64 NEON.
     Neon,
@@ -134,6 +135,34 @@ fn cpu_has(path: KernelPath) -> bool {
         #[allow(unreachable_patterns)]
         _ => false,
     }
+}
+
+/// Whether this CPU executes 512-bit floating-point operations at full width: AMD from
+/// Zen 5 (family 0x1A) on, whose two FMA pipes are 512 bits wide where Zen 4 splits each
+/// 512-bit operation in two. There the [`KernelPath::Avx512Vnni`] path runs the AVX-512 f32
+/// and bf16 kernels: on a 2-core Zen 5 VM they did attention's BF16 products in prefill in
+/// 0.53-0.64 s instead of 0.71-0.85 s (docs/perf.md). Decided once per process, so a batched
+/// product and the matrix-vector product of each of its inputs always take the same kernel.
+pub fn wide_float_units() -> bool {
+    static WIDE: OnceLock<bool> = OnceLock::new();
+    *WIDE.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::x86_64::__cpuid;
+            let vendor = __cpuid(0);
+            let amd = (vendor.ebx, vendor.edx, vendor.ecx) == (0x6874_7541, 0x6974_6e65, 0x444d_4163);
+            amd && x86_family(__cpuid(1).eax) >= 0x1A
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    })
+}
+
+/// The x86 family number in CPUID leaf 1's EAX: the base family, plus the extended family
+/// where the base family is 0xF.
+pub fn x86_family(eax: u32) -> u32 {
+    let base = (eax >> 8) & 0xF;
+    if base == 0xF { base + ((eax >> 20) & 0xFF) } else { base }
 }
 
 /// `path` if this CPU can run it, else the scalar path.
@@ -230,7 +259,12 @@ pub fn f32_dot_with(path: KernelPath, w: &[f32], x: &[f32]) -> f32 {
     match usable(path) {
         _ if w.is_empty() => return reference::dot_f32(w, &x[..0]),
         // SAFETY (all arms): `usable` returned the path only if the CPU has its features.
-        // The VNNI path streams f32 faster with 256-bit vectors (see the `x86` module).
+        // The VNNI path streams f32 faster with 256-bit vectors unless the floating-point
+        // units are 512 bits wide (`wide_float_units`).
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx512Vnni if wide_float_units() => unsafe {
+            x86::f32_dot_avx512::<1, 1>(w, 1, w.len(), &[x], &mut o, 1)
+        },
         #[cfg(target_arch = "x86_64")]
         KernelPath::Avx2 | KernelPath::Avx512Vnni => unsafe {
             x86::f32_dot_avx2::<1, 1>(w, 1, w.len(), &[x], &mut o, 1)
@@ -251,7 +285,12 @@ pub fn bf16_dot_with(path: KernelPath, w: &[u16], x: &[f32]) -> f32 {
     match usable(path) {
         _ if w.is_empty() => return reference::dot_bf16(w, &x[..0]),
         // SAFETY (all arms): `usable` returned the path only if the CPU has its features.
-        // The VNNI path streams bf16 faster with 256-bit vectors (see the `x86` module).
+        // The VNNI path streams bf16 faster with 256-bit vectors unless the floating-point
+        // units are 512 bits wide (`wide_float_units`).
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx512Vnni if wide_float_units() => unsafe {
+            x86::bf16_dot_avx512::<1, 1>(w, 1, w.len(), &[x], &mut o, 1)
+        },
         #[cfg(target_arch = "x86_64")]
         KernelPath::Avx2 | KernelPath::Avx512Vnni => unsafe {
             x86::bf16_dot_avx2::<1, 1>(w, 1, w.len(), &[x], &mut o, 1)
@@ -574,6 +613,10 @@ pub fn f32_dot_multi_with(path: KernelPath, w: &[f32], cols: usize, xs: &[&[f32]
             x86::f32_dot_avx512::<_, ROW_BLOCK>(w, rows, cols, a, out, n)
         }),
         #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx512Vnni if wide_float_units() => by_count!(xs, [1, 2, 3, 4, 5, 6], |a| unsafe {
+            x86::f32_dot_avx512::<_, ROW_BLOCK>(w, rows, cols, a, out, n)
+        }),
+        #[cfg(target_arch = "x86_64")]
         KernelPath::Avx512Vnni => by_count!(xs, [1, 2, 3, 4, 5, 6], |a| unsafe {
             x86::f32_dot_avx2_vl::<_, ROW_BLOCK>(w, rows, cols, a, out, n)
         }),
@@ -603,6 +646,10 @@ pub fn bf16_dot_multi_with(path: KernelPath, w: &[u16], cols: usize, xs: &[&[f32
         }
         #[cfg(target_arch = "x86_64")]
         KernelPath::Avx512 => by_count!(xs, [1, 2, 3, 4, 5, 6], |a| unsafe {
+            x86::bf16_dot_avx512::<_, ROW_BLOCK>(w, rows, cols, a, out, n)
+        }),
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx512Vnni if wide_float_units() => by_count!(xs, [1, 2, 3, 4, 5, 6], |a| unsafe {
             x86::bf16_dot_avx512::<_, ROW_BLOCK>(w, rows, cols, a, out, n)
         }),
         #[cfg(target_arch = "x86_64")]
@@ -851,4 +898,20 @@ pub fn mxfp4_dot_q8_multi_with(
         mxfp4_dot_q8_with(path, &codes[r * rb..(r + 1) * rb], &scales[r * b..(r + 1) * b], x)
     };
     multi(xs, out, rows, max_inputs(path, Product::Mxfp4Q8), kernel, single);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::x86_family;
+
+    #[test]
+    fn x86_family_adds_the_extended_family_only_to_base_family_15() {
+        // CPUID leaf 1 EAX of an AMD EPYC Zen 4 (family 0x19), a Zen 5 (0x1A) and an Intel
+        // Sapphire Rapids core (family 6: the extended family field is zero and not added).
+        assert_eq!(x86_family(0x00A1_0F11), 0x19);
+        assert_eq!(x86_family(0x00B0_0F21), 0x1A);
+        assert_eq!(x86_family(0x0008_06F8), 6);
+        // A base family below 15 ignores whatever the extended field holds.
+        assert_eq!(x86_family(0x0FF0_0600), 6);
+    }
 }
