@@ -195,6 +195,8 @@ mkdir -p "$OUT"
 {
   echo "date_utc=$STAMP"
   echo "cpu=$(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -n1)"
+  # "AMD EPYC" names Zen 4 and Zen 5 alike (and a VM can move between them): the family says which.
+  echo "cpu_family=$(lscpu | sed -n 's/^CPU family:[[:space:]]*//p' | head -n1) cpu_model=$(lscpu | sed -n 's/^Model:[[:space:]]*//p' | head -n1)"
   echo "cores=$(nproc)"
   echo "flags=$(grep -o -w -E 'avx2|avx512f|avx512bw|avx512_vnni|avx_vnni|avx512_bf16|avx512vbmi' /proc/cpuinfo | sort -u | tr '\n' ' ')"
   echo "mem=$(free -g | awk '/^Mem:/ {print $2 " GiB"}')"

@@ -181,6 +181,8 @@ LLAMA_BENCH="$(ls "$ANCHOR_WORK"/build/llama.cpp-*/bin/llama-bench 2>/dev/null |
 {
   echo "date_utc=$STAMP"
   echo "cpu=$(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -n1)"
+  # "AMD EPYC" names Zen 4 and Zen 5 alike (and a VM can move between them): the family says which.
+  echo "cpu_family=$(lscpu | sed -n 's/^CPU family:[[:space:]]*//p' | head -n1) cpu_model=$(lscpu | sed -n 's/^Model:[[:space:]]*//p' | head -n1)"
   echo "cores=$(nproc)"
   echo "mem=$(free -g | awk '/^Mem:/ {print $2 " GiB"}')"
   echo "disk=$DEV read_ahead_kb=$RA_NOW (before the run: $RA_BEFORE)"
