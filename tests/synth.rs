@@ -24,6 +24,10 @@ impl Observer for Routes {
     }
 }
 
+/// Held while a real-width checkpoint and its container are on disk: each takes a few hundred
+/// MB in the temp directory, and CI machines can be short of disk, so they take turns.
+static REAL_WIDTH_ON_DISK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Runs a few tokens and checks logits and routing.
 fn check_healthy(spec: &SynthSpec) {
     let src = tempfile::tempdir().unwrap();
@@ -55,6 +59,7 @@ fn deep_model_stays_finite_and_routes_varied() {
 #[test]
 fn real_width_model_stays_finite_and_routes_varied() {
     let spec = SynthSpec { layers: 2, experts: 8, vocab: 2000, ..SynthSpec::of(SynthShape::GptOss20b) };
+    let _turn = REAL_WIDTH_ON_DISK.lock().unwrap_or_else(|e| e.into_inner());
     check_healthy(&spec);
 }
 
@@ -90,6 +95,7 @@ fn tiny_with_real_vocabulary_is_made_in_seconds() {
 #[test]
 fn qwen3_real_width_model_converts_stays_finite_and_routes_varied() {
     let spec = SynthSpec { layers: 2, experts: 16, vocab: 3000, ..SynthSpec::of(SynthShape::Qwen3_30bA3b) };
+    let _turn = REAL_WIDTH_ON_DISK.lock().unwrap_or_else(|e| e.into_inner());
     let src = tempfile::tempdir().unwrap();
     synth(&spec, src.path(), &mut |_, _| {}).unwrap();
     let cfg = picchio::ModelConfig::from_dir(src.path()).unwrap();
