@@ -227,9 +227,6 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let cfg = model.config.clone();
     let threads = rayon::current_num_threads();
 
-    // Floors, measured in this run.
-    let copy_bw = copy_bandwidth(512 << 20, 5);
-    let read_bw = read_bandwidth(512 << 20, 5);
     let expert_bytes = model.experts.expert_bytes();
     let token_bytes = decode_bytes_per_token(&model, expert_bytes);
     let experts_file = model.dir.join(picchio::format::container::manifest::EXPERTS_FILE);
@@ -319,6 +316,15 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         (s.masks, per(s.compute), per(s.waited), grammar_setup.unwrap_or_default())
     });
     let (t_c, e_c) = snap(&session);
+    // Peak memory of the runs, before the floors' buffers (1.5 GiB) add to it.
+    let rss = peak_rss().unwrap_or(0);
+    // The memory floors, measured in this run, after the timed phases: measured before, while
+    // the cache's buffers were still being prepared in the background, `read` gave 20-29 GB/s
+    // against 40-44 in a process of its own (2-core Zen 5 VM), and measured between
+    // preparation and prefill, their buffers pushed the memory-mapped dense weights out of the
+    // page cache and the prefill lost 15-30%.
+    let copy_bw = copy_bandwidth(512 << 20, 5);
+    let read_bw = read_bandwidth(512 << 20, 5);
     // What the device was asked per decoded token (GPU backends count it).
     let device_decode = session.runner().decode_counters().map(|c| match &counters_before {
         Some(b) => c.since(b),
@@ -340,7 +346,6 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     let ms_per_token = 1e3 * decode.wall.as_secs_f64() / n_dec;
     let copy_floor = token_bytes as f64 / copy_bw;
     let read_floor = token_bytes as f64 / read_bw;
-    let rss = peak_rss().unwrap_or(0);
     let gpu = if description.starts_with("gpu ") {
         description.split(';').next().unwrap_or("").trim_start_matches("gpu ").to_string()
     } else {

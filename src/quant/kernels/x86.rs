@@ -579,7 +579,12 @@ macro_rules! avx512_dot {
                 while b0 < blocks {
                     let b1 = blocks.min(b0 + step);
                     for (r, st) in state.iter_mut().enumerate().take(rr) {
-                        prefetch_next::<_, R>(r0 + r, rows, |r| [&w[r * cols + b0 * 64..r * cols + b1 * 64], &[]]);
+                        // One input streams each row whole, in memory order, which the
+                        // hardware prefetcher follows best: a software prefetch of the next
+                        // rows (a burst of their lines) made it slower (`stream_*` bench).
+                        if T > 1 {
+                            prefetch_next::<_, R>(r0 + r, rows, |r| [&w[r * cols + b0 * 64..r * cols + b1 * 64], &[]]);
+                        }
                         let (w16, _) = w[(r0 + r) * cols..][..n].as_chunks::<16>();
                         let (w4, _) = w16.as_chunks::<4>();
                         let mut acc = *st;
@@ -763,6 +768,10 @@ pub fn int4_dot_avx512<const T: usize, const R: usize>(
     }
 }
 
+/// MXFP4 blocks' codes in a cache line: [`mxfp4_dot_avx512`] prefetches the rows ahead one
+/// line every this many blocks.
+const LINE_BLOCKS: usize = 64 / BLOCK_BYTES;
+
 /// Rows of an MXFP4 matrix that [`mxfp4_dot_avx512`] decodes side by side for `t` inputs.
 ///
 /// Each row and input has two accumulator chains, and a multiply-add waits for the previous one
@@ -835,19 +844,30 @@ pub fn mxfp4_dot_avx512<const T: usize, const R: usize>(
                     let mut cb: [&[[u8; BLOCK_BYTES]]; G] = [&[]; G];
                     let mut sc: [&[u8]; G] = [&[]; G];
                     let mut acc = [[[_mm512_setzero_ps(); 2]; T]; G];
+                    // The same blocks of the rows `R` further on, prefetched a cache line
+                    // (4 blocks) at a time as these blocks are done: rows side by side are
+                    // short interleaved streams that the hardware prefetcher follows poorly,
+                    // and a burst of all their lines at once stalled on misses in flight.
+                    let mut ahead: [&[[u8; BLOCK_BYTES]]; G] = [&[]; G];
                     for i in 0..G {
                         let row = r0 + r + i;
-                        prefetch_next::<_, R>(row, rows, |row| {
-                            [
-                                &codes[row * rb + b0 * BLOCK_BYTES..row * rb + b1 * BLOCK_BYTES],
-                                &scales[row * bpr + b0..row * bpr + b1],
-                            ]
-                        });
+                        if R > 1 && row + R < rows {
+                            let next = row + R;
+                            ahead[i] = &codes[next * rb..][..rb].as_chunks::<BLOCK_BYTES>().0[b0..b1];
+                            prefetch(&scales[next * bpr + b0..next * bpr + b1]);
+                        }
                         cb[i] = &codes[row * rb..][..rb].as_chunks::<BLOCK_BYTES>().0[b0..b1];
                         sc[i] = &scales[row * bpr..][b0..b1];
                         acc[i] = state[r + i];
                     }
                     for b in 0..b1 - b0 {
+                        if b % LINE_BLOCKS == 0 {
+                            for a in &ahead {
+                                if let Some(block) = a.get(b) {
+                                    prefetch(block);
+                                }
+                            }
+                        }
                         let mut even = [_mm512_setzero_ps(); G];
                         let mut odd = [_mm512_setzero_ps(); G];
                         for i in 0..G {
