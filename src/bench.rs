@@ -38,9 +38,9 @@ pub fn copy_bandwidth(bytes: usize, reps: usize) -> f64 {
 /// be "under its floor".
 pub fn read_bandwidth(bytes: usize, reps: usize) -> f64 {
     let mut buf = AlignedBytes::zeroed(bytes.next_multiple_of(STREAM_CHUNK));
-    for (i, b) in buf.as_mut_slice().iter_mut().enumerate() {
-        *b = i as u8;
-    }
+    // Written once, so every page is the buffer's own (untouched, they would all read the
+    // kernel's one shared zero page, from the cache).
+    buf.as_mut_slice().fill(1);
     let src = buf.bytes();
     let chunk = src.len().div_ceil(rayon::current_num_threads().max(1)).next_multiple_of(STREAM_CHUNK);
     let mut best = f64::INFINITY;
