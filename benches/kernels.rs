@@ -30,9 +30,11 @@ use bytemuck::Pod;
 use criterion::{
     BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main, measurement::WallTime,
 };
+use picchio::bench::stream_sum;
 use picchio::quant::buffer::{AlignedBytes, ByteRegion};
 use picchio::quant::{KernelPath, Matrix, MatrixData, WeightBuf, int4, int8, kernels, mxfp4};
 use rayon::ThreadPool;
+use rayon::prelude::*;
 
 /// A matrix that stays in a core's L2 cache (the kernels' compute ceiling, which other
 /// cores' memory traffic does not disturb), one GPT-OSS expert's down projection, and its
@@ -188,8 +190,9 @@ const STREAM_BYTES: usize = 128 << 20;
 
 /// Matrix-vector products over [`STREAM_BYTES`] of distinct expert-shaped matrices (the
 /// 5760x2880 gate/up projection), one after another as decode goes through a layer's
-/// weights, so every weight comes from memory: the memory-bound case, against a copy of the
-/// same bytes. MXFP4 (the experts) and BF16 (attention).
+/// weights, so every weight comes from memory: the memory-bound case, against a copy and a
+/// read of the same bytes (the read: huge pages, the widest loads, `picchio::bench::stream_sum`).
+/// MXFP4 (the experts) and BF16 (attention).
 fn bench_stream(c: &mut Criterion, one: &ThreadPool, path: KernelPath) {
     let (rows, cols) = (5760, 2880);
     let mut g = c.benchmark_group(format!("stream_{rows}x{cols}"));
@@ -220,6 +223,15 @@ fn bench_stream(c: &mut Criterion, one: &ThreadPool, path: KernelPath) {
         let src = vec![1u8; bytes];
         let mut dst = vec![0u8; bytes];
         g.bench_function(format!("{name}/memcpy"), |b| b.iter(|| dst.copy_from_slice(black_box(&src))));
+        // The ceiling of a kernel that only reads: the same number of bytes, where weights lie
+        // (huge pages), summed with the widest loads, on one thread and on the pool.
+        let mut read = AlignedBytes::zeroed(bytes);
+        read.as_mut_slice().fill(1);
+        let chunk = bytes.div_ceil(rayon::current_num_threads()).next_multiple_of(4096);
+        bench_threads(&mut g, &format!("{name}/read"), one, || {
+            let sum: u64 = read.bytes().par_chunks(chunk).map(stream_sum).reduce(|| 0, u64::wrapping_add);
+            black_box(sum);
+        });
         bench_threads(&mut g, &format!("{name}/{}", path.name()), one, || {
             for m in ms.iter() {
                 m.matvec(black_box(&x), &mut y);

@@ -58,8 +58,9 @@ const STREAM_CHUNK: usize = 256;
 
 /// The wrapping sum of `bytes` as little-endian `u64`s (whole [`STREAM_CHUNK`]s; the rest is
 /// ignored): a read of every byte with the widest loads this CPU has, in four independent
-/// chains, and nothing else.
-fn stream_sum(bytes: &[u8]) -> u64 {
+/// chains, and nothing else. Public so that `benches/kernels` compares each kernel with a
+/// pure read of the same bytes.
+pub fn stream_sum(bytes: &[u8]) -> u64 {
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx512f") {
