@@ -17,10 +17,9 @@ use crate::format::container::{
 };
 use crate::format::hf;
 use crate::model::forward::PhaseTimes;
-use crate::model::weights::{
-    AttentionWeights, DenseWeights, ExpertWeights, FeedForward, LayerWeights, Linear,
-};
+use crate::model::weights::{DenseWeights, ExpertWeights};
 use crate::model::{Forward, LogitRows, Observer};
+use crate::quant::Matrix;
 use crate::sample::{PlannedLogits, SamplePlan};
 use crate::system::gib;
 
@@ -251,6 +250,40 @@ pub struct LoadedModel {
     pub experts: Arc<dyn ExpertSource>,
     /// The directory the weights were loaded from (the container, after conversion).
     pub dir: PathBuf,
+    /// The CPU backend's copy of `dense` in huge pages, made by the first CPU runner.
+    pub cpu_dense: CpuDenseCopy,
+}
+
+/// The CPU backend's copy of a model's dense weights with every streamed matrix in huge
+/// pages ([`DenseWeights::with_streamed_matrices_in_huge_pages`]), made once, on first use,
+/// and shared by every CPU runner of the model (a lockstep oracle, a GPU run's fallback, a
+/// server's runners). Only the GPU backend never asks for it: its weights go to the device.
+#[derive(Clone, Default)]
+pub struct CpuDenseCopy(Arc<std::sync::Mutex<Option<SourceAndCopy>>>);
+
+/// Dense weights and the CPU backend's copy of them.
+type SourceAndCopy = (Arc<DenseWeights>, Arc<DenseWeights>);
+
+impl CpuDenseCopy {
+    /// The copy of `source`: made now, or the one made before from this same `source` (a
+    /// model rebuilt with other dense weights gets its own copy, never a stale one).
+    fn of(&self, source: &Arc<DenseWeights>) -> Arc<DenseWeights> {
+        // A poisoned lock only means a copy panicked; the slot is then simply refilled.
+        let mut slot = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        match &*slot {
+            Some((from, copy)) if Arc::ptr_eq(from, source) => Arc::clone(copy),
+            _ => {
+                let t0 = std::time::Instant::now();
+                let copy = Arc::new(source.with_streamed_matrices_in_huge_pages());
+                tracing::debug!(
+                    "dense weights copied into huge pages in {:.2} s",
+                    t0.elapsed().as_secs_f64()
+                );
+                *slot = Some((Arc::clone(source), Arc::clone(&copy)));
+                copy
+            }
+        }
+    }
 }
 
 impl LoadedModel {
@@ -258,39 +291,7 @@ impl LoadedModel {
     /// level-L1 reference for a quantized container (small models only).
     pub fn dequantized(&self) -> Result<LoadedModel> {
         let cfg = &self.config;
-        let d = &self.dense;
-        let lin = |l: &Linear| Linear { weight: l.weight.dequantized(), bias: l.bias.clone() };
-        let dense = DenseWeights {
-            embed: d.embed.dequantized(),
-            layers: d
-                .layers
-                .iter()
-                .map(|l| LayerWeights {
-                    attn_norm: l.attn_norm.clone(),
-                    attn: AttentionWeights {
-                        q: lin(&l.attn.q),
-                        k: lin(&l.attn.k),
-                        v: lin(&l.attn.v),
-                        o: lin(&l.attn.o),
-                        sinks: l.attn.sinks.clone(),
-                        q_norm: l.attn.q_norm.clone(),
-                        k_norm: l.attn.k_norm.clone(),
-                    },
-                    mlp_norm: l.mlp_norm.clone(),
-                    ffn: match &l.ffn {
-                        FeedForward::Moe { router } => FeedForward::Moe { router: lin(router) },
-                        FeedForward::Dense(w) => FeedForward::Dense(ExpertWeights {
-                            gate_up: w.gate_up.dequantized(),
-                            gate_up_bias: w.gate_up_bias.clone(),
-                            down: w.down.dequantized(),
-                            down_bias: w.down_bias.clone(),
-                        }),
-                    },
-                })
-                .collect(),
-            final_norm: d.final_norm.clone(),
-            lm_head: d.lm_head.dequantized(),
-        };
+        let dense = self.dense.map_matrices(Matrix::dequantized, Matrix::dequantized);
         let experts = (0..cfg.num_layers)
             .map(|l| {
                 let experts = match cfg.mlp_kinds[l] {
@@ -315,6 +316,7 @@ impl LoadedModel {
             dense: Arc::new(dense),
             experts: Arc::new(ResidentExperts::new(experts)),
             dir: self.dir.clone(),
+            cpu_dense: CpuDenseCopy::default(),
         })
     }
 }
@@ -331,6 +333,10 @@ pub struct RunOptions {
     pub predict: crate::backend::Predict,
     /// Compute each expert as soon as it arrives from disk, instead of waiting for all.
     pub completion_driven: bool,
+    /// CPU backend: stream the dense matrices from a copy in huge pages
+    /// ([`CpuDenseCopy`]) rather than from the memory-mapped container (`--mapped-dense`
+    /// turns it off).
+    pub dense_in_huge_pages: bool,
 }
 
 impl Default for RunOptions {
@@ -340,6 +346,7 @@ impl Default for RunOptions {
             max_batch: 256,
             predict: crate::backend::Predict::default(),
             completion_driven: true,
+            dense_in_huge_pages: true,
         }
     }
 }
@@ -590,7 +597,13 @@ pub fn load_container(dir: &Path, opts: &OpenOptions) -> Result<LoadedModel> {
             prepare_memory: opts.prepare_memory,
         },
     )?;
-    Ok(LoadedModel { config, dense: Arc::new(dense), experts: Arc::new(cache), dir: dir.to_path_buf() })
+    Ok(LoadedModel {
+        config,
+        dense: Arc::new(dense),
+        experts: Arc::new(cache),
+        dir: dir.to_path_buf(),
+        cpu_dense: CpuDenseCopy::default(),
+    })
 }
 
 /// File beside a container where expert usage counts persist between sessions.
@@ -624,6 +637,7 @@ pub fn load_hf(dir: &Path) -> Result<LoadedModel> {
         dense: Arc::new(dense),
         experts: Arc::new(ResidentExperts::new(experts)),
         dir: dir.to_path_buf(),
+        cpu_dense: CpuDenseCopy::default(),
     })
 }
 
@@ -691,13 +705,12 @@ pub fn check_context_memory(cfg: &ModelConfig, ctx: usize, kv: KvPlacement) -> R
 /// Puts a loaded model on the CPU backend.
 pub fn cpu_runner(model: &LoadedModel, opts: &RunOptions) -> Result<Box<dyn Runner>> {
     check_run_options(model, opts, KvPlacement::Host)?;
-    let backend = CpuBackend::new(
-        Arc::clone(&model.config),
-        Arc::clone(&model.dense),
-        Arc::clone(&model.experts),
-        opts.ctx,
-    )?
-    .with_expert_pipeline(opts.predict, opts.completion_driven);
+    let dense = match opts.dense_in_huge_pages {
+        true => model.cpu_dense.of(&model.dense),
+        false => Arc::clone(&model.dense),
+    };
+    let backend = CpuBackend::new(Arc::clone(&model.config), dense, Arc::clone(&model.experts), opts.ctx)?
+        .with_expert_pipeline(opts.predict, opts.completion_driven);
     Ok(Box::new(Forward::new(backend, opts.max_batch)))
 }
 

@@ -51,8 +51,13 @@ fn run(dir: &Path, prompt: &[u32], s: &Setup) -> (Vec<f32>, Vec<u32>) {
         ..Default::default()
     };
     let model = engine::load_container(dir, &opts).unwrap();
-    let run_opts =
-        RunOptions { ctx, max_batch: s.block, predict: s.predict, completion_driven: s.completion_driven };
+    let run_opts = RunOptions {
+        ctx,
+        max_batch: s.block,
+        predict: s.predict,
+        completion_driven: s.completion_driven,
+        ..Default::default()
+    };
     let mut a = Session::new(engine::cpu_runner(&model, &run_opts).unwrap());
     let logits = a.feed(prompt, LogitRows::All, &mut NoObserver).unwrap();
     let mut b = Session::new(engine::cpu_runner(&model, &run_opts).unwrap());

@@ -244,6 +244,7 @@ pub fn random_model(shape: &Shape, dense: Format, experts: Format) -> Result<Loa
         dense: Arc::new(dense_w),
         experts: Arc::new(ResidentExperts::new(expert_layers)),
         dir: std::path::PathBuf::from("bench-gpu (random, in memory)"),
+        cpu_dense: Default::default(),
     })
 }
 

@@ -185,6 +185,52 @@ impl ExpertWeights {
 }
 
 impl DenseWeights {
+    /// The same weights with the embedding passed through `embed` and every other matrix
+    /// (attention, routers, dense MLPs, head) through `each`; vectors and biases are kept.
+    /// Layers are mapped in parallel (copies and decodes of large matrices).
+    pub fn map_matrices(
+        &self,
+        embed: impl Fn(&Matrix) -> Matrix + Sync,
+        each: impl Fn(&Matrix) -> Matrix + Sync,
+    ) -> DenseWeights {
+        use rayon::prelude::*;
+        let lin = |l: &Linear| Linear { weight: each(&l.weight), bias: l.bias.clone() };
+        let layer = |l: &LayerWeights| LayerWeights {
+            attn_norm: l.attn_norm.clone(),
+            attn: AttentionWeights {
+                q: lin(&l.attn.q),
+                k: lin(&l.attn.k),
+                v: lin(&l.attn.v),
+                o: lin(&l.attn.o),
+                sinks: l.attn.sinks.clone(),
+                q_norm: l.attn.q_norm.clone(),
+                k_norm: l.attn.k_norm.clone(),
+            },
+            mlp_norm: l.mlp_norm.clone(),
+            ffn: match &l.ffn {
+                FeedForward::Moe { router } => FeedForward::Moe { router: lin(router) },
+                FeedForward::Dense(w) => FeedForward::Dense(ExpertWeights {
+                    gate_up: each(&w.gate_up),
+                    gate_up_bias: w.gate_up_bias.clone(),
+                    down: each(&w.down),
+                    down_bias: w.down_bias.clone(),
+                }),
+            },
+        };
+        let ((embed, lm_head), layers) = rayon::join(
+            || rayon::join(|| embed(&self.embed), || each(&self.lm_head)),
+            || self.layers.par_iter().map(layer).collect(),
+        );
+        DenseWeights { embed, layers, final_norm: self.final_norm.clone(), lm_head }
+    }
+
+    /// The CPU backend's copy: every matrix a token streams (all but the embedding, of which
+    /// a token reads one row) moved from a memory-mapped file into huge pages
+    /// ([`Matrix::in_huge_pages`]). The same bytes: every product is bit for bit the same.
+    pub fn with_streamed_matrices_in_huge_pages(&self) -> DenseWeights {
+        self.map_matrices(Matrix::clone, Matrix::in_huge_pages)
+    }
+
     /// Builds the dense weights from a source of tensors, by their Hugging Face names:
     /// `matrix(name, rows, cols)` and `vector(name, len)` fetch one tensor (the expected
     /// shape is given for sources that check it as they read), and every shape is checked

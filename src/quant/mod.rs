@@ -440,6 +440,26 @@ impl Matrix {
         }
     }
 
+    /// The same matrix with its large buffers copied from a memory-mapped file into huge
+    /// pages ([`WeightBuf::in_huge_pages`]): the same bytes, so every product is the same,
+    /// streamed faster by the CPU kernels.
+    pub fn in_huge_pages(&self) -> Matrix {
+        let data = match &self.data {
+            MatrixData::F32(w) => MatrixData::F32(w.in_huge_pages()),
+            MatrixData::Bf16(w) => MatrixData::Bf16(w.in_huge_pages()),
+            MatrixData::Int8Rows { codes, scales } => {
+                MatrixData::Int8Rows { codes: codes.in_huge_pages(), scales: scales.in_huge_pages() }
+            }
+            MatrixData::Int4G64 { codes, scales } => {
+                MatrixData::Int4G64 { codes: codes.in_huge_pages(), scales: scales.in_huge_pages() }
+            }
+            MatrixData::Mxfp4 { codes, scales } => {
+                MatrixData::Mxfp4 { codes: codes.in_huge_pages(), scales: scales.in_huge_pages() }
+            }
+        };
+        Matrix { rows: self.rows, cols: self.cols, data }
+    }
+
     /// The same matrix stored as F32 (dequantized): the L1 reference runs on this.
     pub fn dequantized(&self) -> Matrix {
         Matrix { rows: self.rows, cols: self.cols, data: MatrixData::F32(WeightBuf::owned(self.to_f32())) }

@@ -205,6 +205,7 @@ pub fn random_model_shaped(seed: u64, dense: Fmt, experts: Fmt, hidden: usize, i
         dense: Arc::new(dense_w),
         experts: Arc::new(ResidentExperts::new(experts_w)),
         dir: std::path::PathBuf::from("random"),
+        cpu_dense: Default::default(),
     }
 }
 
@@ -296,6 +297,7 @@ pub fn random_qwen3_model(seed: u64, dense: Fmt, experts: Fmt, renormalize: bool
         dense: Arc::new(dense_w),
         experts: Arc::new(ResidentExperts::new(experts_w)),
         dir: std::path::PathBuf::from("random-qwen3"),
+        cpu_dense: Default::default(),
     }
 }
 
