@@ -45,6 +45,9 @@ impl ByteRegion for Mmap {
             // dropped) changes nothing.
             let _ = unsafe { self.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset, len) };
         }
+        // Elsewhere there is no such advice: the hint is ignored.
+        #[cfg(not(unix))]
+        let _ = (offset, len);
     }
 }
 
