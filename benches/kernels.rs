@@ -30,11 +30,10 @@ use bytemuck::Pod;
 use criterion::{
     BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main, measurement::WallTime,
 };
-use picchio::bench::stream_sum;
+use picchio::bench::parallel_stream_sum;
 use picchio::quant::buffer::{AlignedBytes, ByteRegion};
 use picchio::quant::{KernelPath, Matrix, MatrixData, WeightBuf, int4, int8, kernels, mxfp4};
 use rayon::ThreadPool;
-use rayon::prelude::*;
 
 /// A matrix that stays in a core's L2 cache (the kernels' compute ceiling, which other
 /// cores' memory traffic does not disturb), one GPT-OSS expert's down projection, and its
@@ -191,7 +190,7 @@ const STREAM_BYTES: usize = 128 << 20;
 /// Matrix-vector products over [`STREAM_BYTES`] of distinct expert-shaped matrices (the
 /// 5760x2880 gate/up projection), one after another as decode goes through a layer's
 /// weights, so every weight comes from memory: the memory-bound case, against a copy and a
-/// read of the same bytes (the read: huge pages, the widest loads, `picchio::bench::stream_sum`).
+/// read of the same bytes (the read: huge pages, `picchio::bench::parallel_stream_sum`).
 /// MXFP4 (the experts) and BF16 (attention).
 fn bench_stream(c: &mut Criterion, one: &ThreadPool, path: KernelPath) {
     let (rows, cols) = (5760, 2880);
@@ -227,10 +226,8 @@ fn bench_stream(c: &mut Criterion, one: &ThreadPool, path: KernelPath) {
         // (huge pages), summed with the widest loads, on one thread and on the pool.
         let mut read = AlignedBytes::zeroed(bytes);
         read.as_mut_slice().fill(1);
-        let chunk = bytes.div_ceil(rayon::current_num_threads()).next_multiple_of(4096);
         bench_threads(&mut g, &format!("{name}/read"), one, || {
-            let sum: u64 = read.bytes().par_chunks(chunk).map(stream_sum).reduce(|| 0, u64::wrapping_add);
-            black_box(sum);
+            black_box(parallel_stream_sum(read.bytes()));
         });
         bench_threads(&mut g, &format!("{name}/{}", path.name()), one, || {
             for m in ms.iter() {

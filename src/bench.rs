@@ -42,12 +42,10 @@ pub fn read_bandwidth(bytes: usize, reps: usize) -> f64 {
     // kernel's one shared zero page, from the cache).
     buf.as_mut_slice().fill(1);
     let src = buf.bytes();
-    let chunk = src.len().div_ceil(rayon::current_num_threads().max(1)).next_multiple_of(STREAM_CHUNK);
     let mut best = f64::INFINITY;
     for _ in 0..reps.max(1) {
         let t0 = Instant::now();
-        let sum: u64 = src.par_chunks(chunk).map(stream_sum).reduce(|| 0, u64::wrapping_add);
-        std::hint::black_box(sum);
+        std::hint::black_box(parallel_stream_sum(src));
         best = best.min(t0.elapsed().as_secs_f64());
     }
     src.len() as f64 / best
@@ -56,11 +54,18 @@ pub fn read_bandwidth(bytes: usize, reps: usize) -> f64 {
 /// Bytes [`stream_sum`] takes a step: four 64-byte vectors.
 const STREAM_CHUNK: usize = 256;
 
+/// [`stream_sum`] of `bytes` split evenly over the current rayon pool: the read that
+/// [`read_bandwidth`] times, public so that `benches/kernels` compares each kernel with a pure
+/// read of the same bytes.
+pub fn parallel_stream_sum(bytes: &[u8]) -> u64 {
+    let chunk = bytes.len().div_ceil(rayon::current_num_threads().max(1)).next_multiple_of(STREAM_CHUNK);
+    bytes.par_chunks(chunk.max(STREAM_CHUNK)).map(stream_sum).reduce(|| 0, u64::wrapping_add)
+}
+
 /// The wrapping sum of `bytes` as little-endian `u64`s (whole [`STREAM_CHUNK`]s; the rest is
 /// ignored): a read of every byte with the widest loads this CPU has, in four independent
-/// chains, and nothing else. Public so that `benches/kernels` compares each kernel with a
-/// pure read of the same bytes.
-pub fn stream_sum(bytes: &[u8]) -> u64 {
+/// chains, and nothing else.
+fn stream_sum(bytes: &[u8]) -> u64 {
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx512f") {

@@ -248,14 +248,12 @@ impl<T: Pod> WeightBuf<T> {
     /// when memory is short.
     pub fn in_huge_pages(&self) -> WeightBuf<T> {
         match self {
-            WeightBuf::Shared { region, .. }
+            WeightBuf::Shared { region, offset, .. }
                 if cfg!(target_os = "linux") && region.is_file_mapping() && self.byte_len() >= HUGE_PAGE =>
             {
                 let mut bytes = AlignedBytes::zeroed(self.byte_len());
                 bytes.as_mut_slice().copy_from_slice(bytemuck::cast_slice(self.as_slice()));
-                if let WeightBuf::Shared { region, offset, .. } = self {
-                    region.release_hint(*offset, self.byte_len());
-                }
+                region.release_hint(*offset, self.byte_len());
                 let copy: Arc<dyn ByteRegion> = Arc::new(bytes);
                 WeightBuf::shared(&copy, 0, self.byte_len())
             }
