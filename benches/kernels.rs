@@ -20,7 +20,10 @@
 //! of 512-bit (AVX-512) or 256-bit (AVX2) fused multiply-adds, so "a kernel reaches N% of the
 //! f32 multiply-add peak" is a ratio of two figures from the same run (Zen 4 executes a
 //! 512-bit FMA as two 256-bit halves, Zen 5 server cores natively: the peak is measured, not
-//! taken from a datasheet).
+//! taken from a datasheet). `op_rate` then gives the rate of each other 512-bit operation the
+//! MXFP4 kernels are made of, alone and alternating with multiply-adds, so a kernel's operation
+//! count converts into cycles on this CPU (on the 2026-12 Zen 5 VM, every one of them but the
+//! integer add shares the two multiply-add units).
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -146,6 +149,142 @@ mod fma_peak {
     }
 }
 
+/// How many 512-bit operations of each kind the CPU issues per second, alone and mixed with
+/// multiply-adds: which of the operations the MXFP4 kernels are made of (lookups, widening,
+/// shifts, integer dot products, conversions) compete with the multiply-adds for the same
+/// units. Each function runs [`op_rate::CHAINS`] independent chains of its operation (in a
+/// mix, alternate chains run each), `iters` rounds; operations per call: `iters * CHAINS`.
+#[cfg(target_arch = "x86_64")]
+mod op_rate {
+    use std::arch::x86_64::*;
+
+    /// Chains in flight: twice [`super::fma_peak::CHAINS`] (AVX-512 has 32 registers), so
+    /// that in a mix each operation alone still has enough chains to cover its latency.
+    pub const CHAINS: usize = 16;
+
+    /// One operation (or a pair of them, alternating over the chains) as a function.
+    macro_rules! rate {
+        ($(#[$doc:meta])* $name:ident, |$v:ident, $k:ident| $a:expr, $b:expr) => {
+            $(#[$doc])*
+            #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+            pub fn $name(iters: usize) -> i32 {
+                let $k = (_mm512_set1_epi32(3), _mm512_castsi512_ps(_mm512_set1_epi32(0x3f80_0001)));
+                let _ = $k;
+                let mut acc: [__m512i; CHAINS] = std::array::from_fn(|i| _mm512_set1_epi32(i as i32));
+                for _ in 0..iters {
+                    for pair in acc.as_chunks_mut::<2>().0 {
+                        let $v = pair[0];
+                        pair[0] = opaque($a);
+                        let $v = pair[1];
+                        pair[1] = opaque($b);
+                    }
+                }
+                acc.iter().fold(0, |s, &v| s ^ _mm512_reduce_add_epi32(v))
+            }
+        };
+    }
+
+    /// `v`, which the compiler cannot see through: without it, it merges successive shifts or
+    /// adds of a chain into one and measures nothing.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn opaque(mut v: __m512i) -> __m512i {
+        // SAFETY: an empty instruction sequence that claims to modify a register.
+        unsafe { std::arch::asm!("/* {0} */", inout(zmm_reg) v, options(pure, nomem, nostack)) };
+        v
+    }
+
+    /// A 512-bit multiply-add, as an integer vector (the casts cost nothing).
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn madd(v: __m512i, k: (__m512i, __m512)) -> __m512i {
+        _mm512_castps_si512(_mm512_fmadd_ps(_mm512_castsi512_ps(v), k.1, k.1))
+    }
+
+    rate!(
+        /// `vfmadd` alone (the reference: the multiply-add peak in operations).
+        fma, |v, k| madd(v, k), madd(v, k));
+    rate!(
+        /// `vpermps`: the float kernel's E2M1 lookup.
+        permps, |v, k| _mm512_castps_si512(_mm512_permutexvar_ps(v, k.1)),
+        _mm512_castps_si512(_mm512_permutexvar_ps(v, k.1)));
+    rate!(
+        /// `vpmovzxbd`: the float kernel's widening of a block's code bytes to indices.
+        zero_extend, |v, k| _mm512_cvtepu8_epi32(_mm512_castsi512_si128(v)),
+        _mm512_cvtepu8_epi32(_mm512_castsi512_si128(v)));
+    rate!(
+        /// `vpsrld`: the float kernel's high-nibble shift.
+        shift, |v, k| _mm512_srli_epi32::<1>(v), _mm512_srli_epi32::<1>(v));
+    rate!(
+        /// `vpdpbusd`: the integer kernels' dot product.
+        dpbusd, |v, k| _mm512_dpbusd_epi32(v, k.0, k.0), _mm512_dpbusd_epi32(v, k.0, k.0));
+    rate!(
+        /// `vcvtdq2ps`: the integer kernels' conversion of block sums.
+        convert, |v, k| _mm512_castps_si512(_mm512_cvtepi32_ps(v)),
+        _mm512_castps_si512(_mm512_cvtepi32_ps(v)));
+    rate!(
+        /// `vpaddd`: a simple integer operation.
+        add, |v, k| _mm512_add_epi32(v, k.0), _mm512_add_epi32(v, k.0));
+    rate!(
+        /// Multiply-adds and lookups on alternate chains: as fast as the faster alone if they
+        /// use different units, as the slower if they share.
+        fma_and_permps, |v, k| madd(v, k), _mm512_castps_si512(_mm512_permutexvar_ps(v, k.1)));
+    rate!(
+        /// Multiply-adds and widenings on alternate chains.
+        fma_and_zero_extend, |v, k| madd(v, k), _mm512_cvtepu8_epi32(_mm512_castsi512_si128(v)));
+    rate!(
+        /// Multiply-adds and shifts on alternate chains.
+        fma_and_shift, |v, k| madd(v, k), _mm512_srli_epi32::<1>(v));
+    rate!(
+        /// Multiply-adds and integer dot products on alternate chains.
+        fma_and_dpbusd, |v, k| madd(v, k), _mm512_dpbusd_epi32(v, k.0, k.0));
+    rate!(
+        /// Multiply-adds and conversions on alternate chains.
+        fma_and_convert, |v, k| madd(v, k), _mm512_castps_si512(_mm512_cvtepi32_ps(v)));
+    rate!(
+        /// Multiply-adds and integer adds on alternate chains.
+        fma_and_add, |v, k| madd(v, k), _mm512_add_epi32(v, k.0));
+}
+
+/// One operation of [`op_rate`]: its name and its chains.
+#[cfg(target_arch = "x86_64")]
+type OpRate = (&'static str, fn(usize) -> i32);
+
+/// The operation rates of [`op_rate`], on one thread (`elem/s` = operations per second).
+#[cfg(target_arch = "x86_64")]
+fn bench_op_rate(c: &mut Criterion, one: &ThreadPool) {
+    const ITERS: usize = 1 << 16;
+    if !(is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vnni"))
+    {
+        return;
+    }
+    let mut g = c.benchmark_group("op_rate");
+    g.measurement_time(Duration::from_secs(1)).warm_up_time(Duration::from_millis(500)).sample_size(20);
+    g.throughput(Throughput::Elements((ITERS * op_rate::CHAINS) as u64));
+    let ops: [OpRate; 13] = [
+        // SAFETY (all): only called where the CPU has AVX-512 F, BW and VNNI (checked above).
+        ("fma", |n| unsafe { op_rate::fma(n) }),
+        ("vpermps", |n| unsafe { op_rate::permps(n) }),
+        ("vpmovzxbd", |n| unsafe { op_rate::zero_extend(n) }),
+        ("vpsrld", |n| unsafe { op_rate::shift(n) }),
+        ("vpdpbusd", |n| unsafe { op_rate::dpbusd(n) }),
+        ("vcvtdq2ps", |n| unsafe { op_rate::convert(n) }),
+        ("vpaddd", |n| unsafe { op_rate::add(n) }),
+        ("fma+vpermps", |n| unsafe { op_rate::fma_and_permps(n) }),
+        ("fma+vpmovzxbd", |n| unsafe { op_rate::fma_and_zero_extend(n) }),
+        ("fma+vpsrld", |n| unsafe { op_rate::fma_and_shift(n) }),
+        ("fma+vpdpbusd", |n| unsafe { op_rate::fma_and_dpbusd(n) }),
+        ("fma+vcvtdq2ps", |n| unsafe { op_rate::fma_and_convert(n) }),
+        ("fma+vpaddd", |n| unsafe { op_rate::fma_and_add(n) }),
+    ];
+    for (name, f) in ops {
+        g.bench_function(format!("{name}/1t"), |b| one.install(|| b.iter(|| black_box(f(black_box(ITERS))))));
+    }
+    g.finish();
+}
+
 /// One width of [`fma_peak`]: its name, f32 lanes, whether this CPU has it, and the chains.
 #[cfg(target_arch = "x86_64")]
 type FmaWidth = (&'static str, usize, bool, fn(usize) -> f32);
@@ -242,6 +381,8 @@ fn bench(c: &mut Criterion) {
     let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
     #[cfg(target_arch = "x86_64")]
     bench_fma_peak(c, &one);
+    #[cfg(target_arch = "x86_64")]
+    bench_op_rate(c, &one);
     bench_stream(c, &one, kernels::selected());
     let path = kernels::selected();
     let extra_q8 = KernelPath::Avx512Vnni.is_available() && !path.quantizes_activations();
