@@ -22,8 +22,9 @@
 //! 512-bit FMA as two 256-bit halves, Zen 5 server cores natively: the peak is measured, not
 //! taken from a datasheet). `op_rate` then gives the rate of each other 512-bit operation the
 //! MXFP4 kernels are made of, alone and alternating with multiply-adds, so a kernel's operation
-//! count converts into cycles on this CPU (on the 2026-12 Zen 5 VM, every one of them but the
-//! integer add shares the two multiply-add units).
+//! count converts into cycles on this CPU (on the 2026-12 Zen 5 VM, the lookups, widenings and
+//! integer dot products share the two multiply-add units; shifts, conversions and integer adds
+//! go to two others).
 
 use std::hint::black_box;
 use std::sync::Arc;
