@@ -195,6 +195,13 @@ mod op_rate {
         v
     }
 
+    /// Lane 0 of `v` (as f32) in every lane, from a register.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn bcast(v: __m512i) -> __m512i {
+        _mm512_castps_si512(_mm512_broadcastss_ps(_mm512_castps512_ps128(_mm512_castsi512_ps(v))))
+    }
+
     /// A 512-bit multiply-add, as an integer vector (the casts cost nothing).
     #[inline]
     #[target_feature(enable = "avx512f")]
@@ -231,6 +238,12 @@ mod op_rate {
         /// use different units, as the slower if they share.
         fma_and_permps, |v, k| madd(v, k), _mm512_castps_si512(_mm512_permutexvar_ps(v, k.1)));
     rate!(
+        /// `vbroadcastss` from a register: the float kernel's broadcast of a block's scale.
+        broadcast, |v, k| bcast(v), bcast(v));
+    rate!(
+        /// Multiply-adds and broadcasts on alternate chains.
+        fma_and_broadcast, |v, k| madd(v, k), bcast(v));
+    rate!(
         /// Multiply-adds and widenings on alternate chains.
         fma_and_zero_extend, |v, k| madd(v, k), _mm512_cvtepu8_epi32(_mm512_castsi512_si128(v)));
     rate!(
@@ -264,7 +277,7 @@ fn bench_op_rate(c: &mut Criterion, one: &ThreadPool) {
     let mut g = c.benchmark_group("op_rate");
     g.measurement_time(Duration::from_secs(1)).warm_up_time(Duration::from_millis(500)).sample_size(20);
     g.throughput(Throughput::Elements((ITERS * op_rate::CHAINS) as u64));
-    let ops: [OpRate; 13] = [
+    let ops: [OpRate; 15] = [
         // SAFETY (all): only called where the CPU has AVX-512 F, BW and VNNI (checked above).
         ("fma", |n| unsafe { op_rate::fma(n) }),
         ("vpermps", |n| unsafe { op_rate::permps(n) }),
@@ -273,7 +286,9 @@ fn bench_op_rate(c: &mut Criterion, one: &ThreadPool) {
         ("vpdpbusd", |n| unsafe { op_rate::dpbusd(n) }),
         ("vcvtdq2ps", |n| unsafe { op_rate::convert(n) }),
         ("vpaddd", |n| unsafe { op_rate::add(n) }),
+        ("vbroadcastss", |n| unsafe { op_rate::broadcast(n) }),
         ("fma+vpermps", |n| unsafe { op_rate::fma_and_permps(n) }),
+        ("fma+vbroadcastss", |n| unsafe { op_rate::fma_and_broadcast(n) }),
         ("fma+vpmovzxbd", |n| unsafe { op_rate::fma_and_zero_extend(n) }),
         ("fma+vpsrld", |n| unsafe { op_rate::fma_and_shift(n) }),
         ("fma+vpdpbusd", |n| unsafe { op_rate::fma_and_dpbusd(n) }),
