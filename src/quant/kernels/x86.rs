@@ -772,6 +772,28 @@ pub fn int4_dot_avx512<const T: usize, const R: usize>(
 /// line every this many blocks.
 const LINE_BLOCKS: usize = 64 / BLOCK_BYTES;
 
+/// `v * s` in every lane, with `s` broadcast from memory by the multiply itself
+/// (`vmulps zmm, zmm, [s]{1to16}`). The broadcast then costs a load, not an operation: on
+/// Zen 5 a broadcast from a register takes one of the two units every multiply-add and lookup
+/// needs (docs/perf.md, `op_rate`), and the compiler, left to itself, loads the scale into a
+/// register and broadcasts it from there in the four-row loop.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+fn mul_by_broadcast(v: __m512, s: &f32) -> __m512 {
+    let out: __m512;
+    // SAFETY: reads the 4 bytes of `s`, a valid `f32`; writes only the output register.
+    unsafe {
+        std::arch::asm!(
+            "vmulps {out}, {v}, dword ptr [{s}]{{1to16}}",
+            out = lateout(zmm_reg) out,
+            v = in(zmm_reg) v,
+            s = in(reg) s as *const f32,
+            options(pure, readonly, nostack, preserves_flags),
+        );
+    }
+    out
+}
+
 /// Rows of an MXFP4 matrix that [`mxfp4_dot_avx512`] decodes side by side for `t` inputs.
 ///
 /// Each row and input has two accumulator chains, and a multiply-add waits for the previous one
@@ -871,8 +893,7 @@ pub fn mxfp4_dot_avx512<const T: usize, const R: usize>(
                         let mut even = [_mm512_setzero_ps(); G];
                         let mut odd = [_mm512_setzero_ps(); G];
                         for i in 0..G {
-                            let scale = _mm512_set1_ps(mxfp4::SCALES_F32[sc[i][b] as usize]);
-                            let scaled = _mm512_mul_ps(table, scale);
+                            let scaled = mul_by_broadcast(table, &mxfp4::SCALES_F32[sc[i][b] as usize]);
                             // SAFETY: `cb[i][b]` is 16 readable bytes; unaligned loads are allowed.
                             let idx =
                                 _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(cb[i][b].as_ptr().cast()) });
