@@ -299,6 +299,31 @@ fn mxfp4_kernels_decode_every_code_in_both_nibbles_exactly() {
 }
 
 #[test]
+fn mxfp4_input_orders_are_permutations_that_arranging_applies() {
+    for path in KernelPath::ALL {
+        let Some(order) = kernels::mxfp4_input_order(path) else { continue };
+        let mut seen = [false; mxfp4::BLOCK];
+        for &i in order {
+            assert!(
+                !std::mem::replace(&mut seen[usize::from(i)], true),
+                "{}: element {i} twice",
+                path.name()
+            );
+        }
+        // Two whole blocks and a partial one, which is left as it is.
+        let mut x: Vec<f32> = (0..2 * mxfp4::BLOCK + 5).map(|i| i as f32).collect();
+        kernels::mxfp4_arrange(order, &mut x);
+        for (p, &v) in x.iter().enumerate() {
+            let want = match p / mxfp4::BLOCK {
+                b @ 0..2 => b * mxfp4::BLOCK + usize::from(order[p % mxfp4::BLOCK]),
+                _ => p,
+            };
+            assert_eq!(v, want as f32, "{} position {p}", path.name());
+        }
+    }
+}
+
+#[test]
 fn mxfp4_multi_input_kernels_equal_single_input_kernels_for_1_to_17_inputs() {
     let mut rng = Rng::new(12);
     for path in all_paths() {

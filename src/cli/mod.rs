@@ -193,7 +193,8 @@ pub struct ModelArgs {
     pub mapped_dense: bool,
     /// Quantize activations to int8 for the AVX-512 VNNI integer kernels: faster, but no
     /// longer implementation-exact against the F32 oracle (an error of about 0.3% per
-    /// product on top of the INT4 weights').
+    /// product on top of the INT4 weights'). No effect (with a warning) on CPUs without
+    /// AVX-512 VNNI, where the exact float kernels run.
     #[arg(long)]
     pub int8_activations: bool,
     /// Positions processed together in a prefill block.
@@ -372,6 +373,14 @@ impl ModelArgs {
                 picchio::quant::kernels::set_int8_activations(true),
                 "--int8-activations came too late: kernels were already in use"
             );
+            let path = picchio::quant::kernels::selected();
+            if !path.quantizes_activations() {
+                tracing::warn!(
+                    "--int8-activations has no effect with the {} kernels: the integer kernels need \
+                     AVX-512 VNNI, so the exact float kernels run",
+                    path.name()
+                );
+            }
         }
         if let Some(n) = self.threads {
             check_count("--threads", n, MAX_THREADS)?;

@@ -316,12 +316,12 @@ impl Matrix {
 
     /// The `n` input rows of `x` copied into rows aligned to cache lines, padded to the
     /// kernels' width (whole INT4 groups), and for MXFP4 in the order the kernels of `path`
-    /// read ([`kernels::mxfp4_wants_split`]).
+    /// read ([`kernels::mxfp4_input_order`]).
     fn arranged_inputs(&self, path: KernelPath, x: &[f32], n: usize) -> AlignedRows {
         let mut rows = AlignedRows::new(x, n, self.cols, self.padded_cols());
-        if matches!(self.data, MatrixData::Mxfp4 { .. }) && kernels::mxfp4_wants_split(path) {
+        if let (MatrixData::Mxfp4 { .. }, Some(order)) = (&self.data, kernels::mxfp4_input_order(path)) {
             for i in 0..n {
-                kernels::mxfp4_split(rows.row_mut(i));
+                kernels::mxfp4_arrange(order, rows.row_mut(i));
             }
         }
         rows

@@ -331,37 +331,57 @@ pub fn int4_dot_with(path: KernelPath, codes: &[u8], scales: &[u16], x: &[f32]) 
 pub fn mxfp4_dot_with(path: KernelPath, codes: &[u8], scales: &[u8], x: &[f32]) -> f32 {
     let b = scales.len().min(codes.len() / mxfp4::BLOCK_BYTES).min(x.len() / mxfp4::BLOCK);
     let x = &x[..b * mxfp4::BLOCK];
-    if mxfp4_wants_split(path) {
-        let mut split = x.to_vec();
-        mxfp4_split(&mut split);
-        mxfp4_dot_arranged_with(path, codes, scales, &split)
-    } else {
-        mxfp4_dot_arranged_with(path, codes, scales, x)
+    match mxfp4_input_order(path) {
+        Some(order) => {
+            let mut arranged = x.to_vec();
+            mxfp4_arrange(order, &mut arranged);
+            mxfp4_dot_arranged_with(path, codes, scales, &arranged)
+        }
+        None => mxfp4_dot_arranged_with(path, codes, scales, x),
     }
 }
 
-/// Whether the MXFP4 float kernels on `path` read their inputs in split order
-/// ([`mxfp4_split`]) rather than in element order: the callers of the `*_arranged_*` forms
-/// arrange each input once so that the kernels need not move nibbles.
-pub fn mxfp4_wants_split(path: KernelPath) -> bool {
-    matches!(usable(path), KernelPath::Avx512 | KernelPath::Avx512Vnni)
+/// The order in which the MXFP4 float kernels of `path` read each block's 32 inputs, where it
+/// is not element order: position `p` of an arranged block holds element `order[p]`. Each
+/// kernel reads its inputs in the order its decode leaves the weights in, so that no nibble
+/// or weight is moved per row; the callers of the `*_arranged_*` forms arrange each input once
+/// per product ([`mxfp4_arrange`]).
+pub fn mxfp4_input_order(path: KernelPath) -> Option<&'static [u8; mxfp4::BLOCK]> {
+    match usable(path) {
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx2 => Some(&x86::MXFP4_AVX2_ORDER),
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx512 | KernelPath::Avx512Vnni => Some(&MXFP4_SPLIT_ORDER),
+        _ => None,
+    }
 }
 
-/// Rearranges `x` (whole blocks of 32; a partial last block is left as it is) into split
-/// order: in every block, the 16 even-indexed values, then the 16 odd-indexed ones (the
-/// order in which a block's code bytes hold their low and high nibbles).
-pub fn mxfp4_split(x: &mut [f32]) {
-    for block in x.chunks_exact_mut(mxfp4::BLOCK) {
-        let v: [f32; mxfp4::BLOCK] = std::array::from_fn(|i| block[i]);
-        for j in 0..mxfp4::BLOCK / 2 {
-            block[j] = v[2 * j];
-            block[mxfp4::BLOCK / 2 + j] = v[2 * j + 1];
+/// Split order: in every block, the 16 even-indexed inputs, then the 16 odd-indexed ones (the
+/// order in which a block's code bytes hold their low and high nibbles), which the AVX-512
+/// kernels read.
+pub const MXFP4_SPLIT_ORDER: [u8; mxfp4::BLOCK] = {
+    let mut order = [0u8; mxfp4::BLOCK];
+    let mut p = 0;
+    while p < mxfp4::BLOCK {
+        order[p] = if p < mxfp4::BLOCK / 2 { 2 * p } else { 2 * (p - mxfp4::BLOCK / 2) + 1 } as u8;
+        p += 1;
+    }
+    order
+};
+
+/// Rearranges `x` (whole blocks of 32; a partial last block is left as it is) into `order`
+/// ([`mxfp4_input_order`]): position `p` of every block gets the block's element `order[p]`.
+pub fn mxfp4_arrange(order: &[u8; mxfp4::BLOCK], x: &mut [f32]) {
+    for block in x.as_chunks_mut::<{ mxfp4::BLOCK }>().0 {
+        let v = *block;
+        for (slot, &i) in block.iter_mut().zip(order) {
+            *slot = v[usize::from(i)];
         }
     }
 }
 
 /// [`mxfp4_dot_with`] with `x` already in the order the kernels of `path` read
-/// ([`mxfp4_wants_split`]): split order where that says so, element order elsewhere.
+/// ([`mxfp4_input_order`]).
 pub fn mxfp4_dot_arranged_with(path: KernelPath, codes: &[u8], scales: &[u8], x: &[f32]) -> f32 {
     let b = scales.len().min(codes.len() / mxfp4::BLOCK_BYTES).min(x.len() / mxfp4::BLOCK);
     let (codes, scales, cols) = (&codes[..b * mxfp4::BLOCK_BYTES], &scales[..b], b * mxfp4::BLOCK);
@@ -818,24 +838,25 @@ pub fn mxfp4_dot_multi_with(
     xs: &[&[f32]],
     out: &mut [f32],
 ) {
-    if mxfp4_wants_split(path) {
-        let split: Vec<Vec<f32>> = xs
-            .iter()
-            .map(|x| {
-                let mut v = x[..x.len().min(cols)].to_vec();
-                mxfp4_split(&mut v);
-                v
-            })
-            .collect();
-        let split: Vec<&[f32]> = split.iter().map(Vec::as_slice).collect();
-        mxfp4_dot_multi_arranged_with(path, codes, scales, cols, &split, out)
-    } else {
-        mxfp4_dot_multi_arranged_with(path, codes, scales, cols, xs, out)
+    match mxfp4_input_order(path) {
+        Some(order) => {
+            let arranged: Vec<Vec<f32>> = xs
+                .iter()
+                .map(|x| {
+                    let mut v = x[..x.len().min(cols)].to_vec();
+                    mxfp4_arrange(order, &mut v);
+                    v
+                })
+                .collect();
+            let arranged: Vec<&[f32]> = arranged.iter().map(Vec::as_slice).collect();
+            mxfp4_dot_multi_arranged_with(path, codes, scales, cols, &arranged, out)
+        }
+        None => mxfp4_dot_multi_arranged_with(path, codes, scales, cols, xs, out),
     }
 }
 
 /// [`mxfp4_dot_multi_with`] with the inputs already in the order the kernels of `path` read
-/// ([`mxfp4_wants_split`]): `out[r * n + t] = mxfp4_dot_arranged_with(path, row r, xs[t])`,
+/// ([`mxfp4_input_order`]): `out[r * n + t] = mxfp4_dot_arranged_with(path, row r, xs[t])`,
 /// bit for bit. [`crate::quant::Matrix`] arranges its inputs once per product and calls this.
 pub fn mxfp4_dot_multi_arranged_with(
     path: KernelPath,

@@ -349,34 +349,60 @@ pub fn int4_dot_avx2<const T: usize, const R: usize>(
     }
 }
 
-/// The 16 code bytes of an MXFP4 block as two vectors of 16 nibble indices in element order
-/// (elements 0..16, then 16..32): byte `k` of the first is element `k`'s code in its low 4
-/// bits, with garbage in the high 4 (the lookups below read the low bits only, or mask).
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-fn mxfp4_nibbles(c: &[u8; BLOCK_BYTES]) -> (__m128i, __m128i) {
-    // SAFETY: `c` is 16 readable bytes; unaligned loads are allowed.
-    let v = unsafe { _mm_loadu_si128(c.as_ptr().cast()) };
-    // Byte k of `h` holds byte k's high nibble in its low 4 bits.
-    let h = _mm_srli_epi16::<4>(v);
-    (_mm_unpacklo_epi8(v, h), _mm_unpackhi_epi8(v, h))
+/// The order in which [`mxfp4_dot_avx2`] reads a block's 32 inputs: position `p` of an
+/// arranged block holds element `MXFP4_AVX2_ORDER[p]` ([`super::mxfp4_input_order`]).
+///
+/// It is the order the decode below leaves the weights in: lane `l` of the four weight vectors
+/// `v = 0..4` (slots `8 v + l`) holds element `16 (v / 2) + 2 (v % 2) + 4 (l % 4) + l / 4`.
+/// The low nibbles (even elements) fill the low 128-bit half and the high nibbles the high
+/// half, and the in-lane byte and word interleaves then spread each half over the vectors.
+pub(crate) const MXFP4_AVX2_ORDER: [u8; BLOCK] = {
+    let mut order = [0u8; BLOCK];
+    let mut p = 0;
+    while p < BLOCK {
+        let (v, l) = (p / 8, p % 8);
+        order[p] = (16 * (v / 2) + 2 * (v % 2) + 4 * (l % 4) + l / 4) as u8;
+        p += 1;
+    }
+    order
+};
+
+/// Byte `i` of the bf16 form (the high 16 bits of the f32) of E2M1 code `i`, for `i` in 0..16:
+/// `byte = 1` the high byte (sign and 7 exponent bits), `byte = 0` the low byte (the last
+/// exponent bit and the mantissa). Every E2M1 value is exact in bf16.
+const fn fp4_bf16_bytes(byte: u32) -> [u8; 16] {
+    let mut bytes = [0u8; 16];
+    let mut i = 0;
+    while i < 16 {
+        let bits = mxfp4::FP4_VALUES[i].to_bits();
+        assert!(bits & 0xFFFF == 0, "an E2M1 value that is not exact in bf16");
+        bytes[i] = (bits >> (16 + 8 * byte)) as u8;
+        i += 1;
+    }
+    bytes
 }
 
-/// Eight E2M1 values looked up from the low 8 nibble indices of `idx` (bytes 0..8): the
-/// magnitude from the first 8 table entries with `vpermps` (low 3 bits), the sign from bit 3.
-#[inline]
-#[target_feature(enable = "avx2,fma")]
-fn fp4_lookup8(mag: __m256, idx: __m128i) -> __m256 {
-    let i = _mm256_cvtepu8_epi32(idx);
-    let sign = _mm256_and_si256(_mm256_slli_epi32::<28>(i), _mm256_set1_epi32(i32::MIN));
-    _mm256_xor_ps(_mm256_permutevar8x32_ps(mag, i), _mm256_castsi256_ps(sign))
-}
+/// The high and the low byte of every E2M1 value's bf16 form ([`fp4_bf16_bytes`]).
+static FP4_BF16_BYTES: [[u8; 16]; 2] = [fp4_bf16_bytes(1), fp4_bf16_bytes(0)];
 
 /// MXFP4 rows of `cols` inputs (`codes`, `scales`: whole rows) with each input (whole
-/// blocks), with AVX2 + FMA, into `out[r * stride + t]`. The 4-bit codes are decoded by table
-/// lookup ([`fp4_lookup8`]). Per row and input, each block's `sum FP4[c_i] x_i` in 8 lanes
-/// (`(w0 x0 + w2 x2) + (w1 x1 + w3 x3)` over its four 8-element quarters), times the
-/// block's scale into accumulator `b % 2`; one horizontal sum at the end.
+/// blocks) **in the order of [`MXFP4_AVX2_ORDER`]**, with AVX2 + FMA, into
+/// `out[r * stride + t]`.
+///
+/// The 4-bit codes are decoded by byte lookups, ten vector operations a block: the block's 16
+/// code bytes go into both 128-bit halves of a register (a broadcast load), the high half is
+/// shifted right by 4 and the nibbles masked, so the low half holds the even elements' codes
+/// and the high half the odd ones'; two `vpshufb` look up the high and the low byte of each
+/// value's bf16 form; two in-lane byte interleaves pair them into 32 bf16 values; and each
+/// of those two registers gives two weight vectors of 8 f32, its low words shifted up by 16
+/// bits and its high words masked. The shifts and shuffles are half of what the widening,
+/// shifting and `vpermps` of an 8-entry magnitude table with a sign bit cost. The element
+/// order this leaves is [`MXFP4_AVX2_ORDER`], the order the callers arrange the inputs in
+/// once per product.
+///
+/// Per row and input, each block's `sum FP4[c_i] x_i` in 8 lanes (`(w0 x0 + w2 x2) +
+/// (w1 x1 + w3 x3)` over its four weight vectors), times the block's scale (broadcast from
+/// [`mxfp4::SCALES_F32`] by a load) into accumulator `b % 2`; one horizontal sum at the end.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub fn mxfp4_dot_avx2<const T: usize, const R: usize>(
     codes: &[u8],
@@ -398,8 +424,14 @@ pub fn mxfp4_dot_avx2<const T: usize, const R: usize>(
     for t in 0..T {
         xb[t] = &xs[t].as_chunks::<BLOCK>().0[..n];
     }
-    // SAFETY: the first 8 of the 16 values are readable.
-    let mag = unsafe { _mm256_loadu_ps(mxfp4::FP4_VALUES.as_ptr()) };
+    // SAFETY (both): 16 readable bytes; unaligned loads are allowed.
+    let high_bytes =
+        _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(FP4_BF16_BYTES[0].as_ptr().cast()) });
+    let low_bytes =
+        _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(FP4_BF16_BYTES[1].as_ptr().cast()) });
+    let nibble_shift = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
+    let low_nibble = _mm256_set1_epi8(0x0F);
+    let high_words = _mm256_set1_epi32(0xFFFF_0000_u32 as i32);
     let step = k_step::<R>(n, BLOCK * 4 * T, 2);
     let mut r0 = 0;
     while r0 < rows {
@@ -421,12 +453,18 @@ pub fn mxfp4_dot_avx2<const T: usize, const R: usize>(
                 macro_rules! block {
                     ($b:expr, $acc:expr) => {{
                         let b: usize = $b;
-                        let e = _mm256_set1_ps(mxfp4::scale_f32(sc[b]));
-                        let (lo, hi) = mxfp4_nibbles(&cb[b]);
-                        let w0 = fp4_lookup8(mag, lo);
-                        let w1 = fp4_lookup8(mag, _mm_unpackhi_epi64(lo, lo));
-                        let w2 = fp4_lookup8(mag, hi);
-                        let w3 = fp4_lookup8(mag, _mm_unpackhi_epi64(hi, hi));
+                        let e = _mm256_broadcast_ss(&mxfp4::SCALES_F32[sc[b] as usize]);
+                        // SAFETY: `cb[b]` is 16 readable bytes; unaligned loads are allowed.
+                        let c =
+                            _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(cb[b].as_ptr().cast()) });
+                        let idx = _mm256_and_si256(_mm256_srlv_epi32(c, nibble_shift), low_nibble);
+                        let hi = _mm256_shuffle_epi8(high_bytes, idx);
+                        let lo = _mm256_shuffle_epi8(low_bytes, idx);
+                        let (w01, w23) = (_mm256_unpacklo_epi8(lo, hi), _mm256_unpackhi_epi8(lo, hi));
+                        let w0 = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(w01));
+                        let w1 = _mm256_castsi256_ps(_mm256_and_si256(w01, high_words));
+                        let w2 = _mm256_castsi256_ps(_mm256_slli_epi32::<16>(w23));
+                        let w3 = _mm256_castsi256_ps(_mm256_and_si256(w23, high_words));
                         for t in 0..T {
                             let (x8, _) = xb[t][b].as_chunks::<8>();
                             let s0 = _mm256_mul_ps(w0, load8(&x8[0]));
@@ -811,7 +849,7 @@ pub(crate) const fn mxfp4_rows_together(t: usize) -> usize {
 }
 
 /// MXFP4 rows of `cols` inputs (`codes`, `scales`: whole rows) with each input (whole
-/// blocks) **in split order** ([`super::mxfp4_split`]: each block's 16 even-indexed inputs,
+/// blocks) **in split order** ([`super::MXFP4_SPLIT_ORDER`]: each block's 16 even-indexed inputs,
 /// then its 16 odd-indexed ones), with AVX-512, into `out[r * stride + t]`.
 ///
 /// A code byte holds an even element in its low nibble and the next odd one in its high
