@@ -514,10 +514,10 @@ pub fn max_inputs(path: KernelPath, product: Product) -> usize {
         (P::Avx512Vnni, D::Int8Q8 | D::Int4Q8) => 8,
         (P::Neon, D::F32 | D::Bf16 | D::Int8) => 6,
         (P::Neon, D::Int4) => 4,
-        // MXFP4: two accumulators per input plus the decoded block (4 vectors) and the two
-        // byte tables, the shift counts and the two masks on AVX2; two per input plus the table, the scaled table, the indices, the two
-        // looked-up halves and the input's two halves on AVX-512; one per input plus the
-        // block on VNNI.
+        // MXFP4: two accumulators per input plus the decoded block (4 vectors), the two
+        // byte tables, the shift counts and the two masks on AVX2; two per input plus the
+        // table, the scaled table, the indices, the two looked-up halves and the input's two
+        // halves on AVX-512; one per input plus the block on VNNI.
         (P::Avx2, D::Mxfp4) => 3,
         (P::Avx512 | P::Avx512Vnni, D::Mxfp4) => 5,
         (P::Avx512Vnni, D::Mxfp4Q8) => 8,
