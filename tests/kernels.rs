@@ -363,6 +363,58 @@ fn mxfp4_multi_input_kernels_equal_single_input_kernels_for_1_to_17_inputs() {
 }
 
 #[test]
+fn mxfp4_sums_do_not_depend_on_how_a_block_is_scaled() {
+    // The AVX-512 kernel scales a block's table by an add to its exponents when every scale of
+    // the call lets it (2..=252) and by a multiply otherwise. A row outside that range, added
+    // to the same rows, switches the whole call to the multiply: the other rows' sums must not
+    // change (`==`: the two ways differ only in the sign of code 8's zero).
+    let mut rng = Rng::new(13);
+    // Scales near 1, and at each end of the range (a range each: over a wider one the largest
+    // scales' blocks would swallow the rest, and a wrong block would not show), with inputs
+    // small enough at the top for every sum to stay finite (as in the test above).
+    let cases: [(u8, u8, f32); 3] = [(118, 136, 1.0), (2, 6, 1.0), (248, 252, 1.0 / 65536.0)];
+    for path in all_paths() {
+        for (&blocks, (lo, hi, x_scale)) in MXFP4_BLOCKS.iter().flat_map(|b| cases.map(|c| (b, c))) {
+            let (rows, cols, rb) = (9, blocks * mxfp4::BLOCK, mxfp4::row_bytes(blocks * mxfp4::BLOCK));
+            let span = u64::from(hi - lo) + 1;
+            let (codes, scales) =
+                mxfp4_row(&mut rng, rows * blocks, &mut |r| lo + (r.next_u64() % span) as u8);
+            let xs: Vec<Vec<f32>> =
+                (0..3).map(|_| rng.vec(cols, false).iter().map(|v| v * x_scale).collect()).collect();
+            let xr: Vec<&[f32]> = xs.iter().map(|x| &x[..]).collect();
+            let mut in_range = vec![f32::NAN; rows * xr.len()];
+            kernels::mxfp4_dot_multi_with(path, &codes, &scales, cols, &xr, &mut in_range);
+            for outside in [0u8, 1, 253] {
+                let mut codes = codes.clone();
+                let mut scales = scales.clone();
+                codes.extend(std::iter::repeat_n(0, rb));
+                scales.extend(std::iter::repeat_n(outside, blocks));
+                let mut out = vec![f32::NAN; (rows + 1) * xr.len()];
+                kernels::mxfp4_dot_multi_with(path, &codes, &scales, cols, &xr, &mut out);
+                assert_eq!(
+                    out[..in_range.len()],
+                    in_range[..],
+                    "{} with a row at scale {outside}, {blocks} blocks",
+                    path.name()
+                );
+                // (Its codes are all zero: at scale 253 others would overflow with these inputs.)
+                assert!(out[in_range.len()..].iter().all(|&v| v == 0.0), "{}: the extra row", path.name());
+            }
+            // And one input alone through the single-row product, row by row.
+            for r in 0..rows {
+                let got = kernels::mxfp4_dot_with(
+                    path,
+                    &codes[r * rb..(r + 1) * rb],
+                    &scales[r * blocks..(r + 1) * blocks],
+                    xr[0],
+                );
+                assert_eq!(got, in_range[r * xr.len()], "{} row {r}, {blocks} blocks", path.name());
+            }
+        }
+    }
+}
+
+#[test]
 fn mismatched_lengths_never_read_out_of_bounds() {
     // The SIMD kernels take the common length instead of trusting either slice (the scalar
     // references assert equal lengths in debug builds instead).

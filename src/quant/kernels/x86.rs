@@ -832,6 +832,67 @@ fn mul_by_broadcast(v: __m512, s: &f32) -> __m512 {
     out
 }
 
+/// The scale bytes for which [`scale_by_exponent`] gives the same table as
+/// [`mul_by_broadcast`]: every non-zero E2M1 value (0.5 to 6, exponents 126 to 129) times
+/// `2^(e - 127)` is then a normal f32, so adding `e - 127` to its exponent field is the
+/// product, bit for bit.
+const EXPONENT_SCALES: std::ops::RangeInclusive<u8> = 2..=252;
+
+/// Whether every scale byte is in [`EXPONENT_SCALES`], by lane-wise minimum and maximum over
+/// 64-byte chunks (which the compiler vectorizes), started from the range's own ends.
+fn all_in_exponent_range(scales: &[u8]) -> bool {
+    let (chunks, rest) = scales.as_chunks::<64>();
+    let (mut lo, mut hi) = ([*EXPONENT_SCALES.end(); 64], [*EXPONENT_SCALES.start(); 64]);
+    for c in chunks {
+        for j in 0..64 {
+            lo[j] = lo[j].min(c[j]);
+            hi[j] = hi[j].max(c[j]);
+        }
+    }
+    lo.iter().chain(&hi).chain(rest).all(|e| EXPONENT_SCALES.contains(e))
+}
+
+/// `(e - 127) << 23` for every scale byte `e`: added to an f32's bits, it multiplies a normal
+/// value by `2^(e - 127)` while the result stays normal ([`EXPONENT_SCALES`]).
+static SCALE_EXPONENT_ADD: [i32; 256] = {
+    let mut t = [0i32; 256];
+    let mut e = 0;
+    while e < 256 {
+        t[e] = (e as i32 - 127) << 23;
+        e += 1;
+    }
+    t
+};
+
+/// The lanes of the E2M1 table that hold a non-zero value: codes 0 and 8 are +0 and -0.
+const FP4_NONZERO_LANES: u16 = !(1 | 1 << 8);
+
+/// The E2M1 table times `2^(e - 127)` by an integer add to the exponent fields of its non-zero
+/// lanes (`vpaddd zmm{k}{z}, zmm, [add]{1to16}`, `add` from [`SCALE_EXPONENT_ADD`], `k` =
+/// [`FP4_NONZERO_LANES`], passed in so that a loop keeps it in a mask register), for
+/// scales in [`EXPONENT_SCALES`]. It does what [`mul_by_broadcast`] does, off the two units
+/// every multiply-add, lookup and widening needs on Zen 5 (docs/perf.md, `op_rate`: integer
+/// adds go to two others). The zero lanes come out as +0 where the multiply keeps code 8's
+/// -0; a multiply-add by either adds an exact zero, so sums differ at most in the sign of a
+/// zero result.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+fn scale_by_exponent(table: __m512, add: &i32, nonzero: __mmask16) -> __m512 {
+    let out: __m512;
+    // SAFETY: reads the 4 bytes of `add`, a valid `i32`; writes only the output register.
+    unsafe {
+        std::arch::asm!(
+            "vpaddd {out}{{{k}}}{{z}}, {table}, dword ptr [{add}]{{1to16}}",
+            out = lateout(zmm_reg) out,
+            table = in(zmm_reg) table,
+            k = in(kreg) nonzero,
+            add = in(reg) add as *const i32,
+            options(pure, readonly, nostack, preserves_flags),
+        );
+    }
+    out
+}
+
 /// Rows of an MXFP4 matrix that [`mxfp4_dot_avx512`] decodes side by side for `t` inputs.
 ///
 /// Each row and input has two accumulator chains, and a multiply-add waits for the previous one
@@ -857,13 +918,16 @@ pub(crate) const fn mxfp4_rows_together(t: usize) -> usize {
 /// dwords, and `vpermps` (which reads the low 4 bits of each index) looks up the even
 /// weights from them and the odd ones from them shifted right by 4, in the block's 16 E2M1
 /// values already multiplied by its scale (a power of two: exact for the finite scales a
-/// loaded matrix has).
+/// loaded matrix has). When every scale of the call is in [`EXPONENT_SCALES`] (real
+/// checkpoints) that product is an integer add to the exponents ([`scale_by_exponent`]),
+/// else a multiply ([`mul_by_broadcast`]); both give the same table but for the sign of
+/// code 8's zero, which no sum can see.
 ///
 /// Per row and input, two accumulators take the even and the odd products of every block, in
 /// block order, by fused multiply-add; they are added and summed horizontally at the end. That
 /// order is the same for every input count, row grouping ([`mxfp4_rows_together`]) and block
 /// of the contraction, so a batched product equals the single-input one bit for bit. The
-/// decode (five vector operations a block) is paid once per row and pass, the multiply-adds
+/// decode (five or six vector operations a block) is paid once per row and pass, the multiply-adds
 /// (two a block) once per input: passes of up to 5 inputs (`max_inputs`).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
 pub fn mxfp4_dot_avx512<const T: usize, const R: usize>(
@@ -887,6 +951,14 @@ pub fn mxfp4_dot_avx512<const T: usize, const R: usize>(
         xb[t] = &xs[t].as_chunks::<16>().0.as_chunks::<2>().0[..n];
     }
     let table = load16(&mxfp4::FP4_VALUES);
+    // Opaque, so that the compiler keeps it in a mask register rather than making it again
+    // (a move from a general register) for every block.
+    let nonzero = std::hint::black_box(FP4_NONZERO_LANES);
+    // Real checkpoints' scales are all in range; a matrix with one outside (products that
+    // would be subnormal or overflow) takes the multiply everywhere. One pass over the scales
+    // (a sixteenth of the codes' bytes): a test per block in the loop cost as much as the
+    // block's decode.
+    let by_exponent_ok = all_in_exponent_range(&scales[..rows * bpr]);
     let step = k_step::<R>(n, BLOCK * 4 * T, 1);
     let together = mxfp4_rows_together(T);
     let mut r0 = 0;
@@ -920,32 +992,45 @@ pub fn mxfp4_dot_avx512<const T: usize, const R: usize>(
                         sc[i] = &scales[row * bpr..][b0..b1];
                         acc[i] = state[r + i];
                     }
-                    for b in 0..b1 - b0 {
-                        if b % LINE_BLOCKS == 0 {
-                            for a in &ahead {
-                                if let Some(block) = a.get(b) {
-                                    prefetch(block);
+                    // The blocks, with each block's table scaled by `$scale(table, &$by[e])`.
+                    macro_rules! blocks {
+                        ($scale:ident, $by:expr) => {
+                            for b in 0..b1 - b0 {
+                                if b % LINE_BLOCKS == 0 {
+                                    for a in &ahead {
+                                        if let Some(block) = a.get(b) {
+                                            prefetch(block);
+                                        }
+                                    }
+                                }
+                                let mut even = [_mm512_setzero_ps(); G];
+                                let mut odd = [_mm512_setzero_ps(); G];
+                                for i in 0..G {
+                                    let scaled = $scale(table, &$by[sc[i][b] as usize]);
+                                    // SAFETY: `cb[i][b]` is 16 readable bytes; unaligned loads
+                                    // are allowed.
+                                    let idx = _mm512_cvtepu8_epi32(unsafe {
+                                        _mm_loadu_si128(cb[i][b].as_ptr().cast())
+                                    });
+                                    even[i] = _mm512_permutexvar_ps(idx, scaled);
+                                    odd[i] = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(idx), scaled);
+                                }
+                                for t in 0..T {
+                                    let [xe, xo] = &xb[t][b0 + b];
+                                    let (xe, xo) = (load16(xe), load16(xo));
+                                    for i in 0..G {
+                                        acc[i][t][0] = _mm512_fmadd_ps(even[i], xe, acc[i][t][0]);
+                                        acc[i][t][1] = _mm512_fmadd_ps(odd[i], xo, acc[i][t][1]);
+                                    }
                                 }
                             }
-                        }
-                        let mut even = [_mm512_setzero_ps(); G];
-                        let mut odd = [_mm512_setzero_ps(); G];
-                        for i in 0..G {
-                            let scaled = mul_by_broadcast(table, &mxfp4::SCALES_F32[sc[i][b] as usize]);
-                            // SAFETY: `cb[i][b]` is 16 readable bytes; unaligned loads are allowed.
-                            let idx =
-                                _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(cb[i][b].as_ptr().cast()) });
-                            even[i] = _mm512_permutexvar_ps(idx, scaled);
-                            odd[i] = _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(idx), scaled);
-                        }
-                        for t in 0..T {
-                            let [xe, xo] = &xb[t][b0 + b];
-                            let (xe, xo) = (load16(xe), load16(xo));
-                            for i in 0..G {
-                                acc[i][t][0] = _mm512_fmadd_ps(even[i], xe, acc[i][t][0]);
-                                acc[i][t][1] = _mm512_fmadd_ps(odd[i], xo, acc[i][t][1]);
-                            }
-                        }
+                        };
+                    }
+                    if by_exponent_ok {
+                        let by_exponent = |t, add| scale_by_exponent(t, add, nonzero);
+                        blocks!(by_exponent, SCALE_EXPONENT_ADD);
+                    } else {
+                        blocks!(mul_by_broadcast, mxfp4::SCALES_F32);
                     }
                     for i in 0..G {
                         state[r + i] = acc[i];
