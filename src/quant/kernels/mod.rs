@@ -517,9 +517,11 @@ pub fn max_inputs(path: KernelPath, product: Product) -> usize {
         // MXFP4: two accumulators per input plus the decoded block (4 vectors), the two
         // byte tables, the shift counts and the two masks on AVX2; two per input plus the
         // table, the scaled table, the indices, the two looked-up halves and the input's two
-        // halves on AVX-512; one per input plus the block on VNNI.
+        // halves on AVX-512, where passes of 4 inputs (on three rows side by side) beat
+        // passes of 5 (on two) by 9-11% (docs/perf.md, 2026-12-04); one per input plus the
+        // block on VNNI.
         (P::Avx2, D::Mxfp4) => 3,
-        (P::Avx512 | P::Avx512Vnni, D::Mxfp4) => 5,
+        (P::Avx512 | P::Avx512Vnni, D::Mxfp4) => 4,
         (P::Avx512Vnni, D::Mxfp4Q8) => 8,
         (P::Neon, D::Mxfp4) => 4,
         // Scalar references, one input at a time.

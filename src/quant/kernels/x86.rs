@@ -899,12 +899,14 @@ fn scale_by_exponent(table: __m512, add: &i32, nonzero: __mmask16) -> __m512 {
 /// on its chain (4-5 cycles). With few inputs a row alone does not keep enough chains in flight,
 /// so several rows go together; with many inputs one row has enough, and the 32 vector registers
 /// go to inputs instead (each decoded block then serves more multiply-adds). Every row's
-/// arithmetic is the same whatever the grouping.
+/// arithmetic is the same whatever the grouping. Measured on Zen 5 (docs/perf.md,
+/// 2026-12-04): one input with 2, 6 or 8 rows ran 10-45% slower than with 4; four inputs on
+/// three rows 11% faster than on two, five inputs on three rows slower than on two (spills).
 pub(crate) const fn mxfp4_rows_together(t: usize) -> usize {
     match t {
         1 | 2 => 4,
-        3 => 3,
-        4 | 5 => 2,
+        3 | 4 => 3,
+        5 => 2,
         _ => 1,
     }
 }
