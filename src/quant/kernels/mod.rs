@@ -332,11 +332,7 @@ pub fn mxfp4_dot_with(path: KernelPath, codes: &[u8], scales: &[u8], x: &[f32]) 
     let b = scales.len().min(codes.len() / mxfp4::BLOCK_BYTES).min(x.len() / mxfp4::BLOCK);
     let x = &x[..b * mxfp4::BLOCK];
     match mxfp4_input_order(path) {
-        Some(order) => {
-            let mut arranged = x.to_vec();
-            mxfp4_arrange(order, &mut arranged);
-            mxfp4_dot_arranged_with(path, codes, scales, &arranged)
-        }
+        Some(order) => mxfp4_dot_arranged_with(path, codes, scales, &arranged_copy(order, x)),
         None => mxfp4_dot_arranged_with(path, codes, scales, x),
     }
 }
@@ -351,23 +347,10 @@ pub fn mxfp4_input_order(path: KernelPath) -> Option<&'static [u8; mxfp4::BLOCK]
         #[cfg(target_arch = "x86_64")]
         KernelPath::Avx2 => Some(&x86::MXFP4_AVX2_ORDER),
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512 | KernelPath::Avx512Vnni => Some(&MXFP4_SPLIT_ORDER),
+        KernelPath::Avx512 | KernelPath::Avx512Vnni => Some(&x86::MXFP4_SPLIT_ORDER),
         _ => None,
     }
 }
-
-/// Split order: in every block, the 16 even-indexed inputs, then the 16 odd-indexed ones (the
-/// order in which a block's code bytes hold their low and high nibbles), which the AVX-512
-/// kernels read.
-pub const MXFP4_SPLIT_ORDER: [u8; mxfp4::BLOCK] = {
-    let mut order = [0u8; mxfp4::BLOCK];
-    let mut p = 0;
-    while p < mxfp4::BLOCK {
-        order[p] = if p < mxfp4::BLOCK / 2 { 2 * p } else { 2 * (p - mxfp4::BLOCK / 2) + 1 } as u8;
-        p += 1;
-    }
-    order
-};
 
 /// Rearranges `x` (whole blocks of 32; a partial last block is left as it is) into `order`
 /// ([`mxfp4_input_order`]): position `p` of every block gets the block's element `order[p]`.
@@ -378,6 +361,14 @@ pub fn mxfp4_arrange(order: &[u8; mxfp4::BLOCK], x: &mut [f32]) {
             *slot = v[usize::from(i)];
         }
     }
+}
+
+/// A copy of `x` arranged into `order` ([`mxfp4_arrange`]), for the products that arrange
+/// their inputs per call.
+fn arranged_copy(order: &[u8; mxfp4::BLOCK], x: &[f32]) -> Vec<f32> {
+    let mut arranged = x.to_vec();
+    mxfp4_arrange(order, &mut arranged);
+    arranged
 }
 
 /// [`mxfp4_dot_with`] with `x` already in the order the kernels of `path` read
@@ -842,14 +833,8 @@ pub fn mxfp4_dot_multi_with(
 ) {
     match mxfp4_input_order(path) {
         Some(order) => {
-            let arranged: Vec<Vec<f32>> = xs
-                .iter()
-                .map(|x| {
-                    let mut v = x[..x.len().min(cols)].to_vec();
-                    mxfp4_arrange(order, &mut v);
-                    v
-                })
-                .collect();
+            let arranged: Vec<Vec<f32>> =
+                xs.iter().map(|x| arranged_copy(order, &x[..x.len().min(cols)])).collect();
             let arranged: Vec<&[f32]> = arranged.iter().map(Vec::as_slice).collect();
             mxfp4_dot_multi_arranged_with(path, codes, scales, cols, &arranged, out)
         }

@@ -382,8 +382,11 @@ const fn fp4_bf16_bytes(byte: u32) -> [u8; 16] {
     bytes
 }
 
-/// The high and the low byte of every E2M1 value's bf16 form ([`fp4_bf16_bytes`]).
-static FP4_BF16_BYTES: [[u8; 16]; 2] = [fp4_bf16_bytes(1), fp4_bf16_bytes(0)];
+/// The high byte of every E2M1 value's bf16 form ([`fp4_bf16_bytes`]).
+static FP4_BF16_HIGH: [u8; 16] = fp4_bf16_bytes(1);
+
+/// The low byte of every E2M1 value's bf16 form ([`fp4_bf16_bytes`]).
+static FP4_BF16_LOW: [u8; 16] = fp4_bf16_bytes(0);
 
 /// MXFP4 rows of `cols` inputs (`codes`, `scales`: whole rows) with each input (whole
 /// blocks) **in the order of [`MXFP4_AVX2_ORDER`]**, with AVX2 + FMA, into
@@ -425,10 +428,8 @@ pub fn mxfp4_dot_avx2<const T: usize, const R: usize>(
         xb[t] = &xs[t].as_chunks::<BLOCK>().0[..n];
     }
     // SAFETY (both): 16 readable bytes; unaligned loads are allowed.
-    let high_bytes =
-        _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(FP4_BF16_BYTES[0].as_ptr().cast()) });
-    let low_bytes =
-        _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(FP4_BF16_BYTES[1].as_ptr().cast()) });
+    let high_bytes = _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(FP4_BF16_HIGH.as_ptr().cast()) });
+    let low_bytes = _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(FP4_BF16_LOW.as_ptr().cast()) });
     let nibble_shift = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
     let low_nibble = _mm256_set1_epi8(0x0F);
     let high_words = _mm256_set1_epi32(0xFFFF_0000_u32 as i32);
@@ -806,6 +807,19 @@ pub fn int4_dot_avx512<const T: usize, const R: usize>(
     }
 }
 
+/// Split order: in every block, the 16 even-indexed inputs, then the 16 odd-indexed ones (the
+/// order in which a block's code bytes hold their low and high nibbles), in which
+/// [`mxfp4_dot_avx512`] reads its inputs ([`super::mxfp4_input_order`]).
+pub(crate) const MXFP4_SPLIT_ORDER: [u8; BLOCK] = {
+    let mut order = [0u8; BLOCK];
+    let mut p = 0;
+    while p < BLOCK {
+        order[p] = if p < BLOCK / 2 { 2 * p } else { 2 * (p - BLOCK / 2) + 1 } as u8;
+        p += 1;
+    }
+    order
+};
+
 /// MXFP4 blocks' codes in a cache line: [`mxfp4_dot_avx512`] prefetches the rows ahead one
 /// line every this many blocks.
 const LINE_BLOCKS: usize = 64 / BLOCK_BYTES;
@@ -912,7 +926,7 @@ pub(crate) const fn mxfp4_rows_together(t: usize) -> usize {
 }
 
 /// MXFP4 rows of `cols` inputs (`codes`, `scales`: whole rows) with each input (whole
-/// blocks) **in split order** ([`super::MXFP4_SPLIT_ORDER`]: each block's 16 even-indexed inputs,
+/// blocks) **in split order** ([`MXFP4_SPLIT_ORDER`]: each block's 16 even-indexed inputs,
 /// then its 16 odd-indexed ones), with AVX-512, into `out[r * stride + t]`.
 ///
 /// A code byte holds an even element in its low nibble and the next odd one in its high
