@@ -944,7 +944,7 @@ pub(crate) const fn mxfp4_rows_together(t: usize) -> usize {
 /// order is the same for every input count, row grouping ([`mxfp4_rows_together`]) and block
 /// of the contraction, so a batched product equals the single-input one bit for bit. The
 /// decode (five or six vector operations a block) is paid once per row and pass, the multiply-adds
-/// (two a block) once per input: passes of up to 5 inputs (`max_inputs`).
+/// (two a block) once per input: passes of up to 4 inputs (`max_inputs`).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
 pub fn mxfp4_dot_avx512<const T: usize, const R: usize>(
     codes: &[u8],
