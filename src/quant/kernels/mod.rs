@@ -509,8 +509,8 @@ pub fn max_inputs(path: KernelPath, product: Product) -> usize {
         // byte tables, the shift counts and the two masks on AVX2; two per input plus the
         // table, the scaled table, the indices, the two looked-up halves and the input's two
         // halves on AVX-512, where passes of 4 inputs (on three rows side by side) beat
-        // passes of 5 (on two) by 9-11% (docs/perf.md, 2026-12-04); one per input plus the
-        // block on VNNI.
+        // passes of 5 (on two) by 9-11% (docs/perf.md, 2026-12-04); on VNNI one per input
+        // and row, two rows side by side past 4 inputs, plus each row's weights and scales.
         (P::Avx2, D::Mxfp4) => 3,
         (P::Avx512 | P::Avx512Vnni, D::Mxfp4) => 4,
         (P::Avx512Vnni, D::Mxfp4Q8) => 8,

@@ -42,18 +42,25 @@ unsafe impl bytemuck::Zeroable for CodeGroup {}
 // SAFETY: as above; it is `Copy` and `'static`.
 unsafe impl bytemuck::Pod for CodeGroup {}
 
-/// 64 unsigned bytes on their own cache line (see [`CodeGroup`]).
+/// One activation group as the integer MXFP4 kernel reads it, on two cache lines: its codes
+/// reordered, and the bias that cancels the kernel's weight offset.
 #[derive(Clone, Copy, Debug)]
 #[repr(C, align(64))]
-struct ByteGroup([u8; GROUP]);
+pub struct Mxfp4Group {
+    /// The group's 64 codes, code `i` at [`mxfp4_position`]`(i)`.
+    pub codes: [i8; GROUP],
+    /// Per 32-bit lane `l` of `codes` (bytes `4l .. 4l + 4`), `-MXFP4_WEIGHT_OFFSET` times
+    /// their sum: where the kernel starts lane `l`'s sum, so that its weights' offset
+    /// ([`MXFP4_WEIGHT_OFFSET`]) cancels exactly.
+    pub bias: [i32; 16],
+}
 
-// SAFETY: `ByteGroup` is `repr(C)`, 64 bytes with alignment 64: no padding, and every bit
-// pattern is valid.
-unsafe impl bytemuck::Zeroable for ByteGroup {}
-// SAFETY: as above; it is `Copy` and `'static`.
-unsafe impl bytemuck::Pod for ByteGroup {}
+/// What the integer MXFP4 kernel adds to every doubled E2M1 weight (`-12..=12`) so that it is
+/// an unsigned byte (`0..=24`, `vpdpbusd` takes one unsigned operand); the activations stay
+/// signed, and [`Mxfp4Group::bias`] takes the offset's products back out, exactly.
+pub const MXFP4_WEIGHT_OFFSET: i32 = 12;
 
-/// Where code `i` of a group goes in its [`QuantizedX::mxfp4_codes`] copy: the group covers
+/// Where code `i` of a group goes in its [`Mxfp4Group::codes`]: the group covers
 /// two MXFP4 blocks (`b = i / 32`), and within each half of 32 the even elements of block 0,
 /// then of block 1, come first (`16 b + j` for element `2 j`), the odd ones second
 /// (`32 + 16 b + j` for element `2 j + 1`), which is the order in which the integer MXFP4
@@ -68,9 +75,8 @@ pub const fn mxfp4_position(i: usize) -> usize {
 pub struct QuantizedX {
     /// `groups * 64` codes, group by group; zero past `len`.
     codes: Vec<CodeGroup>,
-    /// The same codes as unsigned bytes `p + 128`, each group reordered by
-    /// [`mxfp4_position`], for the integer MXFP4 kernel.
-    mxfp4_codes: Vec<ByteGroup>,
+    /// The groups as the integer MXFP4 kernel reads them.
+    mxfp4: Vec<Mxfp4Group>,
     /// One scale per group.
     scales: Vec<f32>,
     /// Per group, `-8 * sum(codes)`: turns the unsigned INT4 codes `q + 8` into `q`.
@@ -86,7 +92,7 @@ impl QuantizedX {
         let mut codes = vec![CodeGroup([0; GROUP]); groups];
         let mut scales = vec![0.0f32; groups];
         let mut int4_bias = vec![0i32; groups];
-        let mut mxfp4_codes = vec![ByteGroup([128; GROUP]); groups];
+        let mut mxfp4 = vec![Mxfp4Group { codes: [0; GROUP], bias: [0; 16] }; groups];
         for (g, (xs, CodeGroup(qs))) in x.chunks(GROUP).zip(codes.iter_mut()).enumerate() {
             let amax = xs.iter().fold(0.0f32, |m, v| m.max(v.abs()));
             let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
@@ -96,11 +102,15 @@ impl QuantizedX {
             // A NaN input makes its group's scale NaN, so it reaches the output as with floats.
             scales[g] = if xs.iter().any(|v| v.is_nan()) { f32::NAN } else { amax / 127.0 };
             int4_bias[g] = -8 * qs.iter().map(|&q| q as i32).sum::<i32>();
+            let m = &mut mxfp4[g];
             for (i, &q) in qs.iter().enumerate() {
-                mxfp4_codes[g].0[mxfp4_position(i)] = (q as u8) ^ 0x80;
+                m.codes[mxfp4_position(i)] = q;
+            }
+            for (bias, lane) in m.bias.iter_mut().zip(m.codes.as_chunks::<4>().0) {
+                *bias = -MXFP4_WEIGHT_OFFSET * lane.iter().map(|&q| q as i32).sum::<i32>();
             }
         }
-        QuantizedX { codes, mxfp4_codes, scales, int4_bias, len: x.len() }
+        QuantizedX { codes, mxfp4, scales, int4_bias, len: x.len() }
     }
 
     /// Number of inputs quantized.
@@ -123,12 +133,11 @@ impl QuantizedX {
         bytemuck::cast_slice(&self.codes)
     }
 
-    /// The codes as unsigned bytes `p + 128` (in `1..=255`), `groups() * 64` of them, each
-    /// group in the order of [`mxfp4_position`]: what the integer MXFP4 kernel multiplies
-    /// with the signed weights (`vpdpbusd` takes one unsigned operand), with no shuffle per
-    /// row.
-    pub fn mxfp4_codes(&self) -> &[u8] {
-        bytemuck::cast_slice(&self.mxfp4_codes)
+    /// The groups as the integer MXFP4 kernel reads them (codes in the order of
+    /// [`mxfp4_position`], with their bias), one per group: what it
+    /// multiplies with the decoded weights, with no shuffle per row.
+    pub fn mxfp4_groups(&self) -> &[Mxfp4Group] {
+        &self.mxfp4
     }
 
     /// One scale per group.
@@ -213,8 +222,13 @@ mod tests {
         }
         assert!(q.codes()[100..].iter().all(|&c| c == 0));
         for (i, &c) in q.codes().iter().enumerate() {
-            let at = i / GROUP * GROUP + mxfp4_position(i % GROUP);
-            assert_eq!(q.mxfp4_codes()[at], (c as i32 + 128) as u8, "input {i}");
+            assert_eq!(q.mxfp4_groups()[i / GROUP].codes[mxfp4_position(i % GROUP)], c, "input {i}");
+        }
+        for (g, m) in q.mxfp4_groups().iter().enumerate() {
+            for (l, &bias) in m.bias.iter().enumerate() {
+                let sum: i32 = m.codes[4 * l..4 * l + 4].iter().map(|&c| c as i32).sum();
+                assert_eq!(bias, -MXFP4_WEIGHT_OFFSET * sum, "group {g} lane {l}");
+            }
         }
         for g in 0..2 {
             let sum: i32 = q.codes()[g * GROUP..(g + 1) * GROUP].iter().map(|&c| c as i32).sum();

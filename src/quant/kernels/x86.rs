@@ -36,7 +36,7 @@
 
 use std::arch::x86_64::*;
 
-use super::q8::QuantizedX;
+use super::q8::{MXFP4_WEIGHT_OFFSET, Mxfp4Group, QuantizedX};
 use super::{k_step, store};
 use crate::quant::int4::{self, GROUP, GROUP_BYTES};
 use crate::quant::mxfp4::{self, BLOCK, BLOCK_BYTES};
@@ -1285,22 +1285,44 @@ static HALF_SCALES: [f32; 256] = {
     t
 };
 
+/// [`mxfp4::FP4_DOUBLED`] plus [`MXFP4_WEIGHT_OFFSET`]: the doubled E2M1 values as unsigned
+/// bytes (`0..=24`), the weights the integer MXFP4 kernel multiplies.
+static FP4_DOUBLED_OFFSET: [u8; 16] = {
+    let mut t = [0u8; 16];
+    let mut c = 0;
+    while c < 16 {
+        t[c] = (mxfp4::FP4_DOUBLED[c] as i32 + MXFP4_WEIGHT_OFFSET) as u8;
+        c += 1;
+    }
+    t
+};
+
+/// The 32-bit lanes that hold the second block of a pair in [`mxfp4_dot_q8_vnni`]: `4..8`
+/// and `12..16`.
+const SECOND_BLOCK_LANES: __mmask16 = 0xf0f0;
+
 /// The integer-kernel dot products of MXFP4 rows of `cols` inputs (`codes`, `scales`: whole
 /// rows) with each of `T` quantized inputs ([`super::q8::mxfp4_dot_reference`]), with AVX-512
 /// VNNI, into `out[r * stride + t]`, one activation group (two blocks) a 512-bit step.
 ///
 /// Per row and block pair (shared by every input): the pair's 32 code bytes, broadcast to
-/// both halves of a register, the upper half shifted right by 4 (`vpsrlvw`), masked to
-/// nibbles and looked up (`vpshufb`) in the doubled E2M1 values [`mxfp4::FP4_DOUBLED`] give
-/// the signed weights `w` (integers in -12..=12) of the even elements of each block, then the
-/// odd ones, which is the order of [`QuantizedX::mxfp4_codes`] (the activations as unsigned
-/// `p + 128`, reordered once per input). With `c = -128 sum w` per i32 lane (a `vpdpbusd` of
-/// 128s), each input costs one `vpdpbusd` started from `c`, so each of the 16 lanes holds an
-/// exact partial `sum 2 FP4[c_i] p_i` of one block (lanes `0..4` and `8..12` block `2 g`,
-/// the others block `2 g + 1`). Lanes `i` and `i + 8` are added (exactly) into 8 lanes,
-/// which are converted to f32 and multiplied by `(2^(e_b - 127) / 2) * s_g` (the block
-/// scales from [`HALF_SCALES`]) into 256-bit accumulator `g % 2`. A last odd block is decoded
-/// with a zero second block into accumulator 1; one horizontal sum at the end.
+/// both halves of a register, the upper half shifted right by 4 ([`high_nibbles_up`]),
+/// masked to nibbles and looked up (`vpshufb`) in [`FP4_DOUBLED_OFFSET`] give the weights
+/// `w + 12` (unsigned, `w` the doubled E2M1 value) of the even elements of each block, then
+/// the odd ones, which is the order of [`Mxfp4Group::codes`] (signed, reordered once per
+/// input). So 32-bit lanes `0..4` and `8..12` hold products of the first block, the others of
+/// the second. Each input and row costs one `vpdpbusd` started from the input's
+/// [`Mxfp4Group::bias`] (which takes the offset's `12 p` back out), giving in each lane an
+/// exact partial `sum 2 FP4[c_i] p_i` of one block; its conversion to f32 is multiply-added,
+/// by `(2^(e_b - 127) / 2) * s_g` (the lane's block scale from [`HALF_SCALES`] times the
+/// group's), into the row's and input's one 512-bit accumulator, pair after pair. A last odd
+/// block is decoded with a zero second block (scale 0) after the last pair; one horizontal
+/// sum at the end.
+///
+/// Rows go side by side ([`mxfp4_q8_rows_together`]): each input's codes and bias, loaded
+/// once, serve every row of the group, and the rows' accumulators are independent chains. The
+/// arithmetic of a row is the same whatever the grouping and input count, so a batched
+/// product equals the single-input one bit for bit.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub fn mxfp4_dot_q8_vnni<const T: usize, const R: usize>(
     codes: &[u8],
@@ -1319,78 +1341,122 @@ pub fn mxfp4_dot_q8_vnni<const T: usize, const R: usize>(
         return;
     }
     // Block `b` meets activation group `b / 2` (two blocks a group of 64).
-    let n = xs.iter().fold(bpr, |n, x| n.min(x.mxfp4_codes().len() / BLOCK).min(2 * x.scales().len()));
+    let n = xs.iter().fold(bpr, |n, x| n.min(2 * x.mxfp4_groups().len()).min(2 * x.scales().len()));
     let (pairs, odd) = (n / 2, n % 2 == 1);
-    let mut pu: [&[[u8; GROUP]]; T] = [&[]; T];
+    let mut xg: [&[Mxfp4Group]; T] = [&[]; T];
     let mut sx: [&[f32]; T] = [&[]; T];
     for t in 0..T {
-        pu[t] = &xs[t].mxfp4_codes().as_chunks::<GROUP>().0[..n.div_ceil(2)];
+        xg[t] = &xs[t].mxfp4_groups()[..n.div_ceil(2)];
         sx[t] = &xs[t].scales()[..n.div_ceil(2)];
     }
     // SAFETY: 16 readable bytes; unaligned loads are allowed.
-    let table = _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(mxfp4::FP4_DOUBLED.as_ptr().cast()) });
+    let table = _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(FP4_DOUBLED_OFFSET.as_ptr().cast()) });
     let mask = _mm512_set1_epi8(0x0f);
-    // Shift counts for `vpsrlvw`: 0 in the lower 256 bits (low nibbles), 4 in the upper.
-    let shifts = _mm512_inserti64x4::<1>(_mm512_setzero_si512(), _mm256_set1_epi16(4));
-    let u128s = _mm512_set1_epi8(-128);
-    let zero = _mm512_setzero_si512();
-    // One block pair's weights (`v`: its code bytes in both halves) and the lanes' scales
-    // (`e0`, `e1`: the blocks' `2^(e - 127) / 2`) into `$acc[t]`, for pair `$g` of the inputs.
-    macro_rules! pair {
-        ($v:expr, $e0:expr, $e1:expr, $g:expr, $acc:expr) => {{
-            let (v, g): (__m512i, usize) = ($v, $g);
-            let w = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srlv_epi16(v, shifts), mask));
-            let c = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, u128s, w));
-            let e = _mm256_set_m128(_mm_set1_ps($e1), _mm_set1_ps($e0));
+    // A block pair's weights (`v`: its 32 code bytes in both halves of a register).
+    macro_rules! weights {
+        ($v:expr) => {{
+            let v: __m512i = $v;
+            // The upper 256 bits (16-bit lanes 16..32) to their high nibbles.
+            _mm512_shuffle_epi8(table, _mm512_and_si512(high_nibbles_up(v), mask))
+        }};
+    }
+    // The blocks' scales (`2^(e - 127) / 2`) in the lanes that hold each block's products.
+    macro_rules! lane_scales {
+        ($e0:expr, $e1:expr) => {
+            _mm512_mask_mov_ps(_mm512_set1_ps($e0), SECOND_BLOCK_LANES, _mm512_set1_ps($e1))
+        };
+    }
+    // Rows `r0 + r ..` (`$g` of them, weights `$w[i]`, scales `$e[i]`) times pair `$pair` of
+    // every input, into `$acc[i][t]`.
+    macro_rules! products {
+        ($g:expr, $w:expr, $e:expr, $pair:expr, $acc:expr) => {{
+            let pair: usize = $pair;
             for t in 0..T {
-                // SAFETY: `pu[t][g]` is 64 readable bytes; unaligned loads are allowed.
-                let p = unsafe { _mm512_loadu_si512(pu[t][g].as_ptr().cast()) };
-                let sum = _mm512_dpbusd_epi32(c, p, w);
-                // Lanes `i` and `i + 8` belong to the same block: fold them (exactly) first,
-                // so the float work is on 8 lanes.
-                let sum = _mm256_add_epi32(_mm512_castsi512_si256(sum), _mm512_extracti64x4_epi64::<1>(sum));
-                let ds = _mm256_mul_ps(e, _mm256_set1_ps(sx[t][g]));
-                $acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), ds, $acc[t]);
+                let x = &xg[t][pair];
+                // SAFETY: `x.codes` and `x.bias` are 64 aligned bytes each.
+                let (p, c) = unsafe {
+                    (_mm512_load_si512(x.codes.as_ptr().cast()), _mm512_load_si512(x.bias.as_ptr().cast()))
+                };
+                let s = sx[t][pair];
+                for i in 0..$g {
+                    let sum = _mm512_dpbusd_epi32(c, $w[i], p);
+                    let ds = _mm512_mul_ps($e[i], _mm512_set1_ps(s));
+                    $acc[i][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), ds, $acc[i][t]);
+                }
             }
         }};
     }
-    let step = k_step::<R>(pairs, GROUP * T, 2);
+    let step = k_step::<R>(pairs, (size_of::<Mxfp4Group>() + size_of::<f32>()) * T, 1);
+    let together = mxfp4_q8_rows_together(T);
     let mut r0 = 0;
     while r0 < rows {
         let rr = R.min(rows - r0);
-        let mut state = [[[_mm256_setzero_ps(); T]; 2]; R];
+        let mut state = [[_mm512_setzero_ps(); T]; R];
         let mut g0 = 0;
         while g0 < pairs {
             let g1 = pairs.min(g0 + step);
-            for (r, st) in state.iter_mut().enumerate().take(rr) {
-                prefetch_next::<_, R>(r0 + r, rows, |r| {
-                    [
-                        &codes[r * rb + g0 * PAIR_BYTES..r * rb + g1 * PAIR_BYTES],
-                        &scales[r * bpr + 2 * g0..r * bpr + 2 * g1],
-                    ]
-                });
-                let cp = &codes[(r0 + r) * rb..][..rb].as_chunks::<PAIR_BYTES>().0[..pairs];
-                let sc = &scales[(r0 + r) * bpr..][..n];
-                let mut acc = *st;
-                macro_rules! step {
-                    ($g:expr, $acc:expr) => {{
-                        let g: usize = $g;
-                        // SAFETY: `cp[g]` is 32 readable bytes; unaligned loads are allowed.
-                        let v = _mm512_broadcast_i64x4(unsafe { _mm256_loadu_si256(cp[g].as_ptr().cast()) });
-                        let (e0, e1) = (HALF_SCALES[sc[2 * g] as usize], HALF_SCALES[sc[2 * g + 1] as usize]);
-                        pair!(v, e0, e1, g, $acc);
-                    }};
+            // Rows `r0 + r ..` (`$g` of them) over pairs `g0..g1`, accumulating into `state`.
+            macro_rules! rows_over_pairs {
+                ($g:literal, $r:expr) => {{
+                    const G: usize = $g;
+                    let r: usize = $r;
+                    let mut cp: [&[[u8; PAIR_BYTES]]; G] = [&[]; G];
+                    let mut sc: [&[u8]; G] = [&[]; G];
+                    let mut acc = [[_mm512_setzero_ps(); T]; G];
+                    // The same pairs of the rows `R` further on, prefetched a cache line (two
+                    // pairs) at a time as these are done: rows side by side are short
+                    // interleaved streams that the hardware prefetcher follows poorly (as in
+                    // `mxfp4_dot_avx512`).
+                    let mut ahead: [&[[u8; PAIR_BYTES]]; G] = [&[]; G];
+                    for i in 0..G {
+                        let row = r0 + r + i;
+                        if R > 1 && row + R < rows {
+                            let next = row + R;
+                            ahead[i] = &codes[next * rb..][..rb].as_chunks::<PAIR_BYTES>().0[g0..g1];
+                            prefetch(&scales[next * bpr + 2 * g0..next * bpr + 2 * g1]);
+                        }
+                        cp[i] = &codes[row * rb..][..rb].as_chunks::<PAIR_BYTES>().0[..pairs];
+                        sc[i] = &scales[row * bpr..][..n];
+                        acc[i] = state[r + i];
+                    }
+                    for g in g0..g1 {
+                        if (g - g0) % 2 == 0 {
+                            for a in &ahead {
+                                if let Some(line) = a.get(g - g0) {
+                                    prefetch(line);
+                                }
+                            }
+                        }
+                        let mut w = [_mm512_setzero_si512(); G];
+                        let mut e = [_mm512_setzero_ps(); G];
+                        for i in 0..G {
+                            // SAFETY: `cp[i][g]` is 32 readable bytes; unaligned loads are
+                            // allowed.
+                            w[i] = weights!(_mm512_broadcast_i64x4(unsafe {
+                                _mm256_loadu_si256(cp[i][g].as_ptr().cast())
+                            }));
+                            e[i] = lane_scales!(
+                                HALF_SCALES[sc[i][2 * g] as usize],
+                                HALF_SCALES[sc[i][2 * g + 1] as usize]
+                            );
+                        }
+                        products!(G, w, e, g, acc);
+                    }
+                    for i in 0..G {
+                        state[r + i] = acc[i];
+                    }
+                }};
+            }
+            let mut r = 0;
+            while r < rr {
+                let g = together.min(rr - r);
+                match g {
+                    4.. => rows_over_pairs!(4, r),
+                    3 => rows_over_pairs!(3, r),
+                    2 => rows_over_pairs!(2, r),
+                    _ => rows_over_pairs!(1, r),
                 }
-                let mut g = g0;
-                while g + 2 <= g1 {
-                    step!(g, acc[0]);
-                    step!(g + 1, acc[1]);
-                    g += 2;
-                }
-                if g < g1 {
-                    step!(g, acc[0]);
-                }
-                *st = acc;
+                r += g.clamp(1, 4);
             }
             g0 = g1;
         }
@@ -1398,19 +1464,56 @@ pub fn mxfp4_dot_q8_vnni<const T: usize, const R: usize>(
             if odd {
                 let b = n - 1;
                 let tail = &codes[(r0 + r) * rb + b * BLOCK_BYTES..][..BLOCK_BYTES];
-                // SAFETY: `tail` is 16 readable bytes; the second block's codes are 0 (value 0).
-                let v = _mm512_broadcast_i64x4(_mm256_zextsi128_si256(unsafe {
+                // SAFETY: `tail` is 16 readable bytes; the second block's codes are 0 (weight
+                // 12 after the offset, which its lanes' bias cancels), its scale 0.
+                let w = [weights!(_mm512_broadcast_i64x4(_mm256_zextsi128_si256(unsafe {
                     _mm_loadu_si128(tail.as_ptr().cast())
-                }));
-                pair!(v, HALF_SCALES[scales[(r0 + r) * bpr + b] as usize], 0.0, pairs, acc[1]);
+                })))];
+                let e = [lane_scales!(HALF_SCALES[scales[(r0 + r) * bpr + b] as usize], 0.0)];
+                let mut one = [*acc];
+                products!(1, w, e, pairs, one);
+                *acc = one[0];
             }
             let mut s = [0.0f32; T];
             for t in 0..T {
-                s[t] = hsum256(_mm256_add_ps(acc[0][t], acc[1][t]));
+                s[t] = hsum512(acc[t]);
             }
             store(out, (r0 + r) * stride, &s);
         }
         r0 += rr;
+    }
+}
+
+/// The upper 256 bits of `v` shifted right by 4 in each 16-bit lane, the lower 256 kept
+/// (`vpsrlw zmm{k}, zmm, 4`): the high nibbles of a block pair's codes beside the low ones.
+/// Written out because the compiler otherwise makes it a shift by a vector of counts, which
+/// takes one of the two units the dot products and multiply-adds need on Zen 5 (docs/perf.md,
+/// `op_rate`), where an immediate shift does not.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+fn high_nibbles_up(v: __m512i) -> __m512i {
+    let mut out = v;
+    // SAFETY: register-only; merge-masking keeps the lanes the mask leaves out.
+    unsafe {
+        std::arch::asm!(
+            "vpsrlw {out}{{{k}}}, {v}, 4",
+            out = inout(zmm_reg) out,
+            v = in(zmm_reg) v,
+            k = in(kreg) 0xffff_0000u32,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+    }
+    out
+}
+
+/// Rows of an MXFP4 matrix that [`mxfp4_dot_q8_vnni`] multiplies side by side for `t`
+/// inputs: each row and input has one accumulator chain, so with few inputs several rows keep
+/// enough chains in flight, and each input's codes and bias, loaded once, serve every row.
+/// Every row's arithmetic is the same whatever the grouping.
+pub(crate) const fn mxfp4_q8_rows_together(t: usize) -> usize {
+    match t {
+        1..=4 => 4,
+        _ => 2,
     }
 }
 
