@@ -71,6 +71,26 @@ fn prefetch_next<'a, T: 'a, const R: usize>(r: usize, rows: usize, part: impl Fn
     }
 }
 
+/// Runs `$body!(G, r)` for the rows `r .. r + G` of `0..$rows`, in groups of `$together`
+/// (1 to 4; the last group may be smaller), `G` a literal so that the body's arrays have a
+/// constant length: how the kernels that put rows side by side walk a row block.
+macro_rules! in_row_groups {
+    ($rows:expr, $together:expr, $body:ident) => {{
+        let (rows, together): (usize, usize) = ($rows, $together);
+        let mut r = 0;
+        while r < rows {
+            let g = together.min(rows - r);
+            match g {
+                4.. => $body!(4, r),
+                3 => $body!(3, r),
+                2 => $body!(2, r),
+                _ => $body!(1, r),
+            }
+            r += g.clamp(1, 4);
+        }
+    }};
+}
+
 // The kernels below avoid closures and `array::map` in their loops: a closure inherits the
 // kernel's target features and is then not always inlined, which would move the accumulators
 // to memory. Per-group bodies are local macros instead.
@@ -1053,17 +1073,7 @@ pub fn mxfp4_dot_avx512<const T: usize, const R: usize>(
                     }
                 }};
             }
-            let mut r = 0;
-            while r < rr {
-                let g = together.min(rr - r);
-                match g {
-                    4.. => rows_over_blocks!(4, r),
-                    3 => rows_over_blocks!(3, r),
-                    2 => rows_over_blocks!(2, r),
-                    _ => rows_over_blocks!(1, r),
-                }
-                r += g.clamp(1, 4);
-            }
+            in_row_groups!(rr, together, rows_over_blocks);
             b0 = b1;
         }
         for (r, acc) in state.iter().enumerate().take(rr) {
@@ -1447,17 +1457,7 @@ pub fn mxfp4_dot_q8_vnni<const T: usize, const R: usize>(
                     }
                 }};
             }
-            let mut r = 0;
-            while r < rr {
-                let g = together.min(rr - r);
-                match g {
-                    4.. => rows_over_pairs!(4, r),
-                    3 => rows_over_pairs!(3, r),
-                    2 => rows_over_pairs!(2, r),
-                    _ => rows_over_pairs!(1, r),
-                }
-                r += g.clamp(1, 4);
-            }
+            in_row_groups!(rr, together, rows_over_pairs);
             g0 = g1;
         }
         for (r, acc) in state.iter_mut().enumerate().take(rr) {
