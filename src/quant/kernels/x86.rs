@@ -71,6 +71,22 @@ fn prefetch_next<'a, T: 'a, const R: usize>(r: usize, rows: usize, part: impl Fn
     }
 }
 
+/// Prefetches unit `i` of each of `ahead` (the same `UNIT`-byte units of the rows that a
+/// multi-row kernel reaches `R` rows further on) when `i` starts a cache line, so that those
+/// rows come in a line at a time as the current ones are done: rows side by side are short
+/// interleaved streams that the hardware prefetcher follows poorly, and a burst of all their
+/// lines at once ([`prefetch_next`]) stalled on misses in flight.
+#[inline(always)]
+fn prefetch_line_ahead<const UNIT: usize, const G: usize>(ahead: &[&[[u8; UNIT]]; G], i: usize) {
+    if i.is_multiple_of(64 / UNIT) {
+        for a in ahead {
+            if let Some(unit) = a.get(i) {
+                prefetch(unit);
+            }
+        }
+    }
+}
+
 /// Runs `$body!(G, r)` for the rows `r .. r + G` of `0..$rows`, in groups of `$together`
 /// (1 to 4; the last group may be smaller), `G` a literal so that the body's arrays have a
 /// constant length: how the kernels that put rows side by side walk a row block.
@@ -840,10 +856,6 @@ pub(crate) const MXFP4_SPLIT_ORDER: [u8; BLOCK] = {
     order
 };
 
-/// MXFP4 blocks' codes in a cache line: [`mxfp4_dot_avx512`] prefetches the rows ahead one
-/// line every this many blocks.
-const LINE_BLOCKS: usize = 64 / BLOCK_BYTES;
-
 /// `v * s` in every lane, with `s` broadcast from memory by the multiply itself
 /// (`vmulps zmm, zmm, [s]{1to16}`). The broadcast then costs a load, not an operation: on
 /// Zen 5 a broadcast from a register takes one of the two units every multiply-add and lookup
@@ -1012,10 +1024,7 @@ pub fn mxfp4_dot_avx512<const T: usize, const R: usize>(
                     let mut cb: [&[[u8; BLOCK_BYTES]]; G] = [&[]; G];
                     let mut sc: [&[u8]; G] = [&[]; G];
                     let mut acc = [[[_mm512_setzero_ps(); 2]; T]; G];
-                    // The same blocks of the rows `R` further on, prefetched a cache line
-                    // (4 blocks) at a time as these blocks are done: rows side by side are
-                    // short interleaved streams that the hardware prefetcher follows poorly,
-                    // and a burst of all their lines at once stalled on misses in flight.
+                    // The same blocks of the rows `R` further on ([`prefetch_line_ahead`]).
                     let mut ahead: [&[[u8; BLOCK_BYTES]]; G] = [&[]; G];
                     for i in 0..G {
                         let row = r0 + r + i;
@@ -1032,13 +1041,7 @@ pub fn mxfp4_dot_avx512<const T: usize, const R: usize>(
                     macro_rules! blocks {
                         ($scale:ident, $by:expr) => {
                             for b in 0..b1 - b0 {
-                                if b % LINE_BLOCKS == 0 {
-                                    for a in &ahead {
-                                        if let Some(block) = a.get(b) {
-                                            prefetch(block);
-                                        }
-                                    }
-                                }
+                                prefetch_line_ahead(&ahead, b);
                                 let mut even = [_mm512_setzero_ps(); G];
                                 let mut odd = [_mm512_setzero_ps(); G];
                                 for i in 0..G {
@@ -1413,10 +1416,7 @@ pub fn mxfp4_dot_q8_vnni<const T: usize, const R: usize>(
                     let mut cp: [&[[u8; PAIR_BYTES]]; G] = [&[]; G];
                     let mut sc: [&[u8]; G] = [&[]; G];
                     let mut acc = [[_mm512_setzero_ps(); T]; G];
-                    // The same pairs of the rows `R` further on, prefetched a cache line (two
-                    // pairs) at a time as these are done: rows side by side are short
-                    // interleaved streams that the hardware prefetcher follows poorly (as in
-                    // `mxfp4_dot_avx512`).
+                    // The same pairs of the rows `R` further on ([`prefetch_line_ahead`]).
                     let mut ahead: [&[[u8; PAIR_BYTES]]; G] = [&[]; G];
                     for i in 0..G {
                         let row = r0 + r + i;
@@ -1430,13 +1430,7 @@ pub fn mxfp4_dot_q8_vnni<const T: usize, const R: usize>(
                         acc[i] = state[r + i];
                     }
                     for g in g0..g1 {
-                        if (g - g0) % 2 == 0 {
-                            for a in &ahead {
-                                if let Some(line) = a.get(g - g0) {
-                                    prefetch(line);
-                                }
-                            }
-                        }
+                        prefetch_line_ahead(&ahead, g - g0);
                         let mut w = [_mm512_setzero_si512(); G];
                         let mut e = [_mm512_setzero_ps(); G];
                         for i in 0..G {
