@@ -312,7 +312,7 @@ fn mxfp4_input_orders_are_permutations_that_arranging_applies() {
         }
         // Two whole blocks and a partial one, which is left as it is.
         let mut x: Vec<f32> = (0..2 * mxfp4::BLOCK + 5).map(|i| i as f32).collect();
-        kernels::mxfp4_arrange(order, &mut x);
+        kernels::arrange_inputs(order, &mut x);
         for (p, &v) in x.iter().enumerate() {
             let want = match p / mxfp4::BLOCK {
                 b @ 0..2 => b * mxfp4::BLOCK + usize::from(order[p % mxfp4::BLOCK]),

@@ -78,6 +78,35 @@ pub struct Matrix {
 /// the pool would cost more than it saves.
 const PARALLEL_MIN_WORK: usize = 1 << 15;
 
+/// Inputs per task of [`transpose_into`]: one cache line of a row of `[rows, n]` products.
+const TRANSPOSE_INPUTS: usize = 16;
+
+/// `y[t * rows + r] = out[r * n + t]`: the `[rows, n]` products of a batched product as the
+/// `[n, rows]` outputs. Tasks take [`TRANSPOSE_INPUTS`] inputs each, reading `out` a cache
+/// line per row and writing as many sequential streams, on the thread pool when it is large:
+/// element by element on one thread this was 4% of a 64-token prefill, with the other thread
+/// waiting.
+fn transpose_into(out: &[f32], n: usize, y: &mut [f32]) {
+    let rows = out.len().checked_div(n).unwrap_or(0);
+    if rows == 0 {
+        return;
+    }
+    let block = |(b, ys): (usize, &mut [f32])| {
+        let t0 = b * TRANSPOSE_INPUTS;
+        for (r, vals) in out.chunks_exact(n).enumerate() {
+            for (y_t, &v) in ys.chunks_exact_mut(rows).zip(&vals[t0..]) {
+                y_t[r] = v;
+            }
+        }
+    };
+    let chunk = TRANSPOSE_INPUTS * rows;
+    if out.len() < PARALLEL_MIN_WORK {
+        y.chunks_mut(chunk).enumerate().for_each(block);
+    } else {
+        y.par_chunks_mut(chunk).enumerate().for_each(block);
+    }
+}
+
 /// Weight bytes in one block of rows of [`Matrix::matmul`] (one task for the thread pool): the
 /// block stays in L2 while the passes of inputs go over it.
 const MATMUL_BLOCK_BYTES: usize = 128 << 10;
@@ -294,7 +323,7 @@ impl Matrix {
         let integer = self.has_integer_kernels();
         let qx = (integer && quantize).then(|| QuantizedX::new(x));
         // The kernels read `x` from a copy aligned to cache lines (padded to whole INT4 groups,
-        // in the order the MXFP4 kernels read): cheap next to the product, and no vector load
+        // in the order the MXFP4 and BF16 kernels read): cheap next to the product, and no vector load
         // then straddles two lines.
         let aligned = qx.is_none().then(|| self.arranged_inputs(path, x, 1));
         let inputs = Inputs {
@@ -315,13 +344,18 @@ impl Matrix {
     }
 
     /// The `n` input rows of `x` copied into rows aligned to cache lines, padded to the
-    /// kernels' width (whole INT4 groups), and for MXFP4 in the order the kernels of `path`
-    /// read ([`kernels::mxfp4_input_order`]).
+    /// kernels' width (whole INT4 groups), and for MXFP4 and BF16 in the order the kernels of
+    /// `path` read ([`kernels::mxfp4_input_order`], [`kernels::bf16_input_order`]).
     fn arranged_inputs(&self, path: KernelPath, x: &[f32], n: usize) -> AlignedRows {
         let mut rows = AlignedRows::new(x, n, self.cols, self.padded_cols());
-        if let (MatrixData::Mxfp4 { .. }, Some(order)) = (&self.data, kernels::mxfp4_input_order(path)) {
+        let order = match &self.data {
+            MatrixData::Mxfp4 { .. } => kernels::mxfp4_input_order(path),
+            MatrixData::Bf16(_) => kernels::bf16_input_order(path),
+            MatrixData::F32(_) | MatrixData::Int8Rows { .. } | MatrixData::Int4G64 { .. } => None,
+        };
+        if let Some(order) = order {
             for i in 0..n {
-                kernels::mxfp4_arrange(order, rows.row_mut(i));
+                kernels::arrange_inputs(order, rows.row_mut(i));
             }
         }
         rows
@@ -369,7 +403,7 @@ impl Matrix {
         let quantized: Vec<QuantizedX> =
             if quantize { x.chunks(self.cols).map(QuantizedX::new).collect() } else { Vec::new() };
         // Float inputs are copied to rows aligned to cache lines (padded to whole INT4 groups,
-        // in the order the MXFP4 kernels read).
+        // in the order the MXFP4 and BF16 kernels read).
         let aligned = (!quantize).then(|| self.arranged_inputs(path, x, n));
         let inputs = Inputs {
             x: aligned.as_ref().map_or_else(Vec::new, |a| a.rows().collect()),
@@ -388,11 +422,7 @@ impl Matrix {
                 .enumerate()
                 .for_each(|(b, o)| self.rows_dot_multi(path, b * rows_per_block, &inputs, o));
         }
-        for (r, vals) in out.chunks_exact(n).enumerate() {
-            for (t, &v) in vals.iter().enumerate() {
-                y[t * self.rows + r] = v;
-            }
-        }
+        transpose_into(&out, n, y);
     }
 
     /// Rows `r0 ..` (as many as `out`, `[rows, n]`, holds) against every input of `inputs`
@@ -407,7 +437,7 @@ impl Matrix {
                 kernels::f32_dot_multi_with(path, &b.as_slice()[r0 * c..r1 * c], c, &inputs.x, out)
             }
             MatrixData::Bf16(b) => {
-                kernels::bf16_dot_multi_with(path, &b.as_slice()[r0 * c..r1 * c], c, &inputs.x, out)
+                kernels::bf16_dot_multi_arranged_with(path, &b.as_slice()[r0 * c..r1 * c], c, &inputs.x, out)
             }
             MatrixData::Int8Rows { codes, scales } => {
                 let (codes, scales) = (&codes.as_slice()[r0 * c..r1 * c], &scales.as_slice()[r0..r1]);

@@ -281,6 +281,16 @@ pub fn f32_dot_with(path: KernelPath, w: &[f32], x: &[f32]) -> f32 {
 /// [`bf16_dot`] on `path` (the scalar reference if this CPU cannot run `path`). The SIMD
 /// kernels read `min(w.len(), x.len())` elements.
 pub fn bf16_dot_with(path: KernelPath, w: &[u16], x: &[f32]) -> f32 {
+    let x = &x[..x.len().min(w.len())];
+    match bf16_input_order(path) {
+        Some(order) => bf16_dot_arranged_with(path, w, &arranged_copy(order, x)),
+        None => bf16_dot_arranged_with(path, w, x),
+    }
+}
+
+/// [`bf16_dot_with`] with `x` already in the order the kernels of `path` read
+/// ([`bf16_input_order`]).
+pub fn bf16_dot_arranged_with(path: KernelPath, w: &[u16], x: &[f32]) -> f32 {
     let mut o = [0.0f32];
     match usable(path) {
         _ if w.is_empty() => return reference::dot_bf16(w, &x[..0]),
@@ -302,6 +312,20 @@ pub fn bf16_dot_with(path: KernelPath, w: &[u16], x: &[f32]) -> f32 {
         _ => return reference::dot_bf16(w, x),
     }
     o[0]
+}
+
+/// The order in which the BF16 kernels of `path` read each block of 32 inputs, where it is
+/// not element order (as [`mxfp4_input_order`]): the 512-bit kernel takes a block's 32
+/// weights in one load and splits them into even and odd elements without moving any
+/// ([`x86::bf16_dot_avx512`]), so its inputs come split the same way.
+pub fn bf16_input_order(path: KernelPath) -> Option<&'static [u8; ARRANGED_BLOCK]> {
+    match usable(path) {
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx512 => Some(&x86::SPLIT_ORDER),
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx512Vnni if wide_float_units() => Some(&x86::SPLIT_ORDER),
+        _ => None,
+    }
 }
 
 /// [`int4_dot`] on `path` (the scalar reference if this CPU cannot run `path`). The SIMD
@@ -341,21 +365,26 @@ pub fn mxfp4_dot_with(path: KernelPath, codes: &[u8], scales: &[u8], x: &[f32]) 
 /// is not element order: position `p` of an arranged block holds element `order[p]`. Each
 /// kernel reads its inputs in the order its decode leaves the weights in, so that no nibble
 /// or weight is moved per row; the callers of the `*_arranged_*` forms arrange each input once
-/// per product ([`mxfp4_arrange`]).
-pub fn mxfp4_input_order(path: KernelPath) -> Option<&'static [u8; mxfp4::BLOCK]> {
+/// per product ([`arrange_inputs`]).
+pub fn mxfp4_input_order(path: KernelPath) -> Option<&'static [u8; ARRANGED_BLOCK]> {
     match usable(path) {
         #[cfg(target_arch = "x86_64")]
         KernelPath::Avx2 => Some(&x86::MXFP4_AVX2_ORDER),
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512 | KernelPath::Avx512Vnni => Some(&x86::MXFP4_SPLIT_ORDER),
+        KernelPath::Avx512 | KernelPath::Avx512Vnni => Some(&x86::SPLIT_ORDER),
         _ => None,
     }
 }
 
-/// Rearranges `x` (whole blocks of 32; a partial last block is left as it is) into `order`
-/// ([`mxfp4_input_order`]): position `p` of every block gets the block's element `order[p]`.
-pub fn mxfp4_arrange(order: &[u8; mxfp4::BLOCK], x: &mut [f32]) {
-    for block in x.as_chunks_mut::<{ mxfp4::BLOCK }>().0 {
+/// Inputs per block of an input order ([`mxfp4_input_order`], [`bf16_input_order`]): an
+/// MXFP4 block, and the bf16 weights of one 64-byte load.
+pub const ARRANGED_BLOCK: usize = mxfp4::BLOCK;
+
+/// Rearranges `x` (whole blocks of [`ARRANGED_BLOCK`]; a partial last block is left as it is)
+/// into `order` ([`mxfp4_input_order`], [`bf16_input_order`]): position `p` of every block
+/// gets the block's element `order[p]`.
+pub fn arrange_inputs(order: &[u8; ARRANGED_BLOCK], x: &mut [f32]) {
+    for block in x.as_chunks_mut::<ARRANGED_BLOCK>().0 {
         let v = *block;
         for (slot, &i) in block.iter_mut().zip(order) {
             *slot = v[usize::from(i)];
@@ -363,11 +392,11 @@ pub fn mxfp4_arrange(order: &[u8; mxfp4::BLOCK], x: &mut [f32]) {
     }
 }
 
-/// A copy of `x` arranged into `order` ([`mxfp4_arrange`]), for the products that arrange
+/// A copy of `x` arranged into `order` ([`arrange_inputs`]), for the products that arrange
 /// their inputs per call.
-fn arranged_copy(order: &[u8; mxfp4::BLOCK], x: &[f32]) -> Vec<f32> {
+fn arranged_copy(order: &[u8; ARRANGED_BLOCK], x: &[f32]) -> Vec<f32> {
     let mut arranged = x.to_vec();
-    mxfp4_arrange(order, &mut arranged);
+    arrange_inputs(order, &mut arranged);
     arranged
 }
 
@@ -499,7 +528,9 @@ pub fn max_inputs(path: KernelPath, product: Product) -> usize {
         // input across an INT4 group.
         (P::Avx2, D::F32 | D::Bf16 | D::Int8 | D::Int4) => 3,
         // 32 registers: four accumulators per input (AVX2 kernels compiled with AVX-512 VL on
-        // the VNNI path), or two per INT4 input plus the unpacked group.
+        // the VNNI path), or two per INT4 input plus the unpacked group. The 512-bit BF16
+        // kernel: two per input and row, two rows side by side past 3 inputs; 8 inputs on one
+        // row ran 17% slower than passes of 6 on two (Zen 5, docs/perf.md 2026-12-04).
         (P::Avx512 | P::Avx512Vnni, D::F32 | D::Bf16 | D::Int8) => 6,
         (P::Avx512 | P::Avx512Vnni, D::Int4) => 8,
         (P::Avx512Vnni, D::Int8Q8 | D::Int4Q8) => 8,
@@ -646,6 +677,27 @@ pub fn f32_dot_multi_with(path: KernelPath, w: &[f32], cols: usize, xs: &[&[f32]
 /// [`f32_dot_multi_with`] for bf16 weights: `out[r * n + t] = bf16_dot_with(path, row r,
 /// xs[t])`, bit for bit; each weight is widened once per pass of up to [`max_inputs`] inputs.
 pub fn bf16_dot_multi_with(path: KernelPath, w: &[u16], cols: usize, xs: &[&[f32]], out: &mut [f32]) {
+    match bf16_input_order(path) {
+        Some(order) => {
+            let arranged: Vec<Vec<f32>> =
+                xs.iter().map(|x| arranged_copy(order, &x[..x.len().min(cols)])).collect();
+            let arranged: Vec<&[f32]> = arranged.iter().map(Vec::as_slice).collect();
+            bf16_dot_multi_arranged_with(path, w, cols, &arranged, out)
+        }
+        None => bf16_dot_multi_arranged_with(path, w, cols, xs, out),
+    }
+}
+
+/// [`bf16_dot_multi_with`] with the inputs already in the order the kernels of `path` read
+/// ([`bf16_input_order`]): `out[r * n + t] = bf16_dot_arranged_with(path, row r, xs[t])`, bit
+/// for bit. [`crate::quant::Matrix`] arranges its inputs once per product and calls this.
+pub fn bf16_dot_multi_arranged_with(
+    path: KernelPath,
+    w: &[u16],
+    cols: usize,
+    xs: &[&[f32]],
+    out: &mut [f32],
+) {
     let path = usable(path);
     let rows = w.len().checked_div(cols).unwrap_or(usize::MAX);
     let kernel = |xs: &[&[f32]], out: &mut [f32], rows: usize, n: usize| match path {
@@ -675,7 +727,7 @@ pub fn bf16_dot_multi_with(path: KernelPath, w: &[u16], cols: usize, xs: &[&[f32
         }),
         _ => false,
     };
-    let single = |r: usize, x: &[f32]| bf16_dot_with(path, &w[r * cols..(r + 1) * cols], x);
+    let single = |r: usize, x: &[f32]| bf16_dot_arranged_with(path, &w[r * cols..(r + 1) * cols], x);
     multi(xs, out, rows, max_inputs(path, Product::Bf16), kernel, single);
 }
 

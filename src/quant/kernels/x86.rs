@@ -71,17 +71,17 @@ fn prefetch_next<'a, T: 'a, const R: usize>(r: usize, rows: usize, part: impl Fn
     }
 }
 
-/// Prefetches unit `i` of each of `ahead` (the same `UNIT`-byte units of the rows that a
+/// Prefetches unit `i` of each of `ahead` (the same units, `U`, of the rows that a
 /// multi-row kernel reaches `R` rows further on) when `i` starts a cache line, so that those
 /// rows come in a line at a time as the current ones are done: rows side by side are short
 /// interleaved streams that the hardware prefetcher follows poorly, and a burst of all their
 /// lines at once ([`prefetch_next`]) stalled on misses in flight.
 #[inline(always)]
-fn prefetch_line_ahead<const UNIT: usize, const G: usize>(ahead: &[&[[u8; UNIT]]; G], i: usize) {
-    if i.is_multiple_of(64 / UNIT) {
+fn prefetch_line_ahead<U, const G: usize>(ahead: &[&[U]; G], i: usize) {
+    if i.is_multiple_of((64 / size_of::<U>()).max(1)) {
         for a in ahead {
             if let Some(unit) = a.get(i) {
-                prefetch(unit);
+                prefetch(std::slice::from_ref(unit));
             }
         }
     }
@@ -579,15 +579,7 @@ fn widen16_bf16(v: __m256i) -> __m512 {
     _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(v)))
 }
 
-/// 16 bfloat16 bit patterns widened to f32.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-fn load16_bf16(a: &[u16; 16]) -> __m512 {
-    // SAFETY: `a` is 32 readable bytes; unaligned loads are allowed.
-    widen16_bf16(unsafe { _mm256_loadu_si256(a.as_ptr().cast()) })
-}
-
-/// The first `t.len()` (< 16) bfloat16 bit patterns widened to f32, zero above.
+/// The first `t.len()` (<= 16) bfloat16 bit patterns widened to f32, zero above.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
 fn load16_bf16_tail(t: &[u16]) -> __m512 {
@@ -715,14 +707,132 @@ avx512_dot!(
     load16_tail
 );
 
-avx512_dot!(
-    /// `sum_i bf16(w[i]) x_t[i]` for each row of `cols` weights in `w` and each input, with
-    /// AVX-512, into `out[r * stride + t]`.
-    bf16_dot_avx512,
-    u16,
-    load16_bf16,
-    load16_bf16_tail
-);
+/// Rows of a BF16 matrix that [`bf16_dot_avx512`] puts side by side for `t` inputs: enough
+/// accumulator chains in flight with few inputs (two per row and input), and with more inputs
+/// each row's weights serve more multiply-adds while the accumulators, the weights and the
+/// inputs' two halves still fit in the 32 vector registers. One input (decode) takes one row
+/// at a time: rows side by side are interleaved streams that the hardware prefetcher follows
+/// poorly, and from memory two rows ran at 17 GiB/s against 34-36 for one (Zen 5, 1 thread,
+/// `stream_5760x2880`); one row's two chains still go faster than memory.
+pub(crate) const fn bf16_rows_together(t: usize) -> usize {
+    match t {
+        1 => 1,
+        2 => 4,
+        3 => 3,
+        4..=6 => 2,
+        _ => 1,
+    }
+}
+
+/// `sum_i bf16(w[i]) x_t[i]` for each row of `cols` weights in `w` and each input, with
+/// AVX-512, into `out[r * stride + t]`, with each input's whole blocks of 32 **in split order**
+/// ([`SPLIT_ORDER`]: a block's 16 even-indexed inputs, then its 16 odd-indexed ones; a
+/// partial last block in element order).
+///
+/// One 512-bit load takes a block's 32 weights, and its dword `j` holds elements `2j` (low
+/// half) and `2j + 1` (high half): a shift left by 16 gives the even weights as f32 and a mask
+/// of the high halves the odd ones, exactly, with no shuffle (which would take one of the
+/// units the multiply-adds use). Per row and input, two accumulators take the even and the odd
+/// products of every block, in block order, by fused multiply-add; a partial last block's
+/// first 16 elements go to the first, the rest to the second; they are added and summed
+/// horizontally at the end. That order does not depend on the inputs, the rows side by side
+/// ([`bf16_rows_together`]) or the blocks of the contraction, so a batched product equals the
+/// single-input one bit for bit.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+pub fn bf16_dot_avx512<const T: usize, const R: usize>(
+    w: &[u16],
+    rows: usize,
+    cols: usize,
+    xs: &[&[f32]; T],
+    out: &mut [f32],
+    stride: usize,
+) {
+    if rows.checked_mul(cols).is_none_or(|len| len > w.len()) {
+        return;
+    }
+    let n = common(cols, xs);
+    let blocks = n / BLOCK;
+    let mut xb: [&[[[f32; 16]; 2]]; T] = [&[]; T];
+    let mut xt: [&[f32]; T] = [&[]; T];
+    for t in 0..T {
+        xb[t] = &xs[t].as_chunks::<16>().0.as_chunks::<2>().0[..blocks];
+        xt[t] = &xs[t][blocks * BLOCK..n];
+    }
+    let high_halves = _mm512_set1_epi32(0xFFFF_0000_u32 as i32);
+    let step = k_step::<R>(blocks, BLOCK * 4 * T, 1);
+    let together = bf16_rows_together(T);
+    let mut r0 = 0;
+    while r0 < rows {
+        let rr = R.min(rows - r0);
+        let mut state = [[[_mm512_setzero_ps(); 2]; T]; R];
+        let mut b0 = 0;
+        while b0 < blocks {
+            let b1 = blocks.min(b0 + step);
+            // Rows `r0 + r ..` (`$g` of them) over blocks `b0..b1`, accumulating into `state`.
+            macro_rules! rows_over_blocks {
+                ($g:literal, $r:expr) => {{
+                    const G: usize = $g;
+                    let r: usize = $r;
+                    let mut wb: [&[[u16; BLOCK]]; G] = [&[]; G];
+                    let mut acc = [[[_mm512_setzero_ps(); 2]; T]; G];
+                    // The same blocks of the rows `R` further on ([`prefetch_line_ahead`]).
+                    let mut ahead: [&[[u16; BLOCK]]; G] = [&[]; G];
+                    for i in 0..G {
+                        let row = r0 + r + i;
+                        // One input streams one row at a time, which the hardware
+                        // prefetcher follows best (see `bf16_rows_together`).
+                        if T > 1 && R > 1 && row + R < rows {
+                            ahead[i] = &w[(row + R) * cols..][..n].as_chunks::<BLOCK>().0[b0..b1];
+                        }
+                        wb[i] = &w[row * cols..][..n].as_chunks::<BLOCK>().0[b0..b1];
+                        acc[i] = state[r + i];
+                    }
+                    for b in 0..b1 - b0 {
+                        prefetch_line_ahead(&ahead, b);
+                        let mut even = [_mm512_setzero_ps(); G];
+                        let mut odd = [_mm512_setzero_ps(); G];
+                        for i in 0..G {
+                            // SAFETY: `wb[i][b]` is 64 readable bytes; unaligned loads are allowed.
+                            let v = unsafe { _mm512_loadu_si512(wb[i][b].as_ptr().cast()) };
+                            even[i] = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(v));
+                            odd[i] = _mm512_castsi512_ps(_mm512_and_si512(v, high_halves));
+                        }
+                        for t in 0..T {
+                            let [xe, xo] = &xb[t][b0 + b];
+                            let (xe, xo) = (load16(xe), load16(xo));
+                            for i in 0..G {
+                                acc[i][t][0] = _mm512_fmadd_ps(even[i], xe, acc[i][t][0]);
+                                acc[i][t][1] = _mm512_fmadd_ps(odd[i], xo, acc[i][t][1]);
+                            }
+                        }
+                    }
+                    for i in 0..G {
+                        state[r + i] = acc[i];
+                    }
+                }};
+            }
+            in_row_groups!(rr, together, rows_over_blocks);
+            b0 = b1;
+        }
+        for (r, acc) in state.iter_mut().enumerate().take(rr) {
+            let tail = &w[(r0 + r) * cols..][blocks * BLOCK..n];
+            let (low, high) = tail.split_at(tail.len().min(16));
+            let mut s = [0.0f32; T];
+            for t in 0..T {
+                let (x_low, x_high) = xt[t].split_at(low.len());
+                if !low.is_empty() {
+                    acc[t][0] = _mm512_fmadd_ps(load16_bf16_tail(low), load16_tail(x_low), acc[t][0]);
+                }
+                if !high.is_empty() {
+                    acc[t][1] = _mm512_fmadd_ps(load16_bf16_tail(high), load16_tail(x_high), acc[t][1]);
+                }
+                s[t] = hsum512(_mm512_add_ps(acc[t][0], acc[t][1]));
+            }
+            store(out, (r0 + r) * stride, &s);
+        }
+        r0 += rr;
+    }
+}
 
 avx512_dot!(
     /// `sum_i q[i] x_t[i]` for each INT8 row of `cols` codes in `w` and each input, before the
@@ -846,7 +956,7 @@ pub fn int4_dot_avx512<const T: usize, const R: usize>(
 /// Split order: in every block, the 16 even-indexed inputs, then the 16 odd-indexed ones (the
 /// order in which a block's code bytes hold their low and high nibbles), in which
 /// [`mxfp4_dot_avx512`] reads its inputs ([`super::mxfp4_input_order`]).
-pub(crate) const MXFP4_SPLIT_ORDER: [u8; BLOCK] = {
+pub(crate) const SPLIT_ORDER: [u8; BLOCK] = {
     let mut order = [0u8; BLOCK];
     let mut p = 0;
     while p < BLOCK {
@@ -958,7 +1068,7 @@ pub(crate) const fn mxfp4_rows_together(t: usize) -> usize {
 }
 
 /// MXFP4 rows of `cols` inputs (`codes`, `scales`: whole rows) with each input (whole
-/// blocks) **in split order** ([`MXFP4_SPLIT_ORDER`]: each block's 16 even-indexed inputs,
+/// blocks) **in split order** ([`SPLIT_ORDER`]: each block's 16 even-indexed inputs,
 /// then its 16 odd-indexed ones), with AVX-512, into `out[r * stride + t]`.
 ///
 /// A code byte holds an even element in its low nibble and the next odd one in its high
