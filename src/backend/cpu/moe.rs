@@ -3,6 +3,8 @@
 //! summed in routing order, so the result is the same for any batch size, fetch order or
 //! cache state.
 
+use std::sync::{Mutex, PoisonError};
+
 use crate::backend::RouteTable;
 use crate::config::Activation;
 use crate::config::ModelConfig;
@@ -20,7 +22,24 @@ pub struct MoeScratch {
     ids: Vec<usize>,
     /// Unweighted output of every (row, slot) pair, `[rows * k, hidden]`.
     contrib: Vec<f32>,
-    /// The (row, slot) pairs that chose the expert being applied.
+    /// One [`ExpertScratch`] per expert being computed at once, kept for the next ones.
+    spare: Mutex<Vec<ExpertScratch>>,
+}
+
+/// A spare expert's buffers from `spare` (new ones if every spare is in use).
+fn take_spare(spare: &Mutex<Vec<ExpertScratch>>) -> ExpertScratch {
+    spare.lock().unwrap_or_else(PoisonError::into_inner).pop().unwrap_or_default()
+}
+
+/// Gives an expert's buffers back to `spare` for the next expert.
+fn give_back(spare: &Mutex<Vec<ExpertScratch>>, s: ExpertScratch) {
+    spare.lock().unwrap_or_else(PoisonError::into_inner).push(s);
+}
+
+/// The working buffers of one expert's computation.
+#[derive(Debug, Default)]
+struct ExpertScratch {
+    /// The (row, slot) pairs that chose the expert.
     pairs: Vec<usize>,
     /// Those pairs' input rows, `[pairs, hidden]`.
     xs: Vec<f32>,
@@ -83,7 +102,9 @@ pub fn expert_rows(
     scratch: &mut MoeScratch,
     out: &mut [f32],
 ) {
-    expert_forward(cfg, w, x, rows, out, &mut scratch.gate_up, &mut scratch.act);
+    let mut s = take_spare(&scratch.spare);
+    expert_forward(cfg, w, x, rows, out, &mut s.gate_up, &mut s.act);
+    give_back(&scratch.spare, s);
 }
 
 /// `out[r] = sum_j w[r][j] * expert_{e[r][j]}(x[r])` for a batch of `routes.rows()` rows.
@@ -112,15 +133,18 @@ pub fn moe_forward(
     let h = cfg.hidden_size;
     let k = routes.k;
     let rows = routes.rows();
-    let MoeScratch { ids, contrib, pairs, xs, ys, gate_up, act } = scratch;
+    let MoeScratch { ids, contrib, spare } = scratch;
+    let spare: &Mutex<Vec<ExpertScratch>> = spare;
     ids.clear();
     ids.extend(routes.experts.iter().map(|&e| e as usize));
     ids.sort_unstable();
     ids.dedup();
 
     // Unweighted output of every (row, slot) pair: per expert, its rows as one batch.
-    let contrib = zeroed(contrib, rows * k * h);
-    let mut apply = |e: usize, w: &ExpertWeights| {
+    let contrib = Mutex::new(zeroed(contrib, rows * k * h));
+    let apply = |e: usize, w: &ExpertWeights| {
+        let mut s = take_spare(spare);
+        let ExpertScratch { pairs, xs, ys, gate_up, act } = &mut s;
         pairs.clear();
         pairs.extend((0..rows * k).filter(|&p| routes.experts[p] as usize == e));
         xs.clear();
@@ -129,9 +153,13 @@ pub fn moe_forward(
         }
         let ys = zeroed(ys, pairs.len() * h);
         expert_forward(cfg, w, xs, pairs.len(), ys, gate_up, act);
-        for (&p, y) in pairs.iter().zip(ys.chunks(h)) {
-            contrib[p * h..(p + 1) * h].copy_from_slice(y);
+        {
+            let mut contrib = contrib.lock().unwrap_or_else(PoisonError::into_inner);
+            for (&p, y) in pairs.iter().zip(ys.chunks(h)) {
+                contrib[p * h..(p + 1) * h].copy_from_slice(y);
+            }
         }
+        give_back(spare, s);
     };
     let mut then_prefetch = then_prefetch;
     let mut groups = ids.chunks(source.batch_limit().max(1)).peekable();
@@ -145,24 +173,34 @@ pub fn moe_forward(
                 source.prefetch(l, experts);
             }
         };
-        if completion_driven {
-            source.for_each_loaded(layer, group, next, &mut |i, w| {
+        // Each expert is a task on the thread pool (its products split across the pool
+        // too), so one expert's gathering, activation and copies overlap the others'
+        // products instead of leaving the other threads waiting. The group's tasks end
+        // with its scope, before the next group is fetched, as when they ran in turn.
+        let apply = &apply;
+        rayon::scope(|tasks| -> Result<()> {
+            if completion_driven {
+                source.for_each_loaded(layer, group, next, &mut |i, w| {
+                    secured();
+                    let e = group[i];
+                    tasks.spawn(move |_| apply(e, &w));
+                    Ok(())
+                })
+            } else {
+                let weights = source.experts(layer, group)?;
+                source.load_ahead(layer, next);
                 secured();
-                apply(group[i], &w);
+                for (&e, w) in group.iter().zip(weights) {
+                    tasks.spawn(move |_| apply(e, &w));
+                }
                 Ok(())
-            })?;
-        } else {
-            let weights = source.experts(layer, group)?;
-            source.load_ahead(layer, next);
-            secured();
-            for (e, w) in group.iter().zip(weights) {
-                apply(*e, &w);
             }
-        }
+        })?;
     }
     if let Some((l, experts)) = then_prefetch {
         source.prefetch(l, experts);
     }
+    let contrib = contrib.into_inner().unwrap_or_else(PoisonError::into_inner);
 
     for r in 0..rows {
         let o = &mut out[r * h..(r + 1) * h];
