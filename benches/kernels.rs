@@ -14,7 +14,8 @@
 //! activations, the integer kernels on quantized activations are measured too (`vnni-q8`).
 //!
 //! Then `stream_*`: matrix-vector products over more distinct matrices than any cache
-//! holds, the memory-bound case decode is in.
+//! holds, the memory-bound case decode is in, and products of 8 inputs over the same
+//! matrices (`n8`), as a prefill's experts meet their weights: once each, from memory.
 //!
 //! First, the machine's own ceiling for the float kernels: `fma_peak` runs independent chains
 //! of 512-bit (AVX-512) or 256-bit (AVX2) fused multiply-adds, so "a kernel reaches N% of the
@@ -389,9 +390,24 @@ fn bench_stream(c: &mut Criterion, one: &ThreadPool, path: KernelPath) {
                 m.matvec(black_box(&x), &mut y);
             }
         });
+        // A prefill's expert products: a few inputs per matrix, every weight from memory
+        // once (the `matmul_*` groups reuse one matrix that stays in L3). Multiply-adds/s.
+        let n = STREAM_BATCH;
+        let xs: Vec<f32> = (0..n).flat_map(|t| x.iter().map(move |v| v + t as f32 * 1e-3)).collect();
+        let mut ys = vec![0.0f32; n * rows];
+        g.throughput(Throughput::Elements((n * rows * cols * ms.len()) as u64));
+        bench_threads(&mut g, &format!("{name}/n{n}/{}", path.name()), one, || {
+            for m in ms.iter() {
+                m.matmul(black_box(&xs), n, &mut ys);
+            }
+        });
     }
     g.finish();
 }
+
+/// Inputs of the batched products in [`bench_stream`]: about what each expert gets in a
+/// 64-token prefill of the 20B shape (64 tokens x top-4 over 32 experts).
+const STREAM_BATCH: usize = 8;
 
 fn bench(c: &mut Criterion) {
     let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();

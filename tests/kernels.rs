@@ -373,14 +373,15 @@ fn mxfp4_sums_do_not_depend_on_how_a_block_is_scaled() {
     // scales' blocks would swallow the rest, and a wrong block would not show), with inputs
     // small enough at the top for every sum to stay finite (as in the test above).
     let cases: [(u8, u8, f32); 3] = [(118, 136, 1.0), (2, 6, 1.0), (248, 252, 1.0 / 65536.0)];
-    for path in all_paths() {
+    // 3 inputs: one pass of the AVX-512 kernel; 6: two passes over the same rows.
+    for (path, inputs) in all_paths().into_iter().flat_map(|p| [(p, 3), (p, 6)]) {
         for (&blocks, (lo, hi, x_scale)) in MXFP4_BLOCKS.iter().flat_map(|b| cases.map(|c| (b, c))) {
             let (rows, cols, rb) = (9, blocks * mxfp4::BLOCK, mxfp4::row_bytes(blocks * mxfp4::BLOCK));
             let span = u64::from(hi - lo) + 1;
             let (codes, scales) =
                 mxfp4_row(&mut rng, rows * blocks, &mut |r| lo + (r.next_u64() % span) as u8);
             let xs: Vec<Vec<f32>> =
-                (0..3).map(|_| rng.vec(cols, false).iter().map(|v| v * x_scale).collect()).collect();
+                (0..inputs).map(|_| rng.vec(cols, false).iter().map(|v| v * x_scale).collect()).collect();
             let xr: Vec<&[f32]> = xs.iter().map(|x| &x[..]).collect();
             let mut in_range = vec![f32::NAN; rows * xr.len()];
             kernels::mxfp4_dot_multi_with(path, &codes, &scales, cols, &xr, &mut in_range);
