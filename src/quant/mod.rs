@@ -111,6 +111,15 @@ fn transpose_into(out: &[f32], n: usize, y: &mut [f32]) {
 /// block stays in L2 while the passes of inputs go over it.
 const MATMUL_BLOCK_BYTES: usize = 128 << 10;
 
+/// Fewest rows in a block of [`Matrix::matmul`], whatever [`MATMUL_BLOCK_BYTES`] gives: a
+/// block is also the unit over which the weights stream from memory, and a few wide rows (16
+/// BF16 rows of 2880 are 92 KiB) end the stream before the prefetchers have reached speed. On
+/// Zen 5, 64 rows instead of 16 made BF16 products of 4 and 8 inputs (a batched decode's
+/// dense weights) from memory 10-60% faster on one thread and 5-18% on two, and left 64
+/// inputs and MXFP4 blocks (80 rows at 128 KiB) as they were (docs/perf.md, 2026-12-05).
+const MATMUL_BLOCK_MIN_ROWS: usize = 64;
+const _: () = assert!(MATMUL_BLOCK_MIN_ROWS >= kernels::ROW_BLOCK);
+
 /// The inputs of a batched product: each input row (padded to whole INT4 groups), or each
 /// input quantized ([`kernels::q8`]) when INT4 and INT8 rows use the integer kernels.
 struct Inputs<'a> {
@@ -412,8 +421,8 @@ impl Matrix {
         // Blocks of rows for all inputs: `out` is `[rows in block, n]`.
         // Whole groups of the kernels' row blocks.
         let row_bytes = (self.byte_len() / self.rows.max(1)).max(1);
-        let rows_per_block =
-            (MATMUL_BLOCK_BYTES / row_bytes / kernels::ROW_BLOCK).max(1) * kernels::ROW_BLOCK;
+        let rows_per_block = (MATMUL_BLOCK_BYTES / row_bytes).max(MATMUL_BLOCK_MIN_ROWS) / kernels::ROW_BLOCK
+            * kernels::ROW_BLOCK;
         let mut out = vec![0.0f32; self.rows * n];
         if self.rows * self.cols * n < PARALLEL_MIN_WORK {
             self.rows_dot_multi(path, 0, &inputs, &mut out);
