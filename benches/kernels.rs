@@ -10,8 +10,10 @@
 //! expert shapes what the engine gets from the L3 or memory. Each product runs on one thread (`1t`) and on the
 //! default rayon pool (`pool`), on the selected kernel path, which `PICCHIO_KERNELS` overrides:
 //! `PICCHIO_KERNELS=scalar cargo bench --bench kernels -- 2880x2880` compares against the
-//! reference. Where the CPU has AVX-512 VNNI but the selected path does not quantize
-//! activations, the integer kernels on quantized activations are measured too (`vnni-q8`).
+//! reference. Without `PICCHIO_INT8_ACTIVATIONS=1`, the selected path's integer kernels on
+//! quantized activations are measured beside the float ones (`avx512-vnni-q8`, `avx2-q8`, ...:
+//! VNNI for INT4, INT8 and MXFP4, the other SIMD paths for MXFP4); with it, the products of
+//! those formats are the integer kernels' (names ending in `-q8`).
 //!
 //! Then `stream_*`: matrix-vector products over more distinct matrices than any cache
 //! holds, the memory-bound case decode is in, and products of 8 inputs over the same
@@ -417,7 +419,8 @@ fn bench(c: &mut Criterion) {
     bench_op_rate(c, &one);
     bench_stream(c, &one, kernels::selected());
     let path = kernels::selected();
-    let extra_q8 = KernelPath::Avx512Vnni.is_available() && !path.quantizes_activations();
+    // Without int8 activations, the selected path's integer kernels are measured too.
+    let extra_q8 = !kernels::int8_activations();
     for (rows, cols) in SHAPES {
         let x = input(cols);
         let mut g = c.benchmark_group(format!("matvec_{rows}x{cols}"));
@@ -432,14 +435,9 @@ fn bench(c: &mut Criterion) {
             bench_threads(&mut g, &format!("{name}/{}", path.name()), &one, || {
                 m.matvec(black_box(&x), &mut y)
             });
-            if extra_q8
-                && matches!(
-                    m.data,
-                    MatrixData::Int4G64 { .. } | MatrixData::Int8Rows { .. } | MatrixData::Mxfp4 { .. }
-                )
-            {
-                bench_threads(&mut g, &format!("{name}/vnni-q8"), &one, || {
-                    m.matvec_q8_with(KernelPath::Avx512Vnni, black_box(&x), &mut y)
+            if extra_q8 && m.integer_product().is_some_and(|p| path.has_integer_kernel(p)) {
+                bench_threads(&mut g, &format!("{name}/{}-q8", path.name()), &one, || {
+                    m.matvec_q8_with(path, black_box(&x), &mut y)
                 });
             }
         }
@@ -449,12 +447,9 @@ fn bench(c: &mut Criterion) {
         let mut g = c.benchmark_group(format!("matmul_{rows}x{cols}"));
         g.measurement_time(Duration::from_secs(2)).warm_up_time(Duration::from_secs(1)).sample_size(10);
         for m in matrices(rows, cols).into_iter().filter(|m| !matches!(m.data, MatrixData::F32(_))) {
-            // With PICCHIO_INT8_ACTIVATIONS=1, INT4, INT8 and MXFP4 run the integer kernels.
-            let integer = matches!(
-                m.data,
-                MatrixData::Int4G64 { .. } | MatrixData::Int8Rows { .. } | MatrixData::Mxfp4 { .. }
-            );
-            let q8 = if integer && path.quantizes_activations() { "-q8" } else { "" };
+            // With PICCHIO_INT8_ACTIVATIONS=1, the formats the path has integer kernels for
+            // (VNNI: INT4, INT8 and MXFP4; AVX2, AVX-512, NEON: MXFP4) run them.
+            let q8 = if m.quantizes_on(path) { "-q8" } else { "" };
             for n in BATCHES {
                 let x: Vec<f32> =
                     (0..n).flat_map(|t| input(cols).into_iter().map(move |v| v + t as f32 * 1e-3)).collect();

@@ -431,7 +431,20 @@ fn mismatched_lengths_never_read_out_of_bounds() {
     }
 }
 
-// --- Quantized activations (AVX-512 VNNI integer kernels) -----------------------------------
+// --- Quantized activations (integer kernels: AVX-512 VNNI; AVX2, AVX-512 and NEON for MXFP4) -
+
+/// The available paths with an integer kernel for `product`, saying SKIPPED for the others.
+fn integer_paths(product: kernels::Product) -> Vec<KernelPath> {
+    let mut paths = Vec::new();
+    for p in KernelPath::ALL.into_iter().filter(|p| p.has_integer_kernel(product)) {
+        if p.is_available() {
+            paths.push(p);
+        } else {
+            eprintln!("SKIPPED: the {} integer kernel for {product:?}: not available on this CPU", p.name());
+        }
+    }
+    paths
+}
 
 /// The documented bound between the quantized-activation and the float results of one row:
 /// half an activation step per input, times `|weight|`, plus the rounding of both sums.
@@ -448,17 +461,14 @@ fn q8_vs_float_tolerance(w: &[f32], qx: &QuantizedX, x: &[f32], depth: usize) ->
 }
 
 #[test]
-fn vnni_kernels_match_the_quantized_references() {
-    if !KernelPath::Avx512Vnni.is_available() {
-        eprintln!("SKIPPED: avx512-vnni not available on this CPU");
-        return;
-    }
-    let path = KernelPath::Avx512Vnni;
+fn integer_kernels_match_the_quantized_references() {
+    let paths = integer_paths(kernels::Product::Mxfp4Q8);
     let mut rng = Rng::new(4);
-    for &cols in &SIZES {
+    for (path, &cols) in paths.iter().flat_map(|&p| SIZES.iter().map(move |c| (p, c))) {
         for trial in 0..6 {
             // INT4: the inner sums are exact integers, so only the outer float sums differ.
             let (codes, scales, x) = int4_case(&mut rng, cols, trial % 3 == 2);
+            let integer_int4 = path.has_integer_kernel(kernels::Product::Int4Q8);
             let qx = QuantizedX::new(&x[..cols]);
             let mut w = vec![0.0f32; x.len()];
             int4::dequantize_row(&codes, &scales, &mut w);
@@ -466,7 +476,12 @@ fn vnni_kernels_match_the_quantized_references() {
                 w.iter().enumerate().map(|(i, a)| (*a as f64 * qx.dequantized(i) as f64).abs()).sum();
             let want = q8::int4_dot_reference(&codes, &scales, &qx);
             let got = kernels::int4_dot_q8_with(path, &codes, &scales, &qx);
-            check("int4 q8", path, cols, got, want, 2.0 * gamma(scales.len() + 16) * sum_abs);
+            if integer_int4 {
+                check("int4 q8", path, cols, got, want, 2.0 * gamma(scales.len() + 16) * sum_abs);
+            } else {
+                // No integer INT4 kernel on this path: the scalar definition itself.
+                assert_eq!(got.to_bits(), want.to_bits(), "int4 q8 on {} is not the reference", path.name());
+            }
             let tol = q8_vs_float_tolerance(&w, &qx, &x, int4::GROUP + 2 + scales.len());
             check("int4 q8 vs float", path, cols, got, int4::dot_reference(&codes, &scales, &x), tol);
 
@@ -495,7 +510,11 @@ fn vnni_kernels_match_the_quantized_references() {
                 w.iter().enumerate().map(|(i, a)| (*a as f64 * qx.dequantized(i) as f64).abs()).sum();
             let want = q8::int8_dot_reference(&codes, scale, &qx);
             let got = kernels::int8_dot_q8_with(path, &codes, scale, &qx);
-            check("int8 q8", path, cols, got, want, 2.0 * gamma(qx.groups() + 16) * sum_abs);
+            if path.has_integer_kernel(kernels::Product::Int8Q8) {
+                check("int8 q8", path, cols, got, want, 2.0 * gamma(qx.groups() + 16) * sum_abs);
+            } else {
+                assert_eq!(got.to_bits(), want.to_bits(), "int8 q8 on {} is not the reference", path.name());
+            }
             let tol = q8_vs_float_tolerance(&w, &qx, &x, cols + 1);
             check("int8 q8 vs float", path, cols, got, int8::dot_reference(&codes, scale, &x), tol);
         }
@@ -503,12 +522,13 @@ fn vnni_kernels_match_the_quantized_references() {
 }
 
 #[test]
-fn vnni_mxfp4_kernel_decodes_every_code_in_both_nibbles_exactly() {
-    if !KernelPath::Avx512Vnni.is_available() {
-        eprintln!("SKIPPED: avx512-vnni not available on this CPU");
-        return;
+fn integer_mxfp4_kernels_decode_every_code_in_both_nibbles_exactly() {
+    for path in integer_paths(kernels::Product::Mxfp4Q8) {
+        integer_mxfp4_kernel_decodes_every_code_exactly(path);
     }
-    let path = KernelPath::Avx512Vnni;
+}
+
+fn integer_mxfp4_kernel_decodes_every_code_exactly(path: KernelPath) {
     // Integer inputs whose every group holds a 127 quantize exactly (`s_g = 1`, `p = x`),
     // and with block scales `e` and `e + 1` every partial sum is a small multiple of
     // `2^(e - 128)`: exact in f32 in any order, so the kernel must give the reference's value
@@ -528,7 +548,12 @@ fn vnni_mxfp4_kernel_decodes_every_code_in_both_nibbles_exactly() {
                 assert!(qx.scales().iter().all(|&s| s == 1.0));
                 let want = q8::mxfp4_dot_reference(&codes, &scales, &qx);
                 let got = kernels::mxfp4_dot_q8_with(path, &codes, &scales, &qx);
-                assert_eq!(got.to_bits(), want.to_bits(), "{blocks} blocks, scale {scale} shift {shift}");
+                assert_eq!(
+                    got.to_bits(),
+                    want.to_bits(),
+                    "{}: {blocks} blocks, scale {scale} shift {shift}",
+                    path.name()
+                );
                 // Each element alone: a one-hot input reads back 127 times the decoded weight.
                 let mut w = vec![0.0f32; cols];
                 mxfp4::dequantize_row(&codes, &scales, &mut w);
@@ -536,7 +561,12 @@ fn vnni_mxfp4_kernel_decodes_every_code_in_both_nibbles_exactly() {
                     let mut e = vec![0.0f32; cols];
                     e[i] = 127.0;
                     let got = kernels::mxfp4_dot_q8_with(path, &codes, &scales, &QuantizedX::new(&e));
-                    assert_eq!(got, 127.0 * w[i], "{blocks} blocks, scale {scale}, element {i}");
+                    assert_eq!(
+                        got,
+                        127.0 * w[i],
+                        "{}: {blocks} blocks, scale {scale}, element {i}",
+                        path.name()
+                    );
                 }
             }
         }
@@ -544,24 +574,23 @@ fn vnni_mxfp4_kernel_decodes_every_code_in_both_nibbles_exactly() {
 }
 
 #[test]
-fn vnni_kernels_propagate_non_finite_inputs() {
-    if !KernelPath::Avx512Vnni.is_available() {
-        eprintln!("SKIPPED: avx512-vnni not available on this CPU");
-        return;
-    }
-    for bad in [f32::NAN, f32::INFINITY] {
-        let mut x = vec![0.5f32; 100];
-        x[70] = bad;
-        let q = QuantizedX::new(&x);
-        let int4 = kernels::int4_dot_q8_with(KernelPath::Avx512Vnni, &[0x99; 64], &[0x3c00; 2], &q);
-        let int8 = kernels::int8_dot_q8_with(KernelPath::Avx512Vnni, &[1; 100], 1.0, &q);
-        assert!(!int4.is_finite() && !int8.is_finite(), "{bad}: {int4} {int8}");
-        // MXFP4, four blocks (the zero-padded 128 inputs): the bad input is in the second pair.
-        let mx = kernels::mxfp4_dot_q8_with(KernelPath::Avx512Vnni, &[0x99; 64], &[127; 4], &q);
-        assert!(!mx.is_finite(), "{bad}: mxfp4 {mx}");
-        // And in a last odd block (three blocks).
-        let mx = kernels::mxfp4_dot_q8_with(KernelPath::Avx512Vnni, &[0x99; 48], &[127; 3], &q);
-        assert!(!mx.is_finite(), "{bad}: mxfp4, three blocks, {mx}");
+fn integer_kernels_propagate_non_finite_inputs() {
+    for path in integer_paths(kernels::Product::Mxfp4Q8) {
+        for bad in [f32::NAN, f32::INFINITY] {
+            let mut x = vec![0.5f32; 100];
+            x[70] = bad;
+            let q = QuantizedX::new(&x);
+            let int4 = kernels::int4_dot_q8_with(path, &[0x99; 64], &[0x3c00; 2], &q);
+            let int8 = kernels::int8_dot_q8_with(path, &[1; 100], 1.0, &q);
+            assert!(!int4.is_finite() && !int8.is_finite(), "{}, {bad}: {int4} {int8}", path.name());
+            // MXFP4, four blocks (the zero-padded 128 inputs): the bad input is in the second
+            // pair.
+            let mx = kernels::mxfp4_dot_q8_with(path, &[0x99; 64], &[127; 4], &q);
+            assert!(!mx.is_finite(), "{}, {bad}: mxfp4 {mx}", path.name());
+            // And in a last odd block (three blocks).
+            let mx = kernels::mxfp4_dot_q8_with(path, &[0x99; 48], &[127; 3], &q);
+            assert!(!mx.is_finite(), "{}, {bad}: mxfp4, three blocks, {mx}", path.name());
+        }
     }
 }
 

@@ -3,7 +3,7 @@
 //! holds a single test. `Matrix::matmul` must then equal `Matrix::matvec` per input bit for
 //! bit, as with the float kernels (`tests/kernels.rs`), on one and two threads.
 
-use picchio::quant::kernels::{self, KernelPath};
+use picchio::quant::kernels::{self, Product};
 use picchio::quant::{Matrix, MatrixData, WeightBuf, int4, int8, mxfp4};
 
 /// Xorshift64*, as in `tests/kernels.rs`.
@@ -63,7 +63,7 @@ fn matmul_equals_matvec_per_input_with_int8_activations() {
     assert!(kernels::set_int8_activations(true), "int8 activations were already fixed off");
     assert!(kernels::int8_activations());
     let path = kernels::selected();
-    if KernelPath::Avx512Vnni.is_available() && path == KernelPath::Avx512Vnni {
+    if path.has_integer_kernel(Product::Mxfp4Q8) {
         assert!(path.quantizes_activations());
     } else {
         eprintln!("SKIPPED (in part): the selected path {} does not quantize activations", path.name());
@@ -82,8 +82,15 @@ fn matmul_equals_matvec_per_input_with_int8_activations() {
                 for (xt, yt) in x.chunks(cols).zip(want.chunks_mut(rows)) {
                     m.matvec(xt, yt);
                 }
-                // On the VNNI path INT4, INT8 and MXFP4 products are the integer kernels' here.
-                if path.quantizes_activations() && format != "bf16" {
+                // Where the path has an integer kernel for the format (VNNI: INT4, INT8 and
+                // MXFP4; AVX2, AVX-512, NEON: MXFP4), the products are that kernel's here.
+                let product = match format {
+                    "int8" => Some(Product::Int8Q8),
+                    "int4" => Some(Product::Int4Q8),
+                    "mxfp4" => Some(Product::Mxfp4Q8),
+                    _ => None,
+                };
+                if product.is_some_and(|p| path.has_integer_kernel(p)) {
                     let mut q8 = vec![0.0f32; n * rows];
                     for (xt, yt) in x.chunks(cols).zip(q8.chunks_mut(rows)) {
                         m.matvec_q8_with(path, xt, yt);

@@ -191,10 +191,11 @@ pub struct ModelArgs {
     /// memory (about 1.9 GB for GPT-OSS-20B's default container) where the page cache is short.
     #[arg(long)]
     pub mapped_dense: bool,
-    /// Quantize activations to int8 for the AVX-512 VNNI integer kernels: faster, but no
-    /// longer implementation-exact against the F32 oracle (an error of about 0.3% per
-    /// product on top of the INT4 weights'). No effect (with a warning) on CPUs without
-    /// AVX-512 VNNI, where the exact float kernels run.
+    /// Quantize activations to int8 for the integer kernels: faster, but no longer
+    /// implementation-exact against the F32 oracle (an error of about 0.3% per product). MXFP4
+    /// experts have integer kernels on AVX2, AVX-512 and NEON; INT4 and INT8 weights on AVX-512
+    /// VNNI only (elsewhere they keep the exact float kernels). No effect (with a warning) on
+    /// the scalar path.
     #[arg(long)]
     pub int8_activations: bool,
     /// Positions processed together in a prefill block.
@@ -376,8 +377,8 @@ impl ModelArgs {
             let path = picchio::quant::kernels::selected();
             if !path.quantizes_activations() {
                 tracing::warn!(
-                    "--int8-activations has no effect with the {} kernels: the integer kernels need \
-                     AVX-512 VNNI, so the exact float kernels run",
+                    "--int8-activations has no effect with the {} kernels: they have no integer \
+                     kernels, so the exact float kernels run",
                     path.name()
                 );
             }

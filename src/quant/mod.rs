@@ -252,13 +252,30 @@ impl Matrix {
         }
     }
 
-    /// Whether products of this matrix can run on quantized activations (the integer kernels
-    /// of [`kernels::q8`]): INT4, INT8 and MXFP4 rows.
-    fn has_integer_kernels(&self) -> bool {
+    /// The product of this matrix's rows with quantized activations ([`kernels::q8`]), for
+    /// the formats that have one: INT4, INT8 and MXFP4 rows.
+    pub fn integer_product(&self) -> Option<kernels::Product> {
         match self.data {
-            MatrixData::Int4G64 { .. } | MatrixData::Int8Rows { .. } | MatrixData::Mxfp4 { .. } => true,
-            MatrixData::F32(_) | MatrixData::Bf16(_) => false,
+            MatrixData::Int4G64 { .. } => Some(kernels::Product::Int4Q8),
+            MatrixData::Int8Rows { .. } => Some(kernels::Product::Int8Q8),
+            MatrixData::Mxfp4 { .. } => Some(kernels::Product::Mxfp4Q8),
+            MatrixData::F32(_) | MatrixData::Bf16(_) => None,
         }
+    }
+
+    /// Whether this matrix's products have an integer form at all (see
+    /// [`Matrix::integer_product`]).
+    fn has_integer_kernels(&self) -> bool {
+        self.integer_product().is_some()
+    }
+
+    /// Whether products of this matrix on `path` quantize the activations by default: int8
+    /// activations are on ([`kernels::int8_activations`]) and `path` has an integer kernel for
+    /// this format ([`KernelPath::has_integer_kernel`]); otherwise the exact float kernels run.
+    pub fn quantizes_on(&self, path: KernelPath) -> bool {
+        kernels::int8_activations()
+            && path.is_available()
+            && self.integer_product().is_some_and(|p| path.has_integer_kernel(p))
     }
 
     /// Length of the input a row dot product takes: `cols`, or whole INT4 groups.
@@ -309,10 +326,11 @@ impl Matrix {
     }
 
     /// [`Matrix::matvec`] on a given kernel path (the scalar reference if this CPU cannot run
-    /// it). On a path that [quantizes activations](KernelPath::quantizes_activations), INT4
-    /// and INT8 matrices quantize `x` once here and use the integer kernels.
+    /// it). With int8 activations on ([`kernels::int8_activations`]), a matrix whose format has
+    /// an integer kernel on `path` ([`KernelPath::has_integer_kernel`]) quantizes `x` once here
+    /// and uses it.
     pub fn matvec_with(&self, path: KernelPath, x: &[f32], y: &mut [f32]) {
-        self.matvec_impl(path, path.quantizes_activations(), x, y)
+        self.matvec_impl(path, self.quantizes_on(path), x, y)
     }
 
     /// [`Matrix::matvec_with`], but INT4 and INT8 matrices always quantize the activations
@@ -387,7 +405,7 @@ impl Matrix {
     /// [`Matrix::matmul`] on a given kernel path: each output is bit-identical to
     /// [`Matrix::matvec_with`] on `path` for that input.
     pub fn matmul_with(&self, path: KernelPath, x: &[f32], n: usize, y: &mut [f32]) {
-        self.matmul_impl(path, path.quantizes_activations(), x, n, y)
+        self.matmul_impl(path, self.quantizes_on(path), x, n, y)
     }
 
     /// [`Matrix::matmul_with`] with INT4 and INT8 matrices always on quantized activations:

@@ -18,6 +18,19 @@ pub const FP4_VALUES: [f32; 16] =
 /// the integer kernels multiply quantized activations by; the factor 2 goes into the scale).
 pub const FP4_DOUBLED: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
+/// `2^(e - 127) / 2` for each scale byte `e` (`scale_f32(e) * 0.5`): the block scale of the
+/// doubled values [`FP4_DOUBLED`], which the integer kernels look up rather than rebuild per
+/// block.
+pub static HALF_SCALES: [f32; 256] = {
+    let mut t = [0.0f32; 256];
+    let mut e = 0;
+    while e < 256 {
+        t[e] = scale_f32(e as u8) * 0.5;
+        e += 1;
+    }
+    t
+};
+
 /// Elements per MXFP4 block.
 pub const BLOCK: usize = 32;
 /// Bytes of codes per block.

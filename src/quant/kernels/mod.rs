@@ -104,10 +104,33 @@ impl KernelPath {
         }
     }
 
-    /// Whether a matrix-vector product of an INT4 or INT8 matrix on this path quantizes the
-    /// activations ([`q8`]) and uses the integer kernels, rather than the float kernels.
+    /// Whether products on this path quantize the activations ([`q8`]) and use the integer
+    /// kernels, rather than the float kernels, for some weight format: int8 activations are on
+    /// and the path has an integer kernel ([`KernelPath::has_integer_kernel`]). Formats it has
+    /// none for keep the float kernels.
     pub fn quantizes_activations(self) -> bool {
-        self == KernelPath::Avx512Vnni && int8_activations()
+        int8_activations()
+            && [Product::Int8Q8, Product::Int4Q8, Product::Mxfp4Q8]
+                .into_iter()
+                .any(|p| self.has_integer_kernel(p))
+    }
+
+    /// Whether this path has an integer kernel for `product` (one of the `*Q8` products):
+    /// AVX-512 VNNI for INT8, INT4 and MXFP4 rows; AVX2, AVX-512 and NEON for MXFP4 rows (its
+    /// doubled weights are bytes in `-12..=12`, so `vpmaddubsw` pair sums cannot saturate and
+    /// NEON's widening multiplies are exact). With int8 activations on, a matrix whose format
+    /// has one here runs it; the others keep the float kernels. The `*_q8_with` functions
+    /// run the scalar definition where there is none.
+    pub fn has_integer_kernel(self, product: Product) -> bool {
+        use KernelPath as P;
+        match product {
+            Product::F32 | Product::Bf16 | Product::Int8 | Product::Int4 | Product::Mxfp4 => false,
+            Product::Int8Q8 | Product::Int4Q8 => self == P::Avx512Vnni,
+            Product::Mxfp4Q8 => match self {
+                P::Avx2 | P::Avx512 | P::Avx512Vnni | P::Neon => true,
+                P::Scalar => false,
+            },
+        }
     }
 }
 
@@ -463,20 +486,32 @@ pub fn int4_dot_q8_with(path: KernelPath, codes: &[u8], scales: &[u16], x: &Quan
 }
 
 /// One MXFP4 row with quantized activations ([`q8::mxfp4_dot_reference`]): the VNNI kernel
-/// on [`KernelPath::Avx512Vnni`] (when this CPU has it), the scalar definition on every other
-/// path.
+/// on [`KernelPath::Avx512Vnni`], the AVX2 integer kernel on [`KernelPath::Avx2`] and
+/// [`KernelPath::Avx512`], the NEON one on [`KernelPath::Neon`] (when this CPU has them), the
+/// scalar definition otherwise.
 pub fn mxfp4_dot_q8_with(path: KernelPath, codes: &[u8], scales: &[u8], x: &QuantizedX) -> f32 {
     let b = scales.len().min(codes.len() / mxfp4::BLOCK_BYTES);
     let (codes, scales) = (&codes[..b * mxfp4::BLOCK_BYTES], &scales[..b]);
-    #[cfg(target_arch = "x86_64")]
-    if b > 0 && usable(path) == KernelPath::Avx512Vnni {
-        let mut o = [0.0f32];
-        // SAFETY: `usable` returned the path only if the CPU has its features.
-        unsafe { x86::mxfp4_dot_q8_vnni::<1, 1>(codes, scales, 1, b * mxfp4::BLOCK, &[x], &mut o, 1) };
-        return o[0];
+    let cols = b * mxfp4::BLOCK;
+    let mut o = [0.0f32];
+    match usable(path) {
+        _ if b == 0 => return 0.0,
+        // SAFETY (all arms): `usable` returned the path only if the CPU has its features.
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx512Vnni => unsafe {
+            x86::mxfp4_dot_q8_vnni::<1, 1>(codes, scales, 1, cols, &[x], &mut o, 1)
+        },
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx2 | KernelPath::Avx512 => unsafe {
+            x86::mxfp4_dot_q8_avx2::<1, 1>(codes, scales, 1, cols, &[x], &mut o, 1)
+        },
+        #[cfg(target_arch = "aarch64")]
+        KernelPath::Neon => unsafe {
+            neon::mxfp4_dot_q8_neon::<1, 1>(codes, scales, 1, cols, &[x], &mut o, 1)
+        },
+        _ => return q8::mxfp4_dot_reference(codes, scales, x),
     }
-    let _ = path; // only x86 has an integer kernel
-    q8::mxfp4_dot_reference(codes, scales, x)
+    o[0]
 }
 
 /// One INT8 row with quantized activations ([`q8::int8_dot_reference`]): the VNNI kernel on
@@ -545,6 +580,11 @@ pub fn max_inputs(path: KernelPath, product: Product) -> usize {
         (P::Avx2, D::Mxfp4) => 3,
         (P::Avx512 | P::Avx512Vnni, D::Mxfp4) => 4,
         (P::Avx512Vnni, D::Mxfp4Q8) => 8,
+        // The AVX2 integer MXFP4 kernel: one accumulator per input and row plus the row's two
+        // weight vectors and scales, and the input's two code vectors and bias; NEON: two
+        // accumulators per input.
+        (P::Avx2 | P::Avx512, D::Mxfp4Q8) => 3,
+        (P::Neon, D::Mxfp4Q8) => 4,
         (P::Neon, D::Mxfp4) => 4,
         // Scalar references, one input at a time.
         _ => 1,
@@ -933,7 +973,7 @@ pub fn mxfp4_dot_multi_arranged_with(
 
 /// [`mxfp4_dot_multi_with`] on quantized activations: `out[r * n + t] =
 /// mxfp4_dot_q8_with(path, row r, xs[t])`, bit for bit.
-#[cfg_attr(not(target_arch = "x86_64"), allow(unused_variables))]
+#[cfg_attr(not(any(target_arch = "x86_64", target_arch = "aarch64")), allow(unused_variables))]
 pub fn mxfp4_dot_q8_multi_with(
     path: KernelPath,
     codes: &[u8],
@@ -951,6 +991,14 @@ pub fn mxfp4_dot_q8_multi_with(
         #[cfg(target_arch = "x86_64")]
         KernelPath::Avx512Vnni => by_count!(xs, [1, 2, 3, 4, 5, 6, 7, 8], |a| unsafe {
             x86::mxfp4_dot_q8_vnni::<_, ROW_BLOCK>(codes, scales, rows, cols, a, out, n)
+        }),
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx2 | KernelPath::Avx512 => by_count!(xs, [1, 2, 3], |a| unsafe {
+            x86::mxfp4_dot_q8_avx2::<_, ROW_BLOCK>(codes, scales, rows, cols, a, out, n)
+        }),
+        #[cfg(target_arch = "aarch64")]
+        KernelPath::Neon => by_count!(xs, [1, 2, 3, 4], |a| unsafe {
+            neon::mxfp4_dot_q8_neon::<_, ROW_BLOCK>(codes, scales, rows, cols, a, out, n)
         }),
         _ => false,
     };

@@ -1,4 +1,4 @@
-//! aarch64 NEON float kernels.
+//! aarch64 NEON kernels: float kernels for every format, and an integer kernel for MXFP4.
 //!
 //! Every kernel is a safe `#[target_feature(enable = "neon")]` function: calling one is
 //! `unsafe` outside such functions, and the caller must have checked that the CPU has NEON
@@ -17,6 +17,7 @@
 
 use std::arch::aarch64::*;
 
+use super::q8::{Mxfp4Group, QuantizedX};
 use super::{k_step, store};
 use crate::quant::int4::{self, GROUP, GROUP_BYTES};
 use crate::quant::mxfp4::{self, BLOCK, BLOCK_BYTES};
@@ -400,6 +401,132 @@ pub fn mxfp4_dot_neon<const T: usize, const R: usize>(
             b0 = b1;
         }
         for (r, acc) in state.iter().enumerate().take(rr) {
+            let mut s = [0.0f32; T];
+            for t in 0..T {
+                s[t] = vaddvq_f32(vaddq_f32(acc[0][t], acc[1][t]));
+            }
+            store(out, (r0 + r) * stride, &s);
+        }
+        r0 += rr;
+    }
+}
+
+/// The integer-kernel dot products of MXFP4 rows of `cols` inputs (`codes`, `scales`: whole
+/// rows) with each of `T` quantized inputs ([`super::q8::mxfp4_dot_reference`]), with NEON,
+/// into `out[r * stride + t]`, one activation group (two blocks) a step.
+///
+/// Per row and block pair (shared by every input): each block's 16 code bytes, masked to the
+/// low nibbles and shifted right by 4, are looked up (`tbl`) in [`mxfp4::FP4_DOUBLED`]: the
+/// doubled E2M1 weights (signed bytes in `-12..=12`) of the block's even elements, then of its
+/// odd ones, which is the order of [`Mxfp4Group::codes`]. Per row and input, widening
+/// multiplies (`smull`, `smlal`) of the weights with the input's codes sum four products in
+/// each i16 lane (at most `4 * 12 * 127`: exact), eight lanes a block; a pairwise add of the
+/// two blocks' lanes (at most twice that) and a widening pairwise add give 4 exact i32
+/// partial sums, two per block, converted to f32 and multiply-added by `(2^(e_b - 127) / 2) *
+/// s_g` into accumulator `pair % 2` of the row and input. A last odd block goes alone after
+/// the last pair; one horizontal sum at the end. The integer sums are the x86 kernels'; the
+/// float sums are in another order.
+#[target_feature(enable = "neon")]
+pub fn mxfp4_dot_q8_neon<const T: usize, const R: usize>(
+    codes: &[u8],
+    scales: &[u8],
+    rows: usize,
+    cols: usize,
+    xs: &[&QuantizedX; T],
+    out: &mut [f32],
+    stride: usize,
+) {
+    const PAIR_BYTES: usize = 2 * BLOCK_BYTES;
+    let (rb, bpr) = (mxfp4::row_bytes(cols), mxfp4::blocks(cols));
+    if rows.checked_mul(rb).is_none_or(|len| len > codes.len())
+        || rows.checked_mul(bpr).is_none_or(|len| len > scales.len())
+    {
+        return;
+    }
+    // Block `b` meets activation group `b / 2` (two blocks a group of 64).
+    let n = xs.iter().fold(bpr, |n, x| n.min(2 * x.mxfp4_groups().len()).min(2 * x.scales().len()));
+    let (pairs, odd) = (n / 2, n % 2 == 1);
+    let mut xg: [&[Mxfp4Group]; T] = [&[]; T];
+    let mut sx: [&[f32]; T] = [&[]; T];
+    for t in 0..T {
+        xg[t] = &xs[t].mxfp4_groups()[..n.div_ceil(2)];
+        sx[t] = &xs[t].scales()[..n.div_ceil(2)];
+    }
+    // SAFETY: 16 readable bytes.
+    let table = unsafe { vld1q_s8(mxfp4::FP4_DOUBLED.as_ptr()) };
+    let mask = vdupq_n_u8(0x0f);
+    // One block's weights (`v`: its 16 code bytes): even elements, odd elements.
+    macro_rules! weights {
+        ($v:expr) => {{
+            let v: uint8x16_t = $v;
+            [vqtbl1q_s8(table, vandq_u8(v, mask)), vqtbl1q_s8(table, vshrq_n_u8::<4>(v))]
+        }};
+    }
+    // The exact i16 partial sums of one block: weights `$w` (even, odd) with the input's
+    // codes for its even (`$pe`) and odd (`$po`) elements.
+    macro_rules! block_sums {
+        ($w:expr, $pe:expr, $po:expr) => {{
+            let [we, wo]: [int8x16_t; 2] = $w;
+            let (pe, po): (int8x16_t, int8x16_t) = ($pe, $po);
+            let m = vmull_s8(vget_low_s8(we), vget_low_s8(pe));
+            let m = vmlal_high_s8(m, we, pe);
+            let m = vmlal_s8(m, vget_low_s8(wo), vget_low_s8(po));
+            vmlal_high_s8(m, wo, po)
+        }};
+    }
+    let step = k_step::<R>(pairs, (size_of::<Mxfp4Group>() + size_of::<f32>()) * T, 2);
+    let mut r0 = 0;
+    while r0 < rows {
+        let rr = R.min(rows - r0);
+        let mut state = [[[vdupq_n_f32(0.0); T]; 2]; R];
+        let mut g0 = 0;
+        while g0 < pairs {
+            let g1 = pairs.min(g0 + step);
+            for (r, st) in state.iter_mut().enumerate().take(rr) {
+                let row = r0 + r;
+                let cp = &codes[row * rb..][..rb].as_chunks::<PAIR_BYTES>().0[..pairs];
+                let sc = &scales[row * bpr..][..n];
+                let mut acc = *st;
+                for g in g0..g1 {
+                    // SAFETY: `cp[g]` is 32 readable bytes.
+                    let (c0, c1) = unsafe { (vld1q_u8(cp[g].as_ptr()), vld1q_u8(cp[g].as_ptr().add(16))) };
+                    let (w0, w1) = (weights!(c0), weights!(c1));
+                    let (e0, e1) =
+                        (mxfp4::HALF_SCALES[sc[2 * g] as usize], mxfp4::HALF_SCALES[sc[2 * g + 1] as usize]);
+                    // Lanes 0 and 1 hold block 0's partial sums, 2 and 3 block 1's.
+                    let e = vcombine_f32(vdup_n_f32(e0), vdup_n_f32(e1));
+                    for t in 0..T {
+                        let p = &xg[t][g].codes;
+                        // SAFETY: `p` is 64 readable bytes.
+                        let [p0, p1, p2, p3] =
+                            unsafe { [0, 16, 32, 48].map(|o| vld1q_s8(p.as_ptr().add(o))) };
+                        let m = vpaddq_s16(block_sums!(w0, p0, p2), block_sums!(w1, p1, p3));
+                        let sum = vcvtq_f32_s32(vpaddlq_s16(m));
+                        let a = &mut acc[g % 2][t];
+                        *a = vfmaq_f32(*a, sum, vmulq_n_f32(e, sx[t][g]));
+                    }
+                }
+                *st = acc;
+            }
+            g0 = g1;
+        }
+        for (r, acc) in state.iter_mut().enumerate().take(rr) {
+            let row = r0 + r;
+            if odd {
+                let b = n - 1;
+                let tail = &codes[row * rb + b * BLOCK_BYTES..][..BLOCK_BYTES];
+                // SAFETY: `tail` is 16 readable bytes.
+                let w = weights!(unsafe { vld1q_u8(tail.as_ptr()) });
+                let e = mxfp4::HALF_SCALES[scales[row * bpr + b] as usize];
+                for t in 0..T {
+                    let p = &xg[t][pairs].codes;
+                    // SAFETY: `p` is 64 readable bytes.
+                    let (pe, po) = unsafe { (vld1q_s8(p.as_ptr()), vld1q_s8(p.as_ptr().add(32))) };
+                    let sum = vcvtq_f32_s32(vpaddlq_s16(block_sums!(w, pe, po)));
+                    let a = &mut acc[pairs % 2][t];
+                    *a = vfmaq_f32(*a, sum, vdupq_n_f32(e * sx[t][pairs]));
+                }
+            }
             let mut s = [0.0f32; T];
             for t in 0..T {
                 s[t] = vaddvq_f32(vaddq_f32(acc[0][t], acc[1][t]));

@@ -1,4 +1,5 @@
-//! x86-64 kernels: AVX2 + FMA + F16C, AVX-512 (F, BW, VL), and AVX-512 VNNI integer kernels.
+//! x86-64 kernels: AVX2 + FMA + F16C, AVX-512 (F, BW, VL), and integer kernels (AVX-512 VNNI,
+//! and for MXFP4 also AVX2).
 //!
 //! Every kernel is a safe `#[target_feature]` function: calling one from code without those
 //! features enabled is `unsafe`, and the caller must have checked that the CPU has them (see
@@ -1201,7 +1202,7 @@ pub fn mxfp4_dot_avx512<const T: usize, const R: usize>(
 }
 
 // ---------------------------------------------------------------------------------------------
-// AVX-512 VNNI: integer kernels over quantized activations (see `q8`)
+// Integer kernels over quantized activations (see `q8`): AVX-512 VNNI, and AVX2 for MXFP4
 // ---------------------------------------------------------------------------------------------
 
 /// 32 signed bytes.
@@ -1396,18 +1397,6 @@ pub fn int8_dot_q8_vnni<const T: usize, const R: usize>(
     }
 }
 
-/// `2^(e - 127) / 2` for each MXFP4 scale byte `e` (`mxfp4::scale_f32(e) * 0.5`): the
-/// weight scale of the doubled E2M1 values, looked up rather than rebuilt per block.
-static HALF_SCALES: [f32; 256] = {
-    let mut t = [0.0f32; 256];
-    let mut e = 0;
-    while e < 256 {
-        t[e] = mxfp4::scale_f32(e as u8) * 0.5;
-        e += 1;
-    }
-    t
-};
-
 /// [`mxfp4::FP4_DOUBLED`] plus [`MXFP4_WEIGHT_OFFSET`]: the doubled E2M1 values as unsigned
 /// bytes (`0..=24`), the weights the integer MXFP4 kernel multiplies.
 static FP4_DOUBLED_OFFSET: [u8; 16] = {
@@ -1437,7 +1426,7 @@ const SECOND_BLOCK_LANES: __mmask16 = 0xf0f0;
 /// the second. Each input and row costs one `vpdpbusd` started from the input's
 /// [`Mxfp4Group::bias`] (which takes the offset's `12 p` back out), giving in each lane an
 /// exact partial `sum 2 FP4[c_i] p_i` of one block; its conversion to f32 is multiply-added,
-/// by `(2^(e_b - 127) / 2) * s_g` (the lane's block scale from [`HALF_SCALES`] times the
+/// by `(2^(e_b - 127) / 2) * s_g` (the lane's block scale from [`mxfp4::HALF_SCALES`] times the
 /// group's), into the row's and input's one 512-bit accumulator, pair after pair. A last odd
 /// block is decoded with a zero second block (scale 0) after the last pair; one horizontal
 /// sum at the end.
@@ -1550,8 +1539,8 @@ pub fn mxfp4_dot_q8_vnni<const T: usize, const R: usize>(
                                 _mm256_loadu_si256(cp[i][g].as_ptr().cast())
                             }));
                             e[i] = lane_scales!(
-                                HALF_SCALES[sc[i][2 * g] as usize],
-                                HALF_SCALES[sc[i][2 * g + 1] as usize]
+                                mxfp4::HALF_SCALES[sc[i][2 * g] as usize],
+                                mxfp4::HALF_SCALES[sc[i][2 * g + 1] as usize]
                             );
                         }
                         products!(G, w, e, g, acc);
@@ -1573,7 +1562,7 @@ pub fn mxfp4_dot_q8_vnni<const T: usize, const R: usize>(
                 let w = [weights!(_mm512_broadcast_i64x4(_mm256_zextsi128_si256(unsafe {
                     _mm_loadu_si128(tail.as_ptr().cast())
                 })))];
-                let e = [lane_scales!(HALF_SCALES[scales[(r0 + r) * bpr + b] as usize], 0.0)];
+                let e = [lane_scales!(mxfp4::HALF_SCALES[scales[(r0 + r) * bpr + b] as usize], 0.0)];
                 let mut one = [*acc];
                 products!(1, w, e, pairs, one);
                 *acc = one[0];
@@ -1581,6 +1570,173 @@ pub fn mxfp4_dot_q8_vnni<const T: usize, const R: usize>(
             let mut s = [0.0f32; T];
             for t in 0..T {
                 s[t] = hsum512(acc[t]);
+            }
+            store(out, (r0 + r) * stride, &s);
+        }
+        r0 += rr;
+    }
+}
+
+/// The integer-kernel dot products of MXFP4 rows of `cols` inputs (`codes`, `scales`: whole
+/// rows) with each of `T` quantized inputs ([`super::q8::mxfp4_dot_reference`]), with AVX2
+/// only (for CPUs without AVX-512 VNNI), into `out[r * stride + t]`, one activation group (two
+/// blocks) a step.
+///
+/// Per row and block pair (shared by every input): the pair's 32 code bytes, masked to the
+/// low nibbles, and shifted right by 4 and masked to the high ones, are looked up (`vpshufb`)
+/// in [`FP4_DOUBLED_OFFSET`]: the weights `w + 12` (unsigned) of the even elements of both
+/// blocks (block 0 in the low 128 bits, block 1 in the high), then of the odd ones, which is
+/// the order of [`Mxfp4Group::codes`]. Per row and input, `vpmaddubsw` of each half with the
+/// input's codes (pair sums of at most `2 * 24 * 127`, no saturation), the two added in i16
+/// (at most `4 * 24 * 127`) and widened by `vpmaddwd` with ones into 8 exact i32 partial sums,
+/// 4 per block, plus the input's bias for those bytes (from [`Mxfp4Group::bias`], which takes
+/// the offset's `12 p` back out); converted to f32 and multiply-added, by `(2^(e_b - 127) /
+/// 2) * s_g`, into the row's and input's one accumulator, pair after pair. A last odd block
+/// is decoded with a zero second block (scale 0); one horizontal sum at the end. The integer
+/// sums are those of [`mxfp4_dot_q8_vnni`]; the float sums are in another order.
+///
+/// With one input two rows go side by side; every row's arithmetic is the same whatever the
+/// grouping and input count, so a batched product equals the single-input one bit for bit.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub fn mxfp4_dot_q8_avx2<const T: usize, const R: usize>(
+    codes: &[u8],
+    scales: &[u8],
+    rows: usize,
+    cols: usize,
+    xs: &[&QuantizedX; T],
+    out: &mut [f32],
+    stride: usize,
+) {
+    const PAIR_BYTES: usize = 2 * BLOCK_BYTES;
+    let (rb, bpr) = (mxfp4::row_bytes(cols), mxfp4::blocks(cols));
+    if rows.checked_mul(rb).is_none_or(|len| len > codes.len())
+        || rows.checked_mul(bpr).is_none_or(|len| len > scales.len())
+    {
+        return;
+    }
+    // Block `b` meets activation group `b / 2` (two blocks a group of 64).
+    let n = xs.iter().fold(bpr, |n, x| n.min(2 * x.mxfp4_groups().len()).min(2 * x.scales().len()));
+    let (pairs, odd) = (n / 2, n % 2 == 1);
+    let mut xg: [&[Mxfp4Group]; T] = [&[]; T];
+    let mut sx: [&[f32]; T] = [&[]; T];
+    for t in 0..T {
+        xg[t] = &xs[t].mxfp4_groups()[..n.div_ceil(2)];
+        sx[t] = &xs[t].scales()[..n.div_ceil(2)];
+    }
+    // SAFETY: 16 readable bytes; unaligned loads are allowed.
+    let table = _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(FP4_DOUBLED_OFFSET.as_ptr().cast()) });
+    let mask = _mm256_set1_epi8(0x0f);
+    let ones = _mm256_set1_epi16(1);
+    // A block pair's weights (`v`: its 32 code bytes): even elements, odd elements.
+    macro_rules! weights {
+        ($v:expr) => {{
+            let v: __m256i = $v;
+            let lo = _mm256_shuffle_epi8(table, _mm256_and_si256(v, mask));
+            let hi = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16::<4>(v), mask));
+            [lo, hi]
+        }};
+    }
+    // The blocks' scales (`2^(e - 127) / 2`), block 0's in the low 128 bits.
+    macro_rules! lane_scales {
+        ($e0:expr, $e1:expr) => {
+            _mm256_insertf128_ps::<1>(_mm256_castps128_ps256(_mm_set1_ps($e0)), _mm_set1_ps($e1))
+        };
+    }
+    // Rows `$g` (weights `$w[i]`, scales `$e[i]`) times pair `$pair` of every input, into
+    // `$acc[i][t]`.
+    macro_rules! products {
+        ($g:expr, $w:expr, $e:expr, $pair:expr, $acc:expr) => {{
+            let pair: usize = $pair;
+            for t in 0..T {
+                let x = &xg[t][pair];
+                // SAFETY: `x.codes` and `x.bias` are 64 bytes each, aligned to 64.
+                let (p0, p1, c) = unsafe {
+                    let (p, c) = (x.codes.as_ptr().cast::<__m256i>(), x.bias.as_ptr().cast::<__m256i>());
+                    (
+                        _mm256_load_si256(p),
+                        _mm256_load_si256(p.add(1)),
+                        _mm256_add_epi32(_mm256_load_si256(c), _mm256_load_si256(c.add(1))),
+                    )
+                };
+                let s = _mm256_set1_ps(sx[t][pair]);
+                for i in 0..$g {
+                    let [w0, w1]: [__m256i; 2] = $w[i];
+                    let pairs16 = _mm256_add_epi16(_mm256_maddubs_epi16(w0, p0), _mm256_maddubs_epi16(w1, p1));
+                    let sum = _mm256_add_epi32(_mm256_madd_epi16(pairs16, ones), c);
+                    let ds = _mm256_mul_ps($e[i], s);
+                    $acc[i][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), ds, $acc[i][t]);
+                }
+            }
+        }};
+    }
+    let step = k_step::<R>(pairs, (size_of::<Mxfp4Group>() + size_of::<f32>()) * T, 1);
+    let together = if T == 1 { 2 } else { 1 };
+    let mut r0 = 0;
+    while r0 < rows {
+        let rr = R.min(rows - r0);
+        let mut state = [[_mm256_setzero_ps(); T]; R];
+        let mut g0 = 0;
+        while g0 < pairs {
+            let g1 = pairs.min(g0 + step);
+            // Rows `r0 + r ..` (`$g` of them) over pairs `g0..g1`, accumulating into `state`.
+            macro_rules! rows_over_pairs {
+                ($g:literal, $r:expr) => {{
+                    const G: usize = $g;
+                    let r: usize = $r;
+                    let mut cp: [&[[u8; PAIR_BYTES]]; G] = [&[]; G];
+                    let mut sc: [&[u8]; G] = [&[]; G];
+                    let mut acc = [[_mm256_setzero_ps(); T]; G];
+                    // The same pairs of the rows `R` further on ([`prefetch_line_ahead`]).
+                    let mut ahead: [&[[u8; PAIR_BYTES]]; G] = [&[]; G];
+                    for i in 0..G {
+                        let row = r0 + r + i;
+                        if R > 1 && row + R < rows {
+                            let next = row + R;
+                            ahead[i] = &codes[next * rb..][..rb].as_chunks::<PAIR_BYTES>().0[g0..g1];
+                            prefetch(&scales[next * bpr + 2 * g0..next * bpr + 2 * g1]);
+                        }
+                        cp[i] = &codes[row * rb..][..rb].as_chunks::<PAIR_BYTES>().0[..pairs];
+                        sc[i] = &scales[row * bpr..][..n];
+                        acc[i] = state[r + i];
+                    }
+                    for g in g0..g1 {
+                        prefetch_line_ahead(&ahead, g - g0);
+                        let mut w = [[_mm256_setzero_si256(); 2]; G];
+                        let mut e = [_mm256_setzero_ps(); G];
+                        for i in 0..G {
+                            // SAFETY: `cp[i][g]` is 32 readable bytes; unaligned loads are
+                            // allowed.
+                            w[i] = weights!(unsafe { _mm256_loadu_si256(cp[i][g].as_ptr().cast()) });
+                            e[i] = lane_scales!(
+                                mxfp4::HALF_SCALES[sc[i][2 * g] as usize],
+                                mxfp4::HALF_SCALES[sc[i][2 * g + 1] as usize]
+                            );
+                        }
+                        products!(G, w, e, g, acc);
+                    }
+                    for i in 0..G {
+                        state[r + i] = acc[i];
+                    }
+                }};
+            }
+            in_row_groups!(rr, together, rows_over_pairs);
+            g0 = g1;
+        }
+        for (r, acc) in state.iter_mut().enumerate().take(rr) {
+            if odd {
+                let b = n - 1;
+                let tail = &codes[(r0 + r) * rb + b * BLOCK_BYTES..][..BLOCK_BYTES];
+                // SAFETY: `tail` is 16 readable bytes; the second block's codes are 0 (weight
+                // 12 after the offset, which its lanes' bias cancels), its scale 0.
+                let w = [weights!(_mm256_zextsi128_si256(unsafe { _mm_loadu_si128(tail.as_ptr().cast()) }))];
+                let e = [lane_scales!(mxfp4::HALF_SCALES[scales[(r0 + r) * bpr + b] as usize], 0.0)];
+                let mut one = [*acc];
+                products!(1, w, e, pairs, one);
+                *acc = one[0];
+            }
+            let mut s = [0.0f32; T];
+            for t in 0..T {
+                s[t] = hsum256(acc[t]);
             }
             store(out, (r0 + r) * stride, &s);
         }
