@@ -19,9 +19,18 @@ PY_PINS=(
   "safetensors==0.8.0" "tiktoken==0.14.0"
 )
 CMAKE_FLAGS=(
-  -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_BUILD_TOOLS=ON -DLLAMA_CURL=OFF
+  -DCMAKE_BUILD_TYPE=Release -DLLAMA_BUILD_TOOLS=ON -DLLAMA_CURL=OFF
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF
   -DLLAMA_BUILD_COMMIT="$LLAMA_COMMIT"
+)
+# The instruction set: the machine's own (native), or AVX2 only on both sides (ggml's x86 variant
+# flags with everything newer off; Picchio with PICCHIO_KERNELS=avx2), to model an AVX2 machine
+# (Zen 2/3, Intel client cores before AVX-512) on a newer one.
+ISA_FLAGS_native=(-DGGML_NATIVE=ON)
+ISA_FLAGS_avx2=(
+  -DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON
+  -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF
+  -DGGML_AVX512_BF16=OFF
 )
 
 # ---- arguments ----------------------------------------------------------------------------------
@@ -39,6 +48,7 @@ JOBS=2
 INT8=1
 PREPARE_ONLY=0
 EXTRA_PICCHIO=()
+ISA=native
 
 usage() {
   cat <<EOF
@@ -59,6 +69,9 @@ usage: $0 --picchio BIN --container DIR (--synth DIR | --gguf FILE) [options]
   --jobs N           build parallelism (default 2)
   --no-int8          skip the picchio --int8-activations column
   --picchio-arg ARG  one more argument for picchio bench (repeatable)
+  --isa native|avx2  instruction set of both engines (default native); avx2 builds llama.cpp
+                     without AVX-512 (its own build directory) and runs picchio with
+                     PICCHIO_KERNELS=avx2: an AVX2 machine modelled on this one
   --prepare-only     build llama-bench and the GGUF, then stop (--picchio and --container
                      are then not needed): the slow steps can run while the machine is busy,
                      and the measuring run later on an idle machine
@@ -82,6 +95,7 @@ while [[ $# -gt 0 ]]; do
     --no-int8) INT8=0; shift ;;
     --prepare-only) PREPARE_ONLY=1; shift ;;
     --picchio-arg) EXTRA_PICCHIO+=("$2"); shift 2 ;;
+    --isa) ISA="$2"; shift 2 ;;
     -h|--help) usage ;;
     *) echo "anchor: unknown argument '$1'" >&2; usage ;;
   esac
@@ -90,6 +104,11 @@ done
 die() { echo "anchor: $*" >&2; exit 1; }
 log() { echo "[anchor $(date -u +%H:%M:%S)] $*" >&2; }
 
+case "$ISA" in
+  native) CMAKE_FLAGS+=("${ISA_FLAGS_native[@]}"); PICCHIO_ENV=() ;;
+  avx2) CMAKE_FLAGS+=("${ISA_FLAGS_avx2[@]}"); PICCHIO_ENV=(PICCHIO_KERNELS=avx2) ;;
+  *) die "--isa: '$ISA' is not native or avx2" ;;
+esac
 if [[ "$PREPARE_ONLY" == 0 ]]; then
   [[ -n "$PICCHIO" && -x "$PICCHIO" ]] || die "--picchio: '$PICCHIO' is not an executable"
   [[ -n "$CONTAINER" && -f "$CONTAINER/manifest.json" ]] || die "--container: '$CONTAINER' has no manifest.json"
@@ -109,6 +128,7 @@ WORK="$(cd "$WORK" && pwd)"
 SRC="$WORK/src/llama_cpp_python-$LCP_VERSION"
 LLAMA="$SRC/vendor/llama.cpp"
 BUILD="$WORK/build/llama.cpp-$LCP_VERSION"
+[[ "$ISA" == native ]] || BUILD="$BUILD-$ISA"
 BENCH_BIN="$BUILD/bin/llama-bench"
 VENV="$WORK/venv"
 
@@ -202,6 +222,7 @@ mkdir -p "$OUT"
   echo "mem=$(free -g | awk '/^Mem:/ {print $2 " GiB"}')"
   echo "llama_cpp=llama-cpp-python $LCP_VERSION sdist, llama.cpp $LLAMA_COMMIT, ggml $(sed -n 's/^set(GGML_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\))/\2/p' "$LLAMA/ggml/CMakeLists.txt" | paste -sd.)"
   echo "llama_cmake=${CMAKE_FLAGS[*]}"
+  echo "isa=$ISA picchio_env=${PICCHIO_ENV[*]}"
   echo "compiler=$(g++ --version | head -n1)"
   echo "gguf=$GGUF"
   echo "picchio=$PICCHIO"
@@ -221,7 +242,7 @@ for ((r = 1; r <= ROUNDS; r++)); do
     "${cmd[@]}" >"$OUT/llama-t$t-r$r.json" 2>"$OUT/llama-t$t-r$r.log" \
       || die "llama-bench failed: $OUT/llama-t$t-r$r.log"
     for mode in "${picchio_modes[@]}"; do
-      cmd=("$PICCHIO" bench -m "$CONTAINER" --prompt "$PROMPT" --gen "$GEN" --threads "$t" --device cpu --json)
+      cmd=(env "${PICCHIO_ENV[@]}" "$PICCHIO" bench -m "$CONTAINER" --prompt "$PROMPT" --gen "$GEN" --threads "$t" --device cpu --json)
       [[ "$mode" == int8 ]] && cmd+=(--int8-activations)
       cmd+=("${EXTRA_PICCHIO[@]}")
       echo "${cmd[*]}" >>"$OUT/commands.txt"

@@ -266,6 +266,25 @@ fn k_step<const R: usize>(units: usize, unit_bytes: usize, multiple: usize) -> u
     if R == 1 { units.max(1) } else { (X_TILE_BYTES / unit_bytes.max(1)).max(multiple) / multiple * multiple }
 }
 
+/// What an integer MXFP4 kernel reads of `T` quantized inputs against rows of `blocks` blocks:
+/// the blocks all have in common (block `b` meets activation group `b / 2`, two blocks a group
+/// of 64), and per input its groups ([`q8::Mxfp4Group`]) and scales over those blocks.
+#[inline(always)]
+#[cfg_attr(not(any(target_arch = "x86_64", target_arch = "aarch64")), allow(dead_code))]
+fn mxfp4_q8_inputs<'a, const T: usize>(
+    xs: &[&'a QuantizedX; T],
+    blocks: usize,
+) -> (usize, [&'a [q8::Mxfp4Group]; T], [&'a [f32]; T]) {
+    let n = xs.iter().fold(blocks, |n, x| n.min(2 * x.mxfp4_groups().len()).min(2 * x.scales().len()));
+    let mut groups: [&[q8::Mxfp4Group]; T] = [&[]; T];
+    let mut scales: [&[f32]; T] = [&[]; T];
+    for t in 0..T {
+        groups[t] = &xs[t].mxfp4_groups()[..n.div_ceil(2)];
+        scales[t] = &xs[t].scales()[..n.div_ceil(2)];
+    }
+    (n, groups, scales)
+}
+
 /// `out[at + t] = s[t]` for the `t` that `out` has room for.
 #[inline(always)]
 #[cfg_attr(not(any(target_arch = "x86_64", target_arch = "aarch64")), allow(dead_code))]

@@ -18,7 +18,7 @@
 use std::arch::aarch64::*;
 
 use super::q8::{Mxfp4Group, QuantizedX};
-use super::{k_step, store};
+use super::{k_step, mxfp4_q8_inputs, store};
 use crate::quant::int4::{self, GROUP, GROUP_BYTES};
 use crate::quant::mxfp4::{self, BLOCK, BLOCK_BYTES};
 use crate::quant::reference::bf16_to_f32;
@@ -443,15 +443,8 @@ pub fn mxfp4_dot_q8_neon<const T: usize, const R: usize>(
     {
         return;
     }
-    // Block `b` meets activation group `b / 2` (two blocks a group of 64).
-    let n = xs.iter().fold(bpr, |n, x| n.min(2 * x.mxfp4_groups().len()).min(2 * x.scales().len()));
+    let (n, xg, sx) = mxfp4_q8_inputs(xs, bpr);
     let (pairs, odd) = (n / 2, n % 2 == 1);
-    let mut xg: [&[Mxfp4Group]; T] = [&[]; T];
-    let mut sx: [&[f32]; T] = [&[]; T];
-    for t in 0..T {
-        xg[t] = &xs[t].mxfp4_groups()[..n.div_ceil(2)];
-        sx[t] = &xs[t].scales()[..n.div_ceil(2)];
-    }
     // SAFETY: 16 readable bytes.
     let table = unsafe { vld1q_s8(mxfp4::FP4_DOUBLED.as_ptr()) };
     let mask = vdupq_n_u8(0x0f);

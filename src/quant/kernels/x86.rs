@@ -38,7 +38,7 @@
 use std::arch::x86_64::*;
 
 use super::q8::{MXFP4_WEIGHT_OFFSET, Mxfp4Group, QuantizedX};
-use super::{k_step, store};
+use super::{k_step, mxfp4_q8_inputs, store};
 use crate::quant::int4::{self, GROUP, GROUP_BYTES};
 use crate::quant::mxfp4::{self, BLOCK, BLOCK_BYTES};
 use crate::quant::reference::bf16_to_f32;
@@ -1452,15 +1452,8 @@ pub fn mxfp4_dot_q8_vnni<const T: usize, const R: usize>(
     {
         return;
     }
-    // Block `b` meets activation group `b / 2` (two blocks a group of 64).
-    let n = xs.iter().fold(bpr, |n, x| n.min(2 * x.mxfp4_groups().len()).min(2 * x.scales().len()));
+    let (n, xg, sx) = mxfp4_q8_inputs(xs, bpr);
     let (pairs, odd) = (n / 2, n % 2 == 1);
-    let mut xg: [&[Mxfp4Group]; T] = [&[]; T];
-    let mut sx: [&[f32]; T] = [&[]; T];
-    for t in 0..T {
-        xg[t] = &xs[t].mxfp4_groups()[..n.div_ceil(2)];
-        sx[t] = &xs[t].scales()[..n.div_ceil(2)];
-    }
     // SAFETY: 16 readable bytes; unaligned loads are allowed.
     let table = _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(FP4_DOUBLED_OFFSET.as_ptr().cast()) });
     let mask = _mm512_set1_epi8(0x0f);
@@ -1614,15 +1607,8 @@ pub fn mxfp4_dot_q8_avx2<const T: usize, const R: usize>(
     {
         return;
     }
-    // Block `b` meets activation group `b / 2` (two blocks a group of 64).
-    let n = xs.iter().fold(bpr, |n, x| n.min(2 * x.mxfp4_groups().len()).min(2 * x.scales().len()));
+    let (n, xg, sx) = mxfp4_q8_inputs(xs, bpr);
     let (pairs, odd) = (n / 2, n % 2 == 1);
-    let mut xg: [&[Mxfp4Group]; T] = [&[]; T];
-    let mut sx: [&[f32]; T] = [&[]; T];
-    for t in 0..T {
-        xg[t] = &xs[t].mxfp4_groups()[..n.div_ceil(2)];
-        sx[t] = &xs[t].scales()[..n.div_ceil(2)];
-    }
     // SAFETY: 16 readable bytes; unaligned loads are allowed.
     let table = _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(FP4_DOUBLED_OFFSET.as_ptr().cast()) });
     let mask = _mm256_set1_epi8(0x0f);
