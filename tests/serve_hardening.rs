@@ -263,27 +263,63 @@ fn a_half_sent_request_head_is_closed_after_the_header_timeout() {
     assert_eq!(request(server.addr, "GET", "/health", &[], b"").0, 200);
 }
 
+/// A keep-alive connection that holds one of the server's connection slots: it has had one
+/// request answered with 200 (a connection over the limit would get 503) and stays open. A
+/// slot can still be held for a moment by a connection the client has already closed (such
+/// as `http_child`'s readiness probe), so a refused attempt is retried, for up to 10 s.
+fn hold_a_slot(addr: SocketAddr) -> TcpStream {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut stream = connect(addr);
+        stream.write_all(format!("GET /health HTTP/1.1\r\nhost: {addr}\r\n\r\n").as_bytes()).unwrap();
+        let status = read_one_response(&mut stream);
+        if status == 200 {
+            return stream;
+        }
+        assert!(Instant::now() < deadline, "no connection slot after 10 s (last answer {status})");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The status of one response read from a keep-alive `stream`: its head, then as many body
+/// bytes as its `content-length` says, leaving the connection open.
+fn read_one_response(stream: &mut TcpStream) -> u16 {
+    let mut raw = Vec::new();
+    let mut byte = [0u8; 1];
+    while !raw.ends_with(b"\r\n\r\n") {
+        match stream.read(&mut byte) {
+            Ok(1) => raw.push(byte[0]),
+            other => panic!("the response head ended early ({other:?}): {:?}", String::from_utf8_lossy(&raw)),
+        }
+    }
+    let head = String::from_utf8_lossy(&raw).to_ascii_lowercase();
+    let status = head.get(9..12).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("not HTTP: {head:?}"));
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .map_or(0, |v| v.trim().parse().unwrap_or_else(|_| panic!("content-length in {head:?}")));
+    let mut body = vec![0u8; length];
+    stream.read_exact(&mut body).unwrap();
+    status
+}
+
 #[test]
 fn idle_connections_over_the_limit_do_not_block_real_requests() {
     // The idle connections hold their slots until this test closes them: a header timeout far
     // beyond the test's length, so that no refusal below can race it. (With 2 and then 6 s the
     // test failed on loaded CI machines: an idle connection timed out among the refusals and
     // a request got through. That the header timeout closes idle and half-sent connections is
-    // `a_half_sent_request_head_is_closed_after_the_header_timeout`.)
+    // `a_half_sent_request_head_is_closed_after_the_header_timeout`.) Each idle connection has
+    // had a request answered, so all three slots are known to be theirs: a connection that
+    // merely connects may be refused while the readiness probe still holds a slot, and then
+    // requests get through, racing each other's slot release (a CI run saw a 200 among the
+    // refusals that way).
     let server = http_child(&["--max-connections", "3", "--header-timeout", "120"]);
-    let idle: Vec<TcpStream> = (0..3).map(|_| connect(server.addr)).collect();
-    // Beyond the limit, a real request gets a clean 503 at once, not a hang. The server
-    // accepts the idle connections on its own schedule (on a loaded machine, later than any
-    // fixed pause): until it has, requests are answered; it must refuse within 10 s.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let (status, body, took) = loop {
-        let start = Instant::now();
-        let (status, body) = request(server.addr, "GET", "/health", &[], b"");
-        if status != 200 || Instant::now() > deadline {
-            break (status, body, start.elapsed());
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let idle: Vec<TcpStream> = (0..3).map(|_| hold_a_slot(server.addr)).collect();
+    // Beyond the limit, a real request gets a clean 503 at once, not a hang.
+    let start = Instant::now();
+    let (status, body) = request(server.addr, "GET", "/health", &[], b"");
+    let took = start.elapsed();
     assert_eq!(status, 503, "{}", String::from_utf8_lossy(&body));
     assert!(json_of(&body)["error"]["message"].as_str().unwrap().contains("limit of 3 connections"));
     assert!(took < Duration::from_secs(2), "the refusal took {took:?}");
