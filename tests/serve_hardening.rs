@@ -191,14 +191,17 @@ fn connect(addr: SocketAddr) -> TcpStream {
 fn read_response(stream: &mut TcpStream) -> (u16, Vec<u8>) {
     let mut raw = Vec::new();
     let _ = stream.read_to_end(&mut raw);
-    let text = String::from_utf8_lossy(&raw);
-    let status = text
-        .strip_prefix("HTTP/1.1 ")
-        .and_then(|t| t.get(..3))
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("not an HTTP response: {text:?}"));
+    let status = status_of(&String::from_utf8_lossy(&raw));
     let split = raw.windows(4).position(|w| w == b"\r\n\r\n").map_or(raw.len(), |i| i + 4);
     (status, raw[split..].to_vec())
+}
+
+/// The status code of an HTTP/1.1 response that starts `text`.
+fn status_of(text: &str) -> u16 {
+    text.strip_prefix("HTTP/1.1 ")
+        .and_then(|t| t.get(..3))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP response: {text:?}"))
 }
 
 /// One request on a new connection (`Connection: close`): the status and the body.
@@ -292,8 +295,9 @@ fn read_one_response(stream: &mut TcpStream) -> u16 {
             other => panic!("the response head ended early ({other:?}): {:?}", String::from_utf8_lossy(&raw)),
         }
     }
-    let head = String::from_utf8_lossy(&raw).to_ascii_lowercase();
-    let status = head.get(9..12).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("not HTTP: {head:?}"));
+    let head = String::from_utf8_lossy(&raw);
+    let status = status_of(&head);
+    let head = head.to_ascii_lowercase();
     let length: usize = head
         .lines()
         .find_map(|l| l.strip_prefix("content-length:"))

@@ -263,12 +263,6 @@ impl Matrix {
         }
     }
 
-    /// Whether this matrix's products have an integer form at all (see
-    /// [`Matrix::integer_product`]).
-    fn has_integer_kernels(&self) -> bool {
-        self.integer_product().is_some()
-    }
-
     /// Whether products of this matrix on `path` quantize the activations by default: int8
     /// activations are on ([`kernels::int8_activations`]) and `path` has an integer kernel for
     /// this format ([`KernelPath::has_integer_kernel`]); otherwise the exact float kernels run.
@@ -347,7 +341,7 @@ impl Matrix {
     fn matvec_impl(&self, path: KernelPath, quantize: bool, x: &[f32], y: &mut [f32]) {
         assert_eq!(x.len(), self.cols, "matvec input length");
         assert_eq!(y.len(), self.rows, "matvec output length");
-        let integer = self.has_integer_kernels();
+        let integer = self.integer_product().is_some();
         let qx = (integer && quantize).then(|| QuantizedX::new(x));
         // The kernels read `x` from a copy aligned to cache lines (padded to whole INT4 groups,
         // in the order the MXFP4 and BF16 kernels read): cheap next to the product, and no vector load
@@ -425,7 +419,7 @@ impl Matrix {
         }
         // The same arithmetic as matvec, input by input: the same kernel path, and on paths
         // that quantize activations each input is quantized exactly as matvec would.
-        let integer = self.has_integer_kernels();
+        let integer = self.integer_product().is_some();
         let quantize = integer && quantize;
         let quantized: Vec<QuantizedX> =
             if quantize { x.chunks(self.cols).map(QuantizedX::new).collect() } else { Vec::new() };

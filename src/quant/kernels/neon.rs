@@ -489,10 +489,12 @@ pub fn mxfp4_dot_q8_neon<const T: usize, const R: usize>(
                     // Lanes 0 and 1 hold block 0's partial sums, 2 and 3 block 1's.
                     let e = vcombine_f32(vdup_n_f32(e0), vdup_n_f32(e1));
                     for t in 0..T {
-                        let p = &xg[t][g].codes;
-                        // SAFETY: `p` is 64 readable bytes.
-                        let [p0, p1, p2, p3] =
-                            unsafe { [0, 16, 32, 48].map(|o| vld1q_s8(p.as_ptr().add(o))) };
+                        let p = xg[t][g].codes.as_ptr();
+                        // SAFETY: `p` points at 64 readable bytes. (Four loads written out: a
+                        // closure in a kernel's loop is not always inlined.)
+                        let (p0, p1, p2, p3) = unsafe {
+                            (vld1q_s8(p), vld1q_s8(p.add(16)), vld1q_s8(p.add(32)), vld1q_s8(p.add(48)))
+                        };
                         let m = vpaddq_s16(block_sums!(w0, p0, p2), block_sums!(w1, p1, p3));
                         let sum = vcvtq_f32_s32(vpaddlq_s16(m));
                         let a = &mut acc[g % 2][t];
