@@ -20,14 +20,26 @@ mod x86 {
     /// MXFP4 block of 32 inputs as f32.
     const BLOCK_BYTES: usize = 128;
 
+    /// Assembly that zeroes `zmm0` to `zmm17` (the accumulators and multiplicands of the loops
+    /// below), so that no loop starts from a leftover value that is subnormal.
+    macro_rules! zero_registers {
+        () => {
+            "vxorps xmm0, xmm0, xmm0\nvxorps xmm1, xmm1, xmm1\nvxorps xmm2, xmm2, xmm2\n\
+             vxorps xmm3, xmm3, xmm3\nvxorps xmm4, xmm4, xmm4\nvxorps xmm5, xmm5, xmm5\n\
+             vxorps xmm6, xmm6, xmm6\nvxorps xmm7, xmm7, xmm7\nvxorps xmm8, xmm8, xmm8\n\
+             vxorps xmm9, xmm9, xmm9\nvxorps xmm10, xmm10, xmm10\nvxorps xmm11, xmm11, xmm11\n\
+             vxorps xmm12, xmm12, xmm12\nvxorps xmm13, xmm13, xmm13\nvxorps xmm14, xmm14, xmm14\n\
+             vxorps xmm15, xmm15, xmm15\nvxorps xmm16, xmm16, xmm16\nvxorps xmm17, xmm17, xmm17"
+        };
+    }
+
     /// 16 independent multiply-add chains on registers, `iters` times.
     #[target_feature(enable = "avx512f")]
     fn fma_registers(iters: u64) {
         // SAFETY: registers only.
         unsafe {
             asm!(
-                "vxorps xmm16, xmm16, xmm16",
-                "vxorps xmm17, xmm17, xmm17",
+                zero_registers!(),
                 "2:",
                 "vfmadd231ps zmm0, zmm16, zmm17", "vfmadd231ps zmm1, zmm16, zmm17",
                 "vfmadd231ps zmm2, zmm16, zmm17", "vfmadd231ps zmm3, zmm16, zmm17",
@@ -65,7 +77,7 @@ mod x86 {
                 // SAFETY: reads `blocks * BLOCK_BYTES` bytes of each stream; writes registers.
                 unsafe {
                     asm!(
-                        "vxorps xmm16, xmm16, xmm16",
+                        zero_registers!(),
                         "2:",
                         concat!($op, " zmm0, ", $operand, "zmmword ptr [{p0} + {j}]"),
                         concat!($op, " zmm1, ", $operand, "zmmword ptr [{p0} + {j} + 64]"),
@@ -92,7 +104,7 @@ mod x86 {
                         out("zmm4") _, out("zmm5") _, out("zmm6") _, out("zmm7") _,
                         out("zmm8") _, out("zmm9") _, out("zmm10") _, out("zmm11") _,
                         out("zmm12") _, out("zmm13") _, out("zmm14") _, out("zmm15") _,
-                        out("zmm16") _,
+                        out("zmm16") _, out("zmm17") _,
                         options(nostack, readonly),
                     );
                 }
