@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 use crate::experts::buffers::BufferPool;
 use crate::experts::policy::{CachePolicy, Candidate, Eviction, Occupancy, Popularity};
 use crate::experts::prediction::PredictionGate;
-use crate::experts::readers::{ReadQueue, RecordRead, Urgency};
+use crate::experts::readers::{BusyClock, ReadQueue, RecordRead, Urgency};
 use crate::experts::store::ExpertStore;
 #[cfg(doc)]
 use crate::experts::store::HASHED_READ_CHUNK;
@@ -164,6 +164,8 @@ struct Shared {
     queue: ReadQueue,
     /// Bytes of one piece of a record read.
     piece_bytes: usize,
+    /// Time the disk had a read in flight.
+    busy: BusyClock,
 }
 
 impl Shared {
@@ -246,6 +248,7 @@ impl CachedExperts {
             num_experts,
             queue: ReadQueue::new(),
             piece_bytes: opts.read_piece_bytes,
+            busy: BusyClock::default(),
         });
         let mut workers = Vec::new();
         for i in 0..opts.io_threads.max(1) {
@@ -497,7 +500,22 @@ impl CachedExperts {
 fn reader_loop(shared: &Shared) {
     while let Some(piece) = shared.queue.next() {
         let read = Arc::clone(piece.record());
-        let Some(bytes) = piece.read(|offset, dst| shared.store.read_raw(dst, offset)) else { continue };
+        let t0 = Instant::now();
+        let mut reading = Duration::ZERO;
+        let bytes = piece.read(|offset, dst| {
+            let t = Instant::now();
+            let r = shared.busy.time(|| shared.store.read_raw(dst, offset));
+            reading = t.elapsed();
+            r
+        });
+        // What the piece took beyond its read: checking the record's hash in order.
+        let checking = t0.elapsed().saturating_sub(reading);
+        let Some(bytes) = bytes else {
+            let mut st = shared.lock();
+            st.stats.check_time += checking;
+            st.stats.read_time += reading;
+            continue;
+        };
         let plan = *read.plan();
         let (layer, expert) = plan.key;
         // A panic while decoding must not leave the slot loading forever (its caller would
@@ -514,6 +532,8 @@ fn reader_loop(shared: &Shared) {
         });
         let took = read.started().map(|t| t.elapsed());
         let mut st = shared.lock();
+        st.stats.check_time += checking;
+        st.stats.read_time += reading;
         st.stats.reads += 1;
         st.stats.bytes_read += shared.store.read_bytes();
         if let Some(d) = took {
@@ -627,6 +647,8 @@ impl ExpertSource for CachedExperts {
     fn stats(&self) -> ExpertStats {
         let st = self.shared.lock();
         let mut stats = st.stats;
+        stats.disk_busy = self.shared.busy.total();
+        stats.busy_stretches = self.shared.busy.stretches();
         stats.prefetch_pending = st.entries.values().filter(|e| e.speculative).count() as u64;
         stats
     }

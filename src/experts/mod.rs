@@ -66,6 +66,17 @@ pub struct ExpertStats {
     pub prefetch_hidden: Duration,
     /// Read time spent on wrong predictions that could not be cancelled.
     pub prefetch_cost: Duration,
+    /// Time with at least one read of the disk in flight: the bytes read over it are the
+    /// bandwidth the reads got while the disk was in use, and the wall time outside it is
+    /// time the disk sat idle.
+    pub disk_busy: Duration,
+    /// Times the disk went from idle to busy.
+    pub busy_stretches: u64,
+    /// Reader time spent checking pieces against their hash (not reading).
+    pub check_time: Duration,
+    /// Reader time spent in reads, summed over the readers: over `disk_busy`, the mean
+    /// number of reads in flight while the disk was in use.
+    pub read_time: Duration,
 }
 
 impl ExpertStats {
@@ -96,6 +107,10 @@ impl ExpertStats {
             prediction_gated: self.prediction_gated - earlier.prediction_gated,
             prefetch_hidden: self.prefetch_hidden.saturating_sub(earlier.prefetch_hidden),
             prefetch_cost: self.prefetch_cost.saturating_sub(earlier.prefetch_cost),
+            disk_busy: self.disk_busy.saturating_sub(earlier.disk_busy),
+            busy_stretches: self.busy_stretches - earlier.busy_stretches,
+            check_time: self.check_time.saturating_sub(earlier.check_time),
+            read_time: self.read_time.saturating_sub(earlier.read_time),
         }
     }
 

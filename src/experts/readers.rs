@@ -21,9 +21,69 @@
 use std::cell::UnsafeCell;
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::experts::buffers::PooledBytes;
+
+/// How long the disk has had at least one read in flight, summed over the reader threads'
+/// overlapping reads (the union of their intervals, not their sum).
+#[derive(Default)]
+pub struct BusyClock {
+    state: Mutex<Busy>,
+}
+
+#[derive(Default)]
+struct Busy {
+    in_flight: usize,
+    since: Option<Instant>,
+    total: Duration,
+    stretches: u64,
+}
+
+impl BusyClock {
+    fn lock(&self) -> MutexGuard<'_, Busy> {
+        // Updates are a few field writes; a panic cannot leave them half-done.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Runs `read` counted as a read in flight.
+    pub fn time<T>(&self, read: impl FnOnce() -> T) -> T {
+        {
+            let mut b = self.lock();
+            if b.in_flight == 0 {
+                b.since = Some(Instant::now());
+                b.stretches += 1;
+            }
+            b.in_flight += 1;
+        }
+        // Decrements even if `read` panics, so the clock never stays running.
+        struct Done<'a>(&'a BusyClock);
+        impl Drop for Done<'_> {
+            fn drop(&mut self) {
+                let mut b = self.0.lock();
+                b.in_flight -= 1;
+                if b.in_flight == 0
+                    && let Some(t) = b.since.take()
+                {
+                    b.total += t.elapsed();
+                }
+            }
+        }
+        let _done = Done(self);
+        read()
+    }
+
+    /// Busy time so far, including the current stretch if a read is in flight.
+    pub fn total(&self) -> Duration {
+        let b = self.lock();
+        b.total + b.since.map_or(Duration::ZERO, |t| t.elapsed())
+    }
+
+    /// Stretches of busy time so far: each began with the disk idle.
+    pub fn stretches(&self) -> u64 {
+        self.lock().stretches
+    }
+}
 
 /// How urgently a record is wanted. The readers serve the lanes in this order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -429,6 +489,28 @@ mod tests {
             Some(Ok(_)) => panic!("a record with a failed piece was returned"),
             None => panic!("the last piece did not complete the record"),
         }
+    }
+
+    #[test]
+    fn the_busy_clock_counts_overlapping_reads_once_and_idle_time_not_at_all() {
+        let clock = Arc::new(BusyClock::default());
+        let nap = Duration::from_millis(40);
+        // Two reads of 40 ms side by side: about 40 ms busy, not 80.
+        std::thread::scope(|s| {
+            for _ in 0..2 {
+                let clock = Arc::clone(&clock);
+                s.spawn(move || clock.time(|| std::thread::sleep(nap)));
+            }
+        });
+        let overlapped = clock.total();
+        assert_eq!(clock.stretches(), 1, "one stretch: the second read began while the first was in flight");
+        assert!(overlapped >= nap && overlapped < 2 * nap - Duration::from_millis(10), "{overlapped:?}");
+        // Idle time is not counted; a later read adds its own time.
+        std::thread::sleep(nap);
+        assert_eq!(clock.total(), overlapped);
+        clock.time(|| std::thread::sleep(nap));
+        assert!(clock.total() >= overlapped + nap);
+        assert_eq!(clock.stretches(), 2);
     }
 
     #[test]
