@@ -718,9 +718,16 @@ impl CachedExperts {
         }
         let mut st = self.shared.lock();
         if prediction {
-            let predicted = &mut st.predicted[layer];
+            // A newer prediction of the same layer (made from a later, better state)
+            // supersedes the older: the older's guesses it drops leave the queue if their
+            // reads have not started.
+            let mut predicted = std::mem::take(&mut st.predicted[layer]);
+            for &e in predicted.iter().filter(|e| !ids.contains(e)) {
+                self.drop_wrong_guess(&mut st, (layer, e));
+            }
             predicted.clear();
             predicted.extend_from_slice(ids);
+            st.predicted[layer] = predicted;
             // The prediction is scored either way (its accuracy is reported), but read only
             // while predictions pay.
             if !st.gate.admit() {

@@ -83,6 +83,12 @@ struct PredictionScratch {
     /// (an early one, issued by [`Backend::experts`] once the current layer's experts are
     /// secured).
     pending: Option<usize>,
+    /// The next layer, when a decoded row's residual before this layer's experts is kept in
+    /// `residual` so that a prediction can be made from it plus all of the layer's experts
+    /// but the last, while that one is read ([`moe::moe_forward`]'s `near_end`).
+    near_end: Option<usize>,
+    /// That residual.
+    residual: Vec<f32>,
 }
 
 /// Routes each `width`-wide row of `x` through `router`: its top `k` experts and their weights
@@ -432,13 +438,33 @@ impl Backend for CpuBackend {
             Some(next) if next == layer + 1 => Some((next, self.prediction.experts.as_slice())),
             Some(_) | None => None,
         };
+        let source = self.experts.as_ref();
+        // The late prediction made a step early: from the residual plus every expert of
+        // this layer but the one still being read. The prediction after the layer then
+        // supersedes it (only the reads it drops that have not started are undone).
+        let (cfg, dense) = (&self.cfg, &self.dense);
+        let residual = &self.prediction.residual;
+        let near_end_layer = self.prediction.near_end.take().filter(|&n| n == layer + 1);
+        let predict_near_end = |partial: &[f32]| {
+            let Some(next) = near_end_layer else { return };
+            let Some(router) = dense.layers[next].router() else { return };
+            let mut state: Vec<f32> = residual.iter().zip(partial).map(|(r, p)| r + p).collect();
+            rms_norm_in_place(&mut state, &dense.layers[next].mlp_norm, cfg.rms_norm_eps);
+            let (mut logits, mut routes) = (Vec::new(), RouteTable::default());
+            let k = cfg.experts_per_token;
+            route_rows(router, k, cfg.recipe.routing, &state, cfg.hidden_size, &mut logits, &mut routes);
+            let guess: Vec<usize> = routes.experts.iter().map(|&e| e as usize).collect();
+            source.prefetch(next, &guess);
+        };
+        let near_end: Option<moe::NearEnd<'_>> = near_end_layer.map(|_| &predict_near_end as _);
         moe::moe_forward(
             &self.cfg,
-            self.experts.as_ref(),
+            source,
             layer,
             &x.data,
             routes,
             next,
+            near_end,
             self.completion_driven,
             &mut self.moe,
             &mut out.data,
@@ -475,6 +501,18 @@ impl Backend for CpuBackend {
     }
 
     fn predict_next(&mut self, layer: usize, at: LayerPoint, rows: RowKind, x: &CpuAct) -> Result<()> {
+        // A decoded row's residual before a MoE block, kept for the near-end prediction of
+        // the late predictor (see `experts`).
+        let near_end =
+            matches!((self.predict, at, rows), (Predict::Late, LayerPoint::BeforeMlp, RowKind::Decode))
+                && x.rows == 1
+                && self.cfg.mlp_kinds[layer] == MlpKind::Moe
+                && self.dense.layers.get(layer + 1).is_some_and(|l| l.router().is_some());
+        if near_end {
+            self.prediction.residual.clear();
+            self.prediction.residual.extend_from_slice(&x.data);
+            self.prediction.near_end = Some(layer + 1);
+        }
         let due = match (self.predict, at) {
             (Predict::Early, LayerPoint::BeforeMlp) | (Predict::Late, LayerPoint::AfterLayer) => true,
             (Predict::Early, LayerPoint::AfterLayer)
