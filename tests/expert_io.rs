@@ -130,6 +130,16 @@ fn every_lever_gives_bit_identical_output() {
                 ram_experts: all / 3,
                 ..base.clone()
             },
+            // Late prediction, near-end prediction in decode and wrong guesses stopped
+            // part-read (records of several pieces, two readers).
+            Setup {
+                piece: 4096,
+                io_threads: 2,
+                predict: Predict::Late,
+                ram_experts: 2 * cfg.num_layers,
+                block: 1,
+                ..base.clone()
+            },
             Setup { direct: true, ram_experts: cfg.num_layers, ..base.clone() },
             Setup { predict: Predict::Off, ram_experts: cfg.num_layers, ..base.clone() },
             Setup { predict: Predict::Late, ram_experts: cfg.num_layers, ..base.clone() },

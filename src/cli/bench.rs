@@ -175,6 +175,7 @@ impl Phase {
             "prefetch_wasted": e.prefetch_wasted,
             "prefetch_pending": e.prefetch_pending,
             "prefetch_cancelled": e.prefetch_cancelled,
+            "prefetch_abandoned": e.prefetch_abandoned,
             "promoted": e.promoted,
             "prediction_gated": e.prediction_gated,
             "prefetch_hidden_s": e.prefetch_hidden.as_secs_f64(),
@@ -472,7 +473,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     if let Some(acc) = decode.experts.prediction_accuracy() {
         println!(
             "prediction: {:.1}% of routed experts predicted; {} prefetch reads, {} useful, {} wasted, {} unused so far, \
-             {} cancelled unread; {} background reads promoted on demand; {} predictions not read (not paying); \
+             {} cancelled unread, {} stopped part-read; {} background reads promoted on demand; {} predictions not read (not paying); \
              {:.2} s of reads hidden, {:.2} s wasted",
             100.0 * acc,
             decode.experts.prefetch_reads,
@@ -480,6 +481,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
             decode.experts.prefetch_wasted,
             decode.experts.prefetch_pending,
             decode.experts.prefetch_cancelled,
+            decode.experts.prefetch_abandoned,
             decode.experts.promoted,
             decode.experts.prediction_gated,
             decode.experts.prefetch_hidden.as_secs_f64(),

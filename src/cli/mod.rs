@@ -490,13 +490,14 @@ pub fn print_stats(
     );
     if e.predicted > 0 || e.prediction_gated > 0 {
         eprintln!(
-            "  prediction: {:.1}% right; {} reads ({} useful, {} wasted, {} cancelled unread); {} not read \
+            "  prediction: {:.1}% right; {} reads ({} useful, {} wasted, {} cancelled unread, {} stopped part-read); {} not read \
              (not paying); {:.3} s of reads hidden, {:.3} s wasted; {} background reads promoted on demand",
             100.0 * e.prediction_accuracy().unwrap_or(0.0),
             e.prefetch_reads,
             e.prefetch_useful,
             e.prefetch_wasted,
             e.prefetch_cancelled,
+            e.prefetch_abandoned,
             e.prediction_gated,
             e.prefetch_hidden.as_secs_f64(),
             e.prefetch_cost.as_secs_f64(),

@@ -24,7 +24,7 @@ use crate::error::{Error, Result};
 use crate::experts::buffers::BufferPool;
 use crate::experts::policy::{CachePolicy, Candidate, Eviction, Occupancy, Popularity};
 use crate::experts::prediction::PredictionGate;
-use crate::experts::readers::{BusyClock, ReadQueue, RecordRead, Urgency};
+use crate::experts::readers::{Abandoned, BusyClock, ReadQueue, RecordRead, Urgency};
 use crate::experts::store::ExpertStore;
 #[cfg(doc)]
 use crate::experts::store::HASHED_READ_CHUNK;
@@ -541,7 +541,7 @@ fn reader_loop(shared: &Shared) {
             st.read_secs = if st.read_secs == 0.0 { secs } else { 0.9 * st.read_secs + 0.1 * secs };
         }
         // No entry: nobody waits for it any more (cannot happen: loading entries are not
-        // evicted, and cancelled reads never complete).
+        // evicted, and cancelled and abandoned reads never complete).
         if let Some(entry) = st.entries.get_mut(&(layer, expert)) {
             entry.read = None;
             entry.read_time = took;
@@ -759,21 +759,34 @@ impl CachedExperts {
     }
 
     /// A predicted expert the routing did not choose: cancelled if its read has not
-    /// started (the disk never reads it), else charged to the prediction gate and left to go
-    /// first when room is needed, before anything that was used.
+    /// started (the disk never reads it), abandoned if only some of its pieces have (the rest
+    /// are never read; the gate is charged the share read), else charged to the prediction
+    /// gate and left to go first when room is needed, before anything that was used.
     fn drop_wrong_guess(&self, st: &mut State, key: (usize, usize)) {
         let Some(entry) = st.entries.get_mut(&key) else { return };
         if !entry.speculative {
             return;
         }
         entry.last_use = 0;
-        let queued = matches!(entry.slot, Slot::Loading) && entry.pins == 0;
-        if queued && self.shared.queue.cancel(key) {
-            st.entries.remove(&key);
-            st.stats.prefetch_cancelled += 1;
-            return;
-        }
-        let cost = st.read_secs;
+        let loading = matches!(entry.slot, Slot::Loading) && entry.pins == 0;
+        let outcome = if loading { self.shared.queue.abandon(key) } else { Abandoned::NotQueued };
+        // The share of one record's read time the guess cost the disk.
+        let share = match outcome {
+            Abandoned::Cancelled => {
+                st.entries.remove(&key);
+                st.stats.prefetch_cancelled += 1;
+                return;
+            }
+            Abandoned::Partly { read_bytes } => {
+                // Nobody waits for it (it is unpinned), and the record never completes.
+                st.entries.remove(&key);
+                st.stats.prefetch_abandoned += 1;
+                st.stats.bytes_read += read_bytes as u64;
+                read_bytes as f64 / self.shared.store.read_bytes().max(1) as f64
+            }
+            Abandoned::NotQueued => 1.0,
+        };
+        let cost = st.read_secs * share;
         st.gate.wasted(cost);
         st.stats.prefetch_cost += Duration::from_secs_f64(cost);
     }

@@ -56,6 +56,9 @@ pub struct ExpertStats {
     /// Predicted reads dropped from the read queue before they started, because the
     /// layer's routing did not choose them (counted in `prefetch_reads`, never read).
     pub prefetch_cancelled: u64,
+    /// Predicted reads the layer's routing did not choose, stopped part-way: the pieces not
+    /// yet started were never read (the pieces read are in `bytes_read`, not in `reads`).
+    pub prefetch_abandoned: u64,
     /// Background reads (predicted or ahead) still queued when a computation asked for
     /// them, moved to the front.
     pub promoted: u64,
@@ -103,6 +106,7 @@ impl ExpertStats {
             hot_set: self.hot_set,
             prefetch_pending: self.prefetch_pending,
             prefetch_cancelled: self.prefetch_cancelled - earlier.prefetch_cancelled,
+            prefetch_abandoned: self.prefetch_abandoned - earlier.prefetch_abandoned,
             promoted: self.promoted - earlier.promoted,
             prediction_gated: self.prediction_gated - earlier.prediction_gated,
             prefetch_hidden: self.prefetch_hidden.saturating_sub(earlier.prefetch_hidden),

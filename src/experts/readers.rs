@@ -7,7 +7,8 @@
 //! - **Promotion and cancellation.** When a queued background read is asked for, it moves to
 //!   the demand lane ([`ReadQueue::promote`]); when a prediction turns out wrong before any of
 //!   its pieces started, it leaves the queue and costs the disk nothing
-//!   ([`ReadQueue::cancel`]).
+//!   ([`ReadQueue::cancel`]); when some started, the pieces not yet handed out are dropped
+//!   and the record never completes ([`ReadQueue::abandon`]).
 //! - **Records split across readers.** A record is read in pieces of
 //!   [`store::HASHED_READ_CHUNK`](crate::experts::store::HASHED_READ_CHUNK), and every reader
 //!   takes the next piece of the most urgent record. One record is then read with all of the
@@ -148,6 +149,9 @@ struct Progress {
     started: Option<Instant>,
     /// Set once the record's bytes have been handed out.
     taken: bool,
+    /// Set when the record was abandoned: its remaining pieces are never read and it never
+    /// completes.
+    abandoned: bool,
 }
 
 // SAFETY: `buf` and `base` are written only through `piece_mut`, whose ranges are disjoint
@@ -180,6 +184,7 @@ impl RecordRead {
                 error: None,
                 started: None,
                 taken: false,
+                abandoned: false,
             }),
         })
     }
@@ -225,7 +230,10 @@ impl RecordRead {
         // reference to this range exists until the piece is marked done below (the caller's
         // contract).
         let dst = unsafe { std::slice::from_raw_parts_mut(self.base.add(start), end - start) };
-        let skip = self.lock().error.is_some();
+        let skip = {
+            let p = self.lock();
+            p.error.is_some() || p.abandoned
+        };
         // A panic in the read must still mark the piece done, or the record would never
         // complete and its caller would wait for ever: it becomes the piece's error.
         let result = if skip {
@@ -244,7 +252,7 @@ impl RecordRead {
         }
         // Hash the completed prefix, in order, outside the lock.
         if let Some(payload) = self.plan.hashed {
-            while p.error.is_none() && p.hashed < self.pieces && p.done[p.hashed] {
+            while p.error.is_none() && !p.abandoned && p.hashed < self.pieces && p.done[p.hashed] {
                 let Some(mut hasher) = p.hasher.take() else { break };
                 let (start, end) = self.range(p.hashed);
                 drop(p);
@@ -262,7 +270,7 @@ impl RecordRead {
         }
         let checked = self.plan.hashed.is_none() || p.error.is_some() || p.hashed == self.pieces;
         let hasher_idle = self.plan.hashed.is_none() || p.hasher.is_some();
-        if p.finished < self.pieces || !checked || !hasher_idle || p.taken {
+        if p.finished < self.pieces || !checked || !hasher_idle || p.taken || p.abandoned {
             return None;
         }
         p.taken = true;
@@ -294,6 +302,22 @@ struct Lanes {
 pub struct ReadQueue {
     lanes: Mutex<Lanes>,
     wake: Condvar,
+}
+
+/// What [`ReadQueue::abandon`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Abandoned {
+    /// No piece had started: the read left the queue and costs nothing.
+    Cancelled,
+    /// Some pieces had started: the rest were dropped. `read_bytes` is what the started
+    /// pieces read (or are reading).
+    Partly {
+        /// Bytes of the pieces handed out.
+        read_bytes: usize,
+    },
+    /// Every piece was already handed out (or the read was not queued): the record will
+    /// complete as usual.
+    NotQueued,
 }
 
 /// A piece of a record, handed to one reader.
@@ -385,6 +409,33 @@ impl ReadQueue {
             }
         }
         false
+    }
+
+    /// Takes the read of `key` out of the queue, whether or not some of its pieces are being
+    /// read. Without a started piece it is [`cancel`](Self::cancel)led. With some, the pieces
+    /// not yet handed out are never read and the record never completes: the readers of the
+    /// pieces in flight finish them and get `None`, and the buffer goes back to the pool when
+    /// the last of them lets the record go. The caller must forget the read (nobody may wait
+    /// for it).
+    pub fn abandon(&self, key: (usize, usize)) -> Abandoned {
+        let mut q = self.lock();
+        for lane in &mut q.lanes {
+            let Some(at) = lane.iter().position(|j| j.read.key() == key) else { continue };
+            let job = lane.remove(at).expect("position is in range");
+            if job.next_piece == 0 {
+                return Abandoned::Cancelled;
+            }
+            let read = &job.read;
+            let mut p = read.lock();
+            for piece in job.next_piece..read.pieces {
+                p.done[piece] = true;
+                p.finished += 1;
+            }
+            p.abandoned = true;
+            let read_bytes = read.range(job.next_piece - 1).1;
+            return Abandoned::Partly { read_bytes };
+        }
+        Abandoned::NotQueued
     }
 
     /// Ends the queue: every waiting and later [`next`](Self::next) returns `None`.
@@ -489,6 +540,36 @@ mod tests {
             Some(Ok(_)) => panic!("a record with a failed piece was returned"),
             None => panic!("the last piece did not complete the record"),
         }
+    }
+
+    #[test]
+    fn an_abandoned_record_reads_no_more_pieces_never_completes_and_frees_its_buffer() {
+        let len = 4 * 4096;
+        let pool = BufferPool::new(len, 4);
+        let q = ReadQueue::new();
+        q.push(Urgency::Predicted, record(&pool, (3, 1), len, true));
+        q.push(Urgency::Predicted, record(&pool, (3, 2), len, true));
+        assert_eq!(q.abandon((3, 2)), Abandoned::Cancelled, "nothing of it had started");
+        let first = q.next().unwrap();
+        let second = q.next().unwrap();
+        assert_eq!(q.abandon((3, 1)), Abandoned::Partly { read_bytes: 2 * 4096 });
+        assert_eq!(q.queued(), [0, 0, 0], "its other pieces left the queue");
+        assert_eq!(q.abandon((3, 1)), Abandoned::NotQueued);
+        let mut read = 0;
+        let count = |offset: u64, dst: &mut [u8]| {
+            read += 1;
+            fill(offset, dst)
+        };
+        assert!(first.read(count).is_none());
+        assert!(second.read(fill).is_none(), "the record never completes");
+        assert_eq!(read, 0, "a piece handed out but not yet read is skipped once abandoned");
+        assert_eq!(pool.free_buffers(), 2, "both buffers are back in the pool");
+
+        // A record whose every piece was handed out completes as usual.
+        q.push(Urgency::Predicted, record(&pool, (3, 3), 4096, false));
+        let only = q.next().unwrap();
+        assert_eq!(q.abandon((3, 3)), Abandoned::NotQueued);
+        assert!(matches!(only.read(fill), Some(Ok(_))));
     }
 
     #[test]
