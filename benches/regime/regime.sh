@@ -139,6 +139,13 @@ if [[ -n "$READ_AHEAD_KB" ]]; then
 fi
 RA_NOW="$(cat "$RA_FILE" 2>/dev/null || echo unknown)"
 
+# llama-bench of anchor.sh's native build (build/llama.cpp-VERSION), never one of its other
+# instruction sets (build/llama.cpp-VERSION-avx2, which models an older machine).
+native_llama_bench() {
+  ls "$ANCHOR_WORK"/build/llama.cpp-*/bin/llama-bench 2>/dev/null \
+    | grep -E '/llama\.cpp-[0-9.]+/bin/llama-bench$' | head -n1 || true
+}
+
 # ---- checkpoints and containers -------------------------------------------------------------------
 prepare() { # skew -> sets SYNTH, CONTAINER, GGUF
   local s="$1"
@@ -166,7 +173,7 @@ prepare() { # skew -> sets SYNTH, CONTAINER, GGUF
     log "llama.cpp and the GGUF (benches/anchor/anchor.sh --prepare-only)"
     "$HERE/../anchor/anchor.sh" --prepare-only --synth "$SYNTH" --work "$ANCHOR_WORK" >&2
     [[ -f "$GGUF" ]] || die "anchor.sh made no $GGUF"
-    LLAMA_BENCH="$(ls "$ANCHOR_WORK"/build/llama.cpp-*/bin/llama-bench 2>/dev/null | head -n1 || true)"
+    LLAMA_BENCH="$(native_llama_bench)"
   fi
   if [[ "$DROP_CHECKPOINT" == 1 ]]; then
     log "dropping the checkpoint $SYNTH (--drop-checkpoint)"
@@ -177,7 +184,7 @@ prepare() { # skew -> sets SYNTH, CONTAINER, GGUF
 STAMP="$(date -u +%Y%m%dT%H%M%SZ)"
 OUT="$WORK/results/$STAMP"
 mkdir -p "$OUT"
-LLAMA_BENCH="$(ls "$ANCHOR_WORK"/build/llama.cpp-*/bin/llama-bench 2>/dev/null | head -n1 || true)"
+LLAMA_BENCH="$(native_llama_bench)"
 {
   echo "date_utc=$STAMP"
   echo "cpu=$(lscpu | sed -n 's/^Model name:[[:space:]]*//p' | head -n1)"
