@@ -6,9 +6,9 @@
 //!   A guess never delays a read that is needed now.
 //! - **Promotion and cancellation.** When a queued background read is asked for, it moves to
 //!   the demand lane ([`ReadQueue::promote`]); when a prediction turns out wrong before any of
-//!   its pieces started, it leaves the queue and costs the disk nothing
-//!   ([`ReadQueue::cancel`]); when some started, the pieces not yet handed out are dropped
-//!   and the record never completes ([`ReadQueue::abandon`]).
+//!   its pieces started, it leaves the queue and costs the disk nothing; when some started,
+//!   the pieces not yet handed out are dropped and the record never completes
+//!   ([`ReadQueue::abandon`]).
 //! - **Records split across readers.** A record is read in pieces of
 //!   [`store::HASHED_READ_CHUNK`](crate::experts::store::HASHED_READ_CHUNK), and every reader
 //!   takes the next piece of the most urgent record. One record is then read with all of the
@@ -398,21 +398,9 @@ impl ReadQueue {
         false
     }
 
-    /// Removes the read of `key` if none of its pieces has been handed out; its buffer goes
-    /// back to the pool. Returns whether it was removed.
-    pub fn cancel(&self, key: (usize, usize)) -> bool {
-        let mut q = self.lock();
-        for lane in &mut q.lanes {
-            if let Some(at) = lane.iter().position(|j| j.read.key() == key && j.next_piece == 0) {
-                lane.remove(at);
-                return true;
-            }
-        }
-        false
-    }
-
     /// Takes the read of `key` out of the queue, whether or not some of its pieces are being
-    /// read. Without a started piece it is [`cancel`](Self::cancel)led. With some, the pieces
+    /// read. Without a started piece it is cancelled: it costs the disk nothing and its
+    /// buffer goes back to the pool. With some, the pieces
     /// not yet handed out are never read and the record never completes: the readers of the
     /// pieces in flight finish them and get `None`, and the buffer goes back to the pool when
     /// the last of them lets the record go. The caller must forget the read (nobody may wait
@@ -489,13 +477,13 @@ mod tests {
             q.push(Urgency::Predicted, record(&pool, (1, e), 4096, false));
         }
         assert!(q.promote((1, 2), Urgency::Demand));
-        assert!(q.cancel((1, 0)));
-        assert!(!q.cancel((1, 0)), "already gone");
+        assert_eq!(q.abandon((1, 0)), Abandoned::Cancelled);
+        assert_eq!(q.abandon((1, 0)), Abandoned::NotQueued, "already gone");
         assert_eq!(q.queued(), [1, 0, 1]);
         assert_eq!(q.next().unwrap().record().key(), (1, 2));
         let last = q.next().unwrap();
         assert_eq!(last.record().key(), (1, 1));
-        assert!(!q.cancel((1, 1)), "a started read cannot be cancelled");
+        assert_eq!(q.abandon((1, 1)), Abandoned::NotQueued, "a read whose every piece started completes");
         assert!(!q.promote((9, 9), Urgency::Demand));
     }
 

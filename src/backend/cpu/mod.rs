@@ -6,7 +6,7 @@ pub mod attention;
 pub mod kv_cache;
 pub mod moe;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use rayon::prelude::*;
 
@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::experts::{ExpertSource, ExpertStats};
 use crate::model::math::{rms_norm, rms_norm_in_place, route};
 use crate::model::rope::{RopeFrequencies, rotate_half};
-use crate::model::weights::{DenseWeights, FeedForward, Linear};
+use crate::model::weights::{DenseWeights, FeedForward, LayerWeights, Linear};
 use crate::quant::Matrix;
 
 use attention::{AttentionShape, LayerCache, attend_head};
@@ -62,26 +62,20 @@ pub struct CpuBackend {
     completion_driven: bool,
     /// Router logits of one row (scratch of [`route_rows`]).
     router_logits: Vec<f32>,
-    /// Scratch of the decode prediction, kept so that no token allocates: the state
-    /// normalized for the next layer, its routing, the predicted experts, and an early
-    /// prediction waiting to be issued.
+    /// Buffers of the next layer's predictions, kept so that no token allocates, an early
+    /// prediction waiting to be issued, and the residual the near-end prediction starts from.
     prediction: PredictionScratch,
     /// Buffers of the MoE block, reused by every layer of every token.
     moe: moe::MoeScratch,
 }
 
-/// Reusable buffers of [`CpuBackend::predict_next`].
+/// Reusable buffers of [`CpuBackend::predict_next`] and of the near-end prediction.
 #[derive(Default)]
 struct PredictionScratch {
-    /// Every row of the residual normalized with the next layer's pre-MoE norm.
-    normed: Vec<f32>,
-    /// The next layer's router over `normed`.
-    routes: RouteTable,
-    /// The union of the rows' predicted experts, each row's first choices first.
-    experts: Vec<usize>,
-    /// The layer `experts` was predicted for when that prediction is still to be issued
-    /// (an early one, issued by [`Backend::experts`] once the current layer's experts are
-    /// secured).
+    /// The prediction made from the residual before or after a layer.
+    guess: Guess,
+    /// The layer `guess` was made for when it is still to be issued (an early one, issued by
+    /// [`Backend::experts`] once the current layer's experts are secured).
     pending: Option<usize>,
     /// The next layer, when a decoded row's residual before this layer's experts is kept in
     /// `residual` so that a prediction can be made from it plus all of the layer's experts
@@ -89,6 +83,48 @@ struct PredictionScratch {
     near_end: Option<usize>,
     /// That residual.
     residual: Vec<f32>,
+    /// The near-end prediction (made on a pool thread, hence the lock).
+    near_end_guess: Mutex<Guess>,
+}
+
+/// One prediction of a layer's routing, its buffers reused from token to token.
+#[derive(Default)]
+struct Guess {
+    /// The input rows; [`Guess::predict`] normalizes them in place.
+    rows: Vec<f32>,
+    /// Router logits of one row.
+    logits: Vec<f32>,
+    /// The router's choice for each row.
+    routes: RouteTable,
+    /// The union of the rows' predicted experts, each row's first choices first.
+    experts: Vec<usize>,
+}
+
+impl Guess {
+    /// Predicts which experts `layer` will choose for `self.rows` (each `cfg.hidden_size`
+    /// wide): every row normalized with its pre-MoE norm and routed through its router, the
+    /// union into `experts`, deduplicated, every row's first choice before any row's second
+    /// so that the likeliest are read first. False (and nothing predicted) when `layer` has
+    /// no router.
+    fn predict(&mut self, cfg: &ModelConfig, layer: &LayerWeights) -> bool {
+        let Some(router) = layer.router() else { return false };
+        let (k, width) = (cfg.experts_per_token, cfg.hidden_size);
+        for row in self.rows.chunks_exact_mut(width) {
+            rms_norm_in_place(row, &layer.mlp_norm, cfg.rms_norm_eps);
+        }
+        route_rows(router, k, cfg.recipe.routing, &self.rows, width, &mut self.logits, &mut self.routes);
+        let rows = self.rows.len() / width;
+        self.experts.clear();
+        for j in 0..k {
+            for r in 0..rows {
+                let e = self.routes.experts[r * k + j] as usize;
+                if !self.experts.contains(&e) {
+                    self.experts.push(e);
+                }
+            }
+        }
+        true
+    }
 }
 
 /// Routes each `width`-wide row of `x` through `router`: its top `k` experts and their weights
@@ -433,28 +469,26 @@ impl Backend for CpuBackend {
 
     fn experts(&mut self, layer: usize, x: &CpuAct, routes: &RouteTable, out: &mut CpuAct) -> Result<()> {
         check_shape("experts out", out, x.rows, self.cfg.hidden_size)?;
+        let near_end_layer = self.prediction.near_end.take().filter(|&n| n == layer + 1);
         // An early prediction of the next layer, made for this layer's routing.
         let next = match self.prediction.pending.take() {
-            Some(next) if next == layer + 1 => Some((next, self.prediction.experts.as_slice())),
+            Some(next) if next == layer + 1 => Some((next, self.prediction.guess.experts.as_slice())),
             Some(_) | None => None,
         };
         let source = self.experts.as_ref();
         // The late prediction made a step early: from the residual plus every expert of
         // this layer but the one still being read. The prediction after the layer then
-        // supersedes it (only the reads it drops that have not started are undone).
-        let (cfg, dense) = (&self.cfg, &self.dense);
-        let residual = &self.prediction.residual;
-        let near_end_layer = self.prediction.near_end.take().filter(|&n| n == layer + 1);
+        // supersedes it (the reads it drops are cancelled or stopped part-read).
+        let (cfg, layers) = (&self.cfg, &self.dense.layers);
+        let (residual, near_end_guess) = (&self.prediction.residual, &self.prediction.near_end_guess);
         let predict_near_end = |partial: &[f32]| {
             let Some(next) = near_end_layer else { return };
-            let Some(router) = dense.layers[next].router() else { return };
-            let mut state: Vec<f32> = residual.iter().zip(partial).map(|(r, p)| r + p).collect();
-            rms_norm_in_place(&mut state, &dense.layers[next].mlp_norm, cfg.rms_norm_eps);
-            let (mut logits, mut routes) = (Vec::new(), RouteTable::default());
-            let k = cfg.experts_per_token;
-            route_rows(router, k, cfg.recipe.routing, &state, cfg.hidden_size, &mut logits, &mut routes);
-            let guess: Vec<usize> = routes.experts.iter().map(|&e| e as usize).collect();
-            source.prefetch(next, &guess);
+            let mut g = near_end_guess.lock().unwrap_or_else(PoisonError::into_inner);
+            g.rows.clear();
+            g.rows.extend(residual.iter().zip(partial).map(|(r, p)| r + p));
+            if g.predict(cfg, &layers[next]) {
+                source.prefetch(next, &g.experts);
+            }
         };
         let near_end: Option<moe::NearEnd<'_>> = near_end_layer.map(|_| &predict_near_end as _);
         moe::moe_forward(
@@ -525,31 +559,14 @@ impl Backend for CpuBackend {
         if !due || next >= self.cfg.num_layers {
             return Ok(());
         }
-        let l = &self.dense.layers[next];
-        let Some(router) = l.router() else {
+        // Each row's residual (before this layer's MLP block, or after it) through L+1's
+        // router; the union over the rows (a batched step's sequences).
+        check_shape("prediction input", x, x.rows, self.cfg.hidden_size)?;
+        let guess = &mut self.prediction.guess;
+        guess.rows.clear();
+        guess.rows.extend_from_slice(&x.data);
+        if !guess.predict(&self.cfg, &self.dense.layers[next]) {
             return Ok(());
-        };
-        // Each row's residual (before this layer's MLP block, or after it), normalized with
-        // L+1's pre-MoE norm, through L+1's router.
-        let (k, width) = (self.cfg.experts_per_token, self.cfg.hidden_size);
-        check_shape("prediction input", x, x.rows, width)?;
-        let p = &mut self.prediction;
-        p.normed.resize(x.data.len(), 0.0);
-        for (row, normed) in x.data.chunks_exact(width).zip(p.normed.chunks_exact_mut(width)) {
-            rms_norm(row, &l.mlp_norm, self.cfg.rms_norm_eps, normed);
-        }
-        let routing = self.cfg.recipe.routing;
-        route_rows(router, k, routing, &p.normed, width, &mut self.router_logits, &mut p.routes);
-        // The union over the rows (a batched step's sequences), deduplicated, every row's
-        // first choice before any row's second, so the likeliest are read first.
-        p.experts.clear();
-        for j in 0..k {
-            for r in 0..x.rows {
-                let e = p.routes.experts[r * k + j] as usize;
-                if !p.experts.contains(&e) {
-                    p.experts.push(e);
-                }
-            }
         }
         match rows {
             RowKind::Decode => {}
@@ -559,16 +576,16 @@ impl Backend for CpuBackend {
             // while this layer finishes and the next one's attention runs, so the disk does
             // not idle between layers.
             RowKind::Prompt => {
-                p.experts.sort_unstable();
-                p.experts.truncate(self.experts.batch_limit());
+                guess.experts.sort_unstable();
+                guess.experts.truncate(self.experts.batch_limit());
             }
         }
         match (at, self.cfg.mlp_kinds[layer]) {
             // This layer's experts are not secured yet: issued by `experts` once they are, so
             // that the prediction's reads cannot take their room first.
-            (LayerPoint::BeforeMlp, MlpKind::Moe) => p.pending = Some(next),
+            (LayerPoint::BeforeMlp, MlpKind::Moe) => self.prediction.pending = Some(next),
             (LayerPoint::BeforeMlp, MlpKind::Dense) | (LayerPoint::AfterLayer, _) => {
-                self.experts.prefetch(next, &p.experts)
+                self.experts.prefetch(next, &guess.experts)
             }
         }
         Ok(())
