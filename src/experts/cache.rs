@@ -500,22 +500,16 @@ impl CachedExperts {
 fn reader_loop(shared: &Shared) {
     while let Some(piece) = shared.queue.next() {
         let read = Arc::clone(piece.record());
-        let t0 = Instant::now();
+        let started = Instant::now();
         let mut reading = Duration::ZERO;
         let bytes = piece.read(|offset, dst| {
-            let t = Instant::now();
-            let r = shared.busy.time(|| shared.store.read_raw(dst, offset));
-            reading = t.elapsed();
-            r
+            let (result, took) = shared.busy.time(|| shared.store.read_raw(dst, offset));
+            reading = took;
+            result
         });
         // What the piece took beyond its read: checking the record's hash in order.
-        let checking = t0.elapsed().saturating_sub(reading);
-        let Some(bytes) = bytes else {
-            let mut st = shared.lock();
-            st.stats.check_time += checking;
-            st.stats.read_time += reading;
-            continue;
-        };
+        shared.lock().stats.check_time += started.elapsed().saturating_sub(reading);
+        let Some(bytes) = bytes else { continue };
         let plan = *read.plan();
         let (layer, expert) = plan.key;
         // A panic while decoding must not leave the slot loading forever (its caller would
@@ -532,8 +526,6 @@ fn reader_loop(shared: &Shared) {
         });
         let took = read.started().map(|t| t.elapsed());
         let mut st = shared.lock();
-        st.stats.check_time += checking;
-        st.stats.read_time += reading;
         st.stats.reads += 1;
         st.stats.bytes_read += shared.store.read_bytes();
         if let Some(d) = took {
@@ -649,6 +641,7 @@ impl ExpertSource for CachedExperts {
         let mut stats = st.stats;
         stats.disk_busy = self.shared.busy.total();
         stats.busy_stretches = self.shared.busy.stretches();
+        stats.read_time = self.shared.busy.reading();
         stats.prefetch_pending = st.entries.values().filter(|e| e.speculative).count() as u64;
         stats
     }

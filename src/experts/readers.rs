@@ -26,8 +26,9 @@ use std::time::{Duration, Instant};
 
 use crate::experts::buffers::PooledBytes;
 
-/// How long the disk has had at least one read in flight, summed over the reader threads'
-/// overlapping reads (the union of their intervals, not their sum).
+/// How long the disk has had at least one read in flight (the union of the reader threads'
+/// read intervals, not their sum), and the sum of those intervals: over the union, the mean
+/// number of reads in flight.
 #[derive(Default)]
 pub struct BusyClock {
     state: Mutex<Busy>,
@@ -39,6 +40,8 @@ struct Busy {
     since: Option<Instant>,
     total: Duration,
     stretches: u64,
+    /// Sum of every read's duration.
+    reading: Duration,
 }
 
 impl BusyClock {
@@ -47,8 +50,9 @@ impl BusyClock {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Runs `read` counted as a read in flight.
-    pub fn time<T>(&self, read: impl FnOnce() -> T) -> T {
+    /// Runs `read` counted as a read in flight; returns its result and how long it took.
+    pub fn time<T>(&self, read: impl FnOnce() -> T) -> (T, Duration) {
+        let start = Instant::now();
         {
             let mut b = self.lock();
             if b.in_flight == 0 {
@@ -58,10 +62,11 @@ impl BusyClock {
             b.in_flight += 1;
         }
         // Decrements even if `read` panics, so the clock never stays running.
-        struct Done<'a>(&'a BusyClock);
+        struct Done<'a>(&'a BusyClock, Instant);
         impl Drop for Done<'_> {
             fn drop(&mut self) {
                 let mut b = self.0.lock();
+                b.reading += self.1.elapsed();
                 b.in_flight -= 1;
                 if b.in_flight == 0
                     && let Some(t) = b.since.take()
@@ -70,8 +75,9 @@ impl BusyClock {
                 }
             }
         }
-        let _done = Done(self);
-        read()
+        let _done = Done(self, start);
+        let result = read();
+        (result, start.elapsed())
     }
 
     /// Busy time so far, including the current stretch if a read is in flight.
@@ -83,6 +89,11 @@ impl BusyClock {
     /// Stretches of busy time so far: each began with the disk idle.
     pub fn stretches(&self) -> u64 {
         self.lock().stretches
+    }
+
+    /// Sum of the finished reads' durations.
+    pub fn reading(&self) -> Duration {
+        self.lock().reading
     }
 }
 
@@ -568,11 +579,12 @@ mod tests {
         std::thread::scope(|s| {
             for _ in 0..2 {
                 let clock = Arc::clone(&clock);
-                s.spawn(move || clock.time(|| std::thread::sleep(nap)));
+                s.spawn(move || assert!(clock.time(|| std::thread::sleep(nap)).1 >= nap));
             }
         });
         let overlapped = clock.total();
         assert_eq!(clock.stretches(), 1, "one stretch: the second read began while the first was in flight");
+        assert!(clock.reading() >= 2 * nap, "each read's own time is summed: {:?}", clock.reading());
         assert!(overlapped >= nap && overlapped < 2 * nap - Duration::from_millis(10), "{overlapped:?}");
         // Idle time is not counted; a later read adds its own time.
         std::thread::sleep(nap);
