@@ -24,6 +24,8 @@ pub struct MoeScratch {
     contrib: Vec<f32>,
     /// One [`ExpertScratch`] per expert being computed at once, kept for the next ones.
     spare: Mutex<Vec<ExpertScratch>>,
+    /// What the near-end watch of a call has seen (see [`moe_forward`]).
+    near_end: Mutex<NearEndProgress>,
 }
 
 /// A spare expert's buffers from `spare` (new ones if every spare is in use).
@@ -116,10 +118,10 @@ struct NearEndWatch<'a> {
     callback: NearEnd<'a>,
     /// Distinct experts of the layer.
     experts: usize,
-    progress: Mutex<NearEndProgress>,
+    progress: &'a Mutex<NearEndProgress>,
 }
 
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct NearEndProgress {
     /// Experts handed over by the source so far.
     delivered: usize,
@@ -127,9 +129,22 @@ struct NearEndProgress {
     computed: Vec<usize>,
     /// Whether the callback has run.
     fired: bool,
+    /// The weighted sum of the computed experts handed to the callback.
+    partial: Vec<f32>,
 }
 
-impl NearEndWatch<'_> {
+impl<'a> NearEndWatch<'a> {
+    /// A watch of `experts` distinct experts, its progress in `progress` (reset here: the
+    /// buffers are reused from call to call).
+    fn new(callback: NearEnd<'a>, experts: usize, progress: &'a Mutex<NearEndProgress>) -> Self {
+        let mut p = progress.lock().unwrap_or_else(PoisonError::into_inner);
+        p.delivered = 0;
+        p.computed.clear();
+        p.fired = false;
+        drop(p);
+        NearEndWatch { callback, experts, progress }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, NearEndProgress> {
         self.progress.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -141,7 +156,7 @@ impl NearEndWatch<'_> {
 
     /// The expert of `pairs` (slots of the one row) is computed; its output is in `contrib`.
     fn computed(&self, pairs: &[usize], routes: &RouteTable, contrib: &Mutex<&mut [f32]>, h: usize) {
-        let slots = {
+        let partial = {
             let mut p = self.lock();
             p.computed.extend_from_slice(pairs);
             let due = !p.fired && p.computed.len() + 1 == self.experts && p.delivered < self.experts;
@@ -149,20 +164,22 @@ impl NearEndWatch<'_> {
                 return;
             }
             p.fired = true;
-            p.computed.clone()
-        };
-        let weights = routes.row_weights(0);
-        let mut partial = vec![0.0f32; h];
-        {
+            let mut partial = std::mem::take(&mut p.partial);
+            partial.clear();
+            partial.resize(h, 0.0);
+            let weights = routes.row_weights(0);
             let contrib = contrib.lock().unwrap_or_else(PoisonError::into_inner);
-            for &j in &slots {
+            for &j in &p.computed {
                 let c = &contrib[j * h..(j + 1) * h];
                 for (a, &b) in partial.iter_mut().zip(c) {
                     *a += weights[j] * b;
                 }
             }
-        }
+            partial
+        };
+        // Outside the lock: the other experts' tasks go on while the callback runs.
         (self.callback)(&partial);
+        self.lock().partial = partial;
     }
 }
 
@@ -200,7 +217,7 @@ pub fn moe_forward(
     let h = cfg.hidden_size;
     let k = routes.k;
     let rows = routes.rows();
-    let MoeScratch { ids, contrib, spare } = scratch;
+    let MoeScratch { ids, contrib, spare, near_end: near_end_progress } = scratch;
     let spare: &Mutex<Vec<ExpertScratch>> = spare;
     ids.clear();
     ids.extend(routes.experts.iter().map(|&e| e as usize));
@@ -214,7 +231,7 @@ pub fn moe_forward(
         Some(callback)
             if rows == 1 && completion_driven && ids.len() >= 2 && ids.len() <= source.batch_limit() =>
         {
-            Some(NearEndWatch { callback, experts: ids.len(), progress: Mutex::default() })
+            Some(NearEndWatch::new(callback, ids.len(), near_end_progress))
         }
         Some(_) | None => None,
     };
