@@ -806,3 +806,95 @@ fn window_size(capacity: usize) -> usize {
 
 /// The window is 1/WINDOW_SHARE of the cache.
 const WINDOW_SHARE: usize = 16;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::experts::store::HASHED_READ_CHUNK;
+    use crate::format::container::{Container, ConvertOptions, convert};
+    use crate::quant::Matrix;
+    use crate::synth::{SynthShape, SynthSpec, synth};
+
+    /// A converted tiny synthetic container (4 layers of 8 experts).
+    fn tiny_container() -> tempfile::TempDir {
+        let src = tempfile::tempdir().unwrap();
+        synth(&SynthSpec::of(SynthShape::Tiny), src.path(), &mut |_, _| {}).unwrap();
+        let out = tempfile::tempdir().unwrap();
+        let opts = ConvertOptions { formats: Default::default(), progress: false, interrupt_after: None };
+        convert(src.path(), out.path(), &opts).unwrap();
+        out
+    }
+
+    /// A cache over `dir` with room for `experts` records and two readers.
+    fn cache(dir: &std::path::Path, experts: u64) -> CachedExperts {
+        let c = Container::open(dir).unwrap();
+        let store = ExpertStore::open_with(dir, c.experts(), Arc::new(c.config.clone()), false).unwrap();
+        let capacity_bytes = experts * store.read_bytes();
+        let opts = CacheOptions {
+            capacity_bytes,
+            io_threads: 2,
+            usage_file: None,
+            verify_reads: true,
+            policy: CachePolicy::default(),
+            trace: None,
+            read_piece_bytes: HASHED_READ_CHUNK,
+            prepare_memory: false,
+        };
+        CachedExperts::with_options(store, opts).unwrap()
+    }
+
+    fn floats(m: &Matrix) -> Vec<f32> {
+        let mut out = vec![0.0; m.rows * m.cols];
+        for (r, row) in out.chunks_exact_mut(m.cols).enumerate() {
+            m.row_to_f32(r, row);
+        }
+        out
+    }
+
+    fn same_weights(a: &ExpertWeights, b: &ExpertWeights) -> bool {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        bits(&floats(&a.gate_up)) == bits(&floats(&b.gate_up))
+            && bits(&floats(&a.down)) == bits(&floats(&b.down))
+            && bits(&a.gate_up_bias) == bits(&b.gate_up_bias)
+            && bits(&a.down_bias) == bits(&b.down_bias)
+    }
+
+    /// The near-end prediction of a layer is followed by the one after the layer: the newer
+    /// supersedes the older. Guesses only the older made leave the queue unread, the guesses
+    /// both made are read once, and the experts delivered are the store's.
+    #[test]
+    fn a_newer_prediction_of_a_layer_drops_the_older_guesses_it_does_not_repeat() {
+        let dir = tiny_container();
+        let cache = cache(dir.path(), 16);
+        cache.shared.queue.hold(true);
+        cache.prefetch(1, &[0, 1, 2, 3]);
+        assert_eq!(cache.shared.queue.queued(), [0, 0, 4], "four guesses wait in the predicted lane");
+        cache.prefetch(1, &[0, 1, 4, 5]);
+        assert_eq!(cache.shared.queue.queued(), [0, 0, 4], "2 and 3 left, 4 and 5 joined");
+        {
+            let st = cache.shared.lock();
+            assert_eq!(st.stats.prefetch_cancelled, 2);
+            assert_eq!(st.stats.prefetch_reads, 6);
+            for e in [0, 1, 4, 5] {
+                assert!(st.entries.contains_key(&(1, e)), "expert {e} is still loading");
+            }
+            for e in [2, 3] {
+                assert!(!st.entries.contains_key(&(1, e)), "expert {e} was dropped");
+            }
+            assert_eq!(st.predicted[1], vec![0, 1, 4, 5]);
+        }
+        cache.shared.queue.hold(false);
+        let got = cache.experts(1, &[0, 1, 4, 5]).unwrap();
+        let stats = cache.stats();
+        assert_eq!(stats.reads, 4, "only the guesses still wanted were read");
+        assert_eq!(stats.prefetch_useful, 4);
+        assert_eq!(stats.predicted_right, 4);
+        assert_eq!(stats.bytes_read, 4 * cache.shared.store.read_bytes());
+
+        let plain = self::cache(dir.path(), 16);
+        let want = plain.experts(1, &[0, 1, 4, 5]).unwrap();
+        for (e, (a, b)) in got.iter().zip(&want).enumerate() {
+            assert!(same_weights(a, b), "expert {e} differs from a read without prediction");
+        }
+    }
+}

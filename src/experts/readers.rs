@@ -306,6 +306,9 @@ struct Job {
 struct Lanes {
     lanes: [VecDeque<Job>; 3],
     closed: bool,
+    /// Tests hold the readers to see the queue as a burst of requests leaves it.
+    #[cfg(test)]
+    held: bool,
 }
 
 /// The queue of record reads, by urgency, shared by the reader threads.
@@ -377,6 +380,11 @@ impl ReadQueue {
             if q.closed {
                 return None;
             }
+            #[cfg(test)]
+            if q.held {
+                q = self.wake.wait(q).unwrap_or_else(|p| p.into_inner());
+                continue;
+            }
             for lane in &mut q.lanes {
                 let Some(job) = lane.front_mut() else { continue };
                 let index = job.next_piece;
@@ -440,6 +448,14 @@ impl ReadQueue {
     /// Ends the queue: every waiting and later [`next`](Self::next) returns `None`.
     pub fn close(&self) {
         self.lock().closed = true;
+        self.wake.notify_all();
+    }
+
+    /// Holds the readers (no piece is handed out) until released, so that a test sees what
+    /// a sequence of requests leaves in the queue.
+    #[cfg(test)]
+    pub(crate) fn hold(&self, held: bool) {
+        self.lock().held = held;
         self.wake.notify_all();
     }
 
