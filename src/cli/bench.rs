@@ -394,8 +394,8 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
         cpu_description(),
         path.name(),
         if path.quantizes_activations() { " (int8 activations)" } else { "" },
-        if path == kernels::KernelPath::Avx512Vnni && kernels::wide_float_units() {
-            " (512-bit float units)"
+        if path == kernels::KernelPath::Avx512Vnni && kernels::wide_float_kernels() {
+            " (512-bit float kernels)"
         } else {
             ""
         },

@@ -39,9 +39,8 @@ pub enum KernelPath {
     Avx512,
     /// x86-64 AVX-512 with VNNI: integer kernels on quantized activations for INT4 and INT8
     /// matrix-vector products (see [`KernelPath::quantizes_activations`]), 512-bit float
-    /// kernels for single INT4 and INT8 dots, and for f32 and bf16 the AVX2 kernels (faster
-    /// on Zen 4 when the weights come from memory) or, on cores with 512-bit wide floating-point
-    /// units ([`wide_float_units`]), the AVX-512 ones.
+    /// kernels for single INT4 and INT8 dots, and for f32 and bf16 the AVX-512 kernels on AMD
+    /// from Zen 4 on, the AVX2 ones elsewhere ([`wide_float_kernels`]).
     Avx512Vnni,
     /// aarch64 NEON.
     Neon,
@@ -160,13 +159,16 @@ fn cpu_has(path: KernelPath) -> bool {
     }
 }
 
-/// Whether this CPU executes 512-bit floating-point operations at full width: AMD from
-/// Zen 5 (family 0x1A) on, whose two FMA pipes are 512 bits wide where Zen 4 splits each
-/// 512-bit operation in two. There the [`KernelPath::Avx512Vnni`] path runs the AVX-512 f32
-/// and bf16 kernels: on a 2-core Zen 5 VM they did attention's BF16 products in prefill in
-/// 0.53-0.64 s instead of 0.71-0.85 s (docs/perf.md). Decided once per process, so a batched
-/// product and the matrix-vector product of each of its inputs always take the same kernel.
-pub fn wide_float_units() -> bool {
+/// Whether the [`KernelPath::Avx512Vnni`] path runs the AVX-512 f32 and bf16 kernels rather
+/// than the 256-bit ones: on AMD from Zen 4 (family 0x19) on. On Zen 5, whose FMA pipes are
+/// 512 bits wide, they did attention's BF16 products in prefill in 0.53-0.64 s instead of
+/// 0.71-0.85 s (2-core VM); on Zen 4, which splits each 512-bit operation in two, the 512-bit
+/// bf16 kernel (one load per 32 weights, split into even and odd elements) still cut decode's
+/// attention from 54-57 to 40-45 ms a token at 2 threads and from 89-91 to 63-67 ms at 1
+/// (20B shape, 2-core VM, docs/perf.md). Intel keeps the 256-bit kernels: not measured since
+/// that kernel. Decided once per process, so a batched product and the matrix-vector product
+/// of each of its inputs always take the same kernel.
+pub fn wide_float_kernels() -> bool {
     static WIDE: OnceLock<bool> = OnceLock::new();
     *WIDE.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
@@ -174,7 +176,7 @@ pub fn wide_float_units() -> bool {
             use std::arch::x86_64::__cpuid;
             let vendor = __cpuid(0);
             let amd = (vendor.ebx, vendor.edx, vendor.ecx) == (0x6874_7541, 0x6974_6e65, 0x444d_4163);
-            amd && x86_family(__cpuid(1).eax) >= 0x1A
+            amd && x86_family(__cpuid(1).eax) >= 0x19
         }
         #[cfg(not(target_arch = "x86_64"))]
         false
@@ -301,10 +303,10 @@ pub fn f32_dot_with(path: KernelPath, w: &[f32], x: &[f32]) -> f32 {
     match usable(path) {
         _ if w.is_empty() => return reference::dot_f32(w, &x[..0]),
         // SAFETY (all arms): `usable` returned the path only if the CPU has its features.
-        // The VNNI path streams f32 faster with 256-bit vectors unless the floating-point
-        // units are 512 bits wide (`wide_float_units`).
+        // The VNNI path runs the 512-bit f32 kernel where it streams faster
+        // (`wide_float_kernels`), else the 256-bit one.
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512Vnni if wide_float_units() => unsafe {
+        KernelPath::Avx512Vnni if wide_float_kernels() => unsafe {
             x86::f32_dot_avx512::<1, 1>(w, 1, w.len(), &[x], &mut o, 1)
         },
         #[cfg(target_arch = "x86_64")]
@@ -337,10 +339,10 @@ pub fn bf16_dot_arranged_with(path: KernelPath, w: &[u16], x: &[f32]) -> f32 {
     match usable(path) {
         _ if w.is_empty() => return reference::dot_bf16(w, &x[..0]),
         // SAFETY (all arms): `usable` returned the path only if the CPU has its features.
-        // The VNNI path streams bf16 faster with 256-bit vectors unless the floating-point
-        // units are 512 bits wide (`wide_float_units`).
+        // The VNNI path runs the 512-bit bf16 kernel where it streams faster
+        // (`wide_float_kernels`), else the 256-bit one.
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512Vnni if wide_float_units() => unsafe {
+        KernelPath::Avx512Vnni if wide_float_kernels() => unsafe {
             x86::bf16_dot_avx512::<1, 1>(w, 1, w.len(), &[x], &mut o, 1)
         },
         #[cfg(target_arch = "x86_64")]
@@ -365,7 +367,7 @@ pub fn bf16_input_order(path: KernelPath) -> Option<&'static [u8; ARRANGED_BLOCK
         #[cfg(target_arch = "x86_64")]
         KernelPath::Avx512 => Some(&x86::SPLIT_ORDER),
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512Vnni if wide_float_units() => Some(&x86::SPLIT_ORDER),
+        KernelPath::Avx512Vnni if wide_float_kernels() => Some(&x86::SPLIT_ORDER),
         _ => None,
     }
 }
@@ -716,7 +718,7 @@ pub fn f32_dot_multi_with(path: KernelPath, w: &[f32], cols: usize, xs: &[&[f32]
             x86::f32_dot_avx512::<_, ROW_BLOCK>(w, rows, cols, a, out, n)
         }),
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512Vnni if wide_float_units() => by_count!(xs, [1, 2, 3, 4, 5, 6], |a| unsafe {
+        KernelPath::Avx512Vnni if wide_float_kernels() => by_count!(xs, [1, 2, 3, 4, 5, 6], |a| unsafe {
             x86::f32_dot_avx512::<_, ROW_BLOCK>(w, rows, cols, a, out, n)
         }),
         #[cfg(target_arch = "x86_64")]
@@ -773,7 +775,7 @@ pub fn bf16_dot_multi_arranged_with(
             x86::bf16_dot_avx512::<_, ROW_BLOCK>(w, rows, cols, a, out, n)
         }),
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512Vnni if wide_float_units() => by_count!(xs, [1, 2, 3, 4, 5, 6], |a| unsafe {
+        KernelPath::Avx512Vnni if wide_float_kernels() => by_count!(xs, [1, 2, 3, 4, 5, 6], |a| unsafe {
             x86::bf16_dot_avx512::<_, ROW_BLOCK>(w, rows, cols, a, out, n)
         }),
         #[cfg(target_arch = "x86_64")]
