@@ -160,7 +160,8 @@ fn cpu_has(path: KernelPath) -> bool {
 }
 
 /// Whether the [`KernelPath::Avx512Vnni`] path runs the AVX-512 f32 and bf16 kernels rather
-/// than the 256-bit ones: on AMD from Zen 4 (family 0x19) on. On Zen 5, whose FMA pipes are
+/// than the 256-bit ones: on AMD from family 0x19 on (Zen 4; the Zen 3 cores of that family
+/// have no AVX-512, so they never take this path). On Zen 5, whose FMA pipes are
 /// 512 bits wide, they did attention's BF16 products in prefill in 0.53-0.64 s instead of
 /// 0.71-0.85 s (2-core VM); on Zen 4, which splits each 512-bit operation in two, the 512-bit
 /// bf16 kernel (one load per 32 weights, split into even and odd elements) still cut decode's
