@@ -259,26 +259,25 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     // The floor's disk bandwidth is measured the way the expert readers read: whole records
     // at scattered offsets, in pieces pulled by every reader; the sequential figure beside it
     // says what the same disk gives to long contiguous reads.
-    // A virtual disk's speed drifts within a run (1.5 to 2.7 GB/s between measurements a
-    // minute apart on a 2-core Zen 4 VM): the records are measured again after the timed
-    // phases, and the floor takes the faster of the two, so a slow moment at the start cannot
-    // put the floor below what the disk gave the run.
-    let record_speed = |seed: u64| -> anyhow::Result<Option<RecordReadSpeed>> {
-        if !experts_file.exists() {
-            return Ok(None);
-        }
+    // A virtual disk's speed drifts within a run (1.53 to 3.11 GB/s between runs a minute
+    // apart on a 2-core Zen 4 VM): the records are measured again after the timed phases, and
+    // the floor takes the faster of the two, so a slow moment at the start cannot put the
+    // floor below what the disk gave the run.
+    let records = if experts_file.exists() {
         let container = picchio::format::container::Container::open(&model.dir)?;
         let store = container.experts();
-        let offsets: Vec<u64> = store.records.iter().map(|r| r.offset).collect();
-        let io = args.model.io_threads;
-        Ok(Some(disk_record_bandwidth(&experts_file, &offsets, store.record_bytes(), 1 << 30, io, seed)?))
+        Some((store.records.iter().map(|r| r.offset).collect::<Vec<u64>>(), store.record_bytes()))
+    } else {
+        None
+    };
+    let io = args.model.io_threads;
+    let record_speed = |seed: u64| -> anyhow::Result<Option<RecordReadSpeed>> {
+        let Some((offsets, record_bytes)) = &records else { return Ok(None) };
+        Ok(Some(disk_record_bandwidth(&experts_file, offsets, *record_bytes, 1 << 30, io, seed)?))
     };
     let disk_before = record_speed(1)?;
-    let (disk_seq_bw, disk_seq_direct) = if experts_file.exists() {
-        disk_read_bandwidth(&experts_file, 1 << 30, args.model.io_threads)?
-    } else {
-        (0.0, false)
-    };
+    let (disk_seq_bw, disk_seq_direct) =
+        if records.is_some() { disk_read_bandwidth(&experts_file, 1 << 30, io)? } else { (0.0, false) };
 
     if fits && !args.no_preload {
         let t0 = Instant::now();

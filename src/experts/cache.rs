@@ -812,7 +812,6 @@ mod tests {
     use super::*;
     use crate::experts::store::HASHED_READ_CHUNK;
     use crate::format::container::{Container, ConvertOptions, convert};
-    use crate::quant::Matrix;
     use crate::synth::{SynthShape, SynthSpec, synth};
 
     /// A converted tiny synthetic container (4 layers of 8 experts).
@@ -843,18 +842,10 @@ mod tests {
         CachedExperts::with_options(store, opts).unwrap()
     }
 
-    fn floats(m: &Matrix) -> Vec<f32> {
-        let mut out = vec![0.0; m.rows * m.cols];
-        for (r, row) in out.chunks_exact_mut(m.cols).enumerate() {
-            m.row_to_f32(r, row);
-        }
-        out
-    }
-
     fn same_weights(a: &ExpertWeights, b: &ExpertWeights) -> bool {
         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-        bits(&floats(&a.gate_up)) == bits(&floats(&b.gate_up))
-            && bits(&floats(&a.down)) == bits(&floats(&b.down))
+        bits(&a.gate_up.to_f32()) == bits(&b.gate_up.to_f32())
+            && bits(&a.down.to_f32()) == bits(&b.down.to_f32())
             && bits(&a.gate_up_bias) == bits(&b.gate_up_bias)
             && bits(&a.down_bias) == bits(&b.down_bias)
     }
