@@ -1,0 +1,106 @@
+// disk_probe: direct reads in the pattern of Picchio's expert readers, outside Picchio, to
+// tell the disk's own speed from the engine's. READERS threads pull 2 MiB pieces of
+// pseudo-random whole records (RECORD_STRIDE bytes apart, as in the container's manifest:
+// experts.record_stride) from one shared counter with O_DIRECT, into buffers that are either
+// 2 MiB-aligned and advised MADV_HUGEPAGE ("huge", like the cache's buffers) or 4 KiB-aligned
+// ("small"). Prints GB/s per GiB read and overall. Linux only; not built by CI.
+//
+//   gcc -O2 -pthread benches/regime/disk_probe.c -o /tmp/disk_probe
+//   /tmp/disk_probe CONTAINER/experts.bin GIB READERS RECORD_STRIDE huge|small [SEED]
+//
+// docs/perf.md ("Zen 4 VM, 2026-12-06 morning") has what it measured.
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#define PIECE (2L << 20)
+#define MAX_READERS 64
+
+static int fd, huge;
+static long stride, per_record, pieces;
+static long *record_of;
+static atomic_long next_piece;
+static double *done_at, start;
+static long *done_bytes;
+
+static double now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void *reader(void *unused) {
+  (void)unused;
+  void *buf;
+  if (posix_memalign(&buf, huge ? PIECE : 4096, PIECE) != 0) { perror("posix_memalign"); exit(1); }
+  if (huge) madvise(buf, PIECE, MADV_HUGEPAGE);
+  memset(buf, 1, PIECE);  // touched before timing, as the cache prepares its buffers
+  for (;;) {
+    long i = atomic_fetch_add(&next_piece, 1);
+    if (i >= pieces) return NULL;
+    long p = i % per_record, offset = record_of[i / per_record] * stride + p * PIECE;
+    long n = stride - p * PIECE;
+    if (n > PIECE) n = PIECE;
+    n = (n + 4095) / 4096 * 4096;
+    ssize_t got = pread(fd, buf, n, offset);
+    if (got < 0) { perror("pread"); exit(1); }
+    done_at[i] = now() - start;
+    done_bytes[i] = got;
+  }
+}
+
+int main(int argc, char **argv) {
+  if (argc < 6 || (strcmp(argv[5], "huge") && strcmp(argv[5], "small"))) {
+    fprintf(stderr, "usage: %s FILE GIB READERS RECORD_STRIDE huge|small [SEED]\n", argv[0]);
+    return 2;
+  }
+  double gib = atof(argv[2]);
+  int readers = atoi(argv[3]);
+  stride = atol(argv[4]);
+  huge = !strcmp(argv[5], "huge");
+  if (gib <= 0 || readers < 1 || readers > MAX_READERS || stride < 4096 || stride % 4096) {
+    fprintf(stderr, "GIB > 0, 1 <= READERS <= %d, RECORD_STRIDE a positive multiple of 4096\n", MAX_READERS);
+    return 2;
+  }
+  fd = open(argv[1], O_RDONLY | O_DIRECT);
+  if (fd < 0) { perror(argv[1]); return 1; }
+  struct stat st;
+  fstat(fd, &st);
+  long records = st.st_size / stride;
+  if (records < 1) { fprintf(stderr, "%s holds no whole record of %ld bytes\n", argv[1], stride); return 1; }
+  per_record = (stride + PIECE - 1) / PIECE;
+  long wanted = (long)(gib * (1L << 30) / stride) + 1;
+  pieces = wanted * per_record;
+  record_of = malloc(wanted * sizeof(long));
+  done_at = calloc(pieces, sizeof(double));
+  done_bytes = calloc(pieces, sizeof(long));
+  srand(argc > 6 ? atoi(argv[6]) : time(NULL));
+  for (long i = 0; i < wanted; i++) record_of[i] = ((long)rand() * 7919 + rand()) % records;
+  pthread_t threads[MAX_READERS];
+  start = now();
+  for (int i = 0; i < readers; i++) pthread_create(&threads[i], NULL, reader, NULL);
+  for (int i = 0; i < readers; i++) pthread_join(threads[i], NULL);
+  // 1 GiB windows, pieces taken in issue order.
+  double last = 0, window = 0, latest = 0, total = 0;
+  printf("GB/s per GiB:");
+  for (long i = 0; i < pieces; i++) {
+    window += done_bytes[i];
+    total += done_bytes[i];
+    if (done_at[i] > latest) latest = done_at[i];
+    if (window >= (1L << 30)) {
+      printf(" %.2f", window / (latest - last) / 1e9);
+      window = 0;
+      last = latest;
+    }
+  }
+  printf("  overall %.2f GB/s over %.1f s\n", total / latest / 1e9, latest);
+  return 0;
+}
