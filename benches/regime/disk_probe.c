@@ -3,10 +3,13 @@
 // pseudo-random whole records (RECORD_STRIDE bytes apart, as in the container's manifest:
 // experts.record_stride) from one shared counter with O_DIRECT, into buffers that are either
 // 2 MiB-aligned and advised MADV_HUGEPAGE ("huge", like the cache's buffers) or 4 KiB-aligned
-// ("small"). Prints GB/s per GiB read and overall. Linux only; not built by CI.
+// ("small"). Prints GB/s per GiB read and overall. With COPIERS > 0, that many more threads
+// copy 256 MiB buffers back and forth while the readers run (memory traffic like the expert
+// kernels' while the engine's reads are in flight) and print the rate they copied. Linux
+// only; not built by CI.
 //
 //   gcc -O2 -pthread benches/regime/disk_probe.c -o /tmp/disk_probe
-//   /tmp/disk_probe CONTAINER/experts.bin GIB READERS RECORD_STRIDE huge|small [SEED]
+//   /tmp/disk_probe CONTAINER/experts.bin GIB READERS RECORD_STRIDE huge|small [SEED [COPIERS]]
 //
 // docs/perf.md ("Zen 4 VM, 2026-12-06 morning") has what it measured.
 #define _GNU_SOURCE
@@ -30,6 +33,9 @@ static long *record_of;
 static atomic_long next_piece;
 static double *done_at, start;
 static long *done_bytes;
+static atomic_int reading;  // readers still running: the copiers stop when it reaches 0
+
+#define COPY_BYTES (256L << 20)
 
 static double now(void) {
   struct timespec ts;
@@ -45,7 +51,11 @@ static void *reader(void *unused) {
   memset(buf, 1, PIECE);  // touched before timing, as the cache prepares its buffers
   for (;;) {
     long i = atomic_fetch_add(&next_piece, 1);
-    if (i >= pieces) return NULL;
+    if (i >= pieces) {
+      atomic_fetch_sub(&reading, 1);
+      free(buf);
+      return NULL;
+    }
     long p = i % per_record, offset = record_of[i / per_record] * stride + p * PIECE;
     long n = stride - p * PIECE;
     if (n > PIECE) n = PIECE;
@@ -57,9 +67,26 @@ static void *reader(void *unused) {
   }
 }
 
+// Copies two buffers into each other until the readers are done; returns bytes copied.
+static void *copier(void *unused) {
+  (void)unused;
+  char *a = malloc(COPY_BYTES), *b = malloc(COPY_BYTES);
+  if (!a || !b) { perror("malloc"); exit(1); }
+  memset(a, 1, COPY_BYTES);
+  memset(b, 2, COPY_BYTES);
+  long copies = 0;
+  while (atomic_load(&reading) > 0) {
+    memcpy(copies % 2 ? a : b, copies % 2 ? b : a, COPY_BYTES);
+    copies++;
+  }
+  free(a);
+  free(b);
+  return (void *)copies;
+}
+
 int main(int argc, char **argv) {
   if (argc < 6 || (strcmp(argv[5], "huge") && strcmp(argv[5], "small"))) {
-    fprintf(stderr, "usage: %s FILE GIB READERS RECORD_STRIDE huge|small [SEED]\n", argv[0]);
+    fprintf(stderr, "usage: %s FILE GIB READERS RECORD_STRIDE huge|small [SEED [COPIERS]]\n", argv[0]);
     return 2;
   }
   double gib = atof(argv[2]);
@@ -84,10 +111,23 @@ int main(int argc, char **argv) {
   done_bytes = calloc(pieces, sizeof(long));
   srand(argc > 6 ? atoi(argv[6]) : time(NULL));
   for (long i = 0; i < wanted; i++) record_of[i] = ((long)rand() * 7919 + rand()) % records;
-  pthread_t threads[MAX_READERS];
+  int copiers = argc > 7 ? atoi(argv[7]) : 0;
+  if (copiers < 0 || copiers > MAX_READERS) {
+    fprintf(stderr, "0 <= COPIERS <= %d\n", MAX_READERS);
+    return 2;
+  }
+  pthread_t threads[MAX_READERS], copy_threads[MAX_READERS];
+  atomic_store(&reading, readers);
+  for (int i = 0; i < copiers; i++) pthread_create(&copy_threads[i], NULL, copier, NULL);
   start = now();
   for (int i = 0; i < readers; i++) pthread_create(&threads[i], NULL, reader, NULL);
   for (int i = 0; i < readers; i++) pthread_join(threads[i], NULL);
+  double copied = 0;
+  for (int i = 0; i < copiers; i++) {
+    void *n;
+    pthread_join(copy_threads[i], &n);
+    copied += (double)(long)n * COPY_BYTES;
+  }
   // 1 GiB windows, pieces taken in issue order.
   double last = 0, window = 0, latest = 0, total = 0;
   printf("GB/s per GiB:");
@@ -101,6 +141,9 @@ int main(int argc, char **argv) {
       last = latest;
     }
   }
-  printf("  overall %.2f GB/s over %.1f s\n", total / latest / 1e9, latest);
+  printf("  overall %.2f GB/s over %.1f s", total / latest / 1e9, latest);
+  // The copiers' rate includes their start (filling their buffers) before the clock.
+  if (copiers > 0) printf("; %d copiers moved about %.1f GB/s", copiers, copied / latest / 1e9);
+  printf("\n");
   return 0;
 }
