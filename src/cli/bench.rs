@@ -78,6 +78,13 @@ fn measure_routing(
     sequences: &[Vec<u32>],
     experts: usize,
 ) -> anyhow::Result<Concentration> {
+    // Untimed, but as long as a prefill of these tokens (and, with experts on disk, a read of
+    // most of them): say so, or the wait after the measurements looks like a hang.
+    tracing::info!(
+        "timing done; re-running {} prompt and generated tokens, untimed, to measure routing \
+         concentration (--no-routing skips this)",
+        sequences.iter().map(Vec::len).sum::<usize>()
+    );
     let mut counts = RouteCounts::new(experts);
     for ids in sequences {
         session.rewind(0)?;
