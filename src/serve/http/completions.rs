@@ -8,7 +8,6 @@
 //! (`<|return|>`, `<|call|>`, `<|endoftext|>`), as one `text_completion` or a stream of
 //! them ([`CompletionStream`]).
 
-use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -24,7 +23,7 @@ use super::convert::{self, SamplingFields};
 use super::error::ApiError;
 use super::raw::RawText;
 use super::routes::failure_error;
-use super::sse::{ENGINE_GONE, WorkerEvents, poll_events};
+use super::sse::{ENGINE_GONE, EventQueue, WorkerEvents, poll_events};
 use super::worker::{Finished, Piece, WorkerMsg};
 use crate::chat::{TextTokenizer, VOCAB_SIZE};
 use crate::sample::SamplingParams;
@@ -349,14 +348,13 @@ pub(crate) fn ending(fin: &Finished) -> (&'static str, Usage) {
 pub(crate) struct CompletionStream {
     rx: UnboundedReceiver<WorkerMsg>,
     meta: CompletionMeta,
-    pending: VecDeque<Event>,
-    done: bool,
+    events: EventQueue,
 }
 
 impl CompletionStream {
     /// A stream of the messages on `rx`, opening with `echo` (the prompt's text) if given.
     pub fn new(rx: UnboundedReceiver<WorkerMsg>, meta: CompletionMeta, echo: Option<String>) -> Self {
-        let mut s = CompletionStream { rx, meta, pending: VecDeque::new(), done: false };
+        let mut s = CompletionStream { rx, meta, events: EventQueue::default() };
         if let Some(text) = echo {
             s.push_text(text, None);
         }
@@ -364,10 +362,7 @@ impl CompletionStream {
     }
 
     fn push(&mut self, choices: Vec<TextChoice>, usage: Option<Usage>) {
-        match serde_json::to_string(&self.meta.completion(choices, usage)) {
-            Ok(json) => self.pending.push_back(Event::default().data(json)),
-            Err(e) => tracing::error!("could not serialize a chunk: {e}"),
-        }
+        self.events.push_json(&self.meta.completion(choices, usage));
     }
 
     fn push_text(&mut self, text: String, finish_reason: Option<&'static str>) {
@@ -389,33 +384,16 @@ impl CompletionStream {
                 if self.meta.include_usage {
                     self.push(Vec::new(), Some(usage));
                 }
-                self.finish();
+                self.events.finish();
             }
-            WorkerMsg::Done(Err(failure)) => {
-                self.push_error(failure_error(failure));
-                self.finish();
-            }
+            WorkerMsg::Done(Err(failure)) => self.events.fail(&self.meta.id, failure_error(failure)),
         }
-    }
-
-    fn push_error(&mut self, error: ApiError) {
-        tracing::warn!("stream {} failed: {}", self.meta.id, error.message);
-        self.pending.push_back(Event::default().data(error.body()));
-    }
-
-    fn finish(&mut self) {
-        self.pending.push_back(Event::default().data("[DONE]"));
-        self.done = true;
     }
 }
 
 impl WorkerEvents for CompletionStream {
-    fn pending(&mut self) -> &mut VecDeque<Event> {
-        &mut self.pending
-    }
-
-    fn done(&self) -> bool {
-        self.done
+    fn queue(&mut self) -> &mut EventQueue {
+        &mut self.events
     }
 
     fn rx(&mut self) -> &mut UnboundedReceiver<WorkerMsg> {
@@ -427,8 +405,7 @@ impl WorkerEvents for CompletionStream {
     }
 
     fn on_engine_gone(&mut self) {
-        self.push_error(ApiError::unavailable(ENGINE_GONE));
-        self.finish();
+        self.events.fail(&self.meta.id, ApiError::unavailable(ENGINE_GONE));
     }
 }
 
@@ -511,5 +488,21 @@ mod tests {
         let ids = PromptInput::Ids(vec![start, 1428]);
         assert_eq!(tokenize(&t, &ids, false).unwrap(), [start, 1428]);
         assert_eq!(echo_text(&t, &ids), t.decode(&[start, 1428]).unwrap());
+    }
+
+    #[test]
+    fn an_engine_that_stops_mid_completion_ends_it_with_an_error_then_done() {
+        use crate::serve::http::sse::testing::{data, drain};
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let meta =
+            CompletionMeta { id: "cmpl-test".into(), created: 0, model: "m".into(), include_usage: true };
+        let mut s = CompletionStream::new(rx, meta, Some("echo".into()));
+        tx.send(WorkerMsg::Piece(Piece::Content("text".into()))).unwrap();
+        drop(tx);
+        let events = drain(&mut s);
+        // The echoed prompt, the piece, then the error and `[DONE]` (no usage: no outcome).
+        assert_eq!(events.len(), 4, "{events:?}");
+        assert!(events[0].contains("echo") && events[1].contains("text"), "{events:?}");
+        assert_eq!(events[2..], [data(&ApiError::unavailable(ENGINE_GONE).body()), data("[DONE]")]);
     }
 }

@@ -13,7 +13,6 @@
 //! Dropping the stream (the client disconnected) drops the receiver, which the engine
 //! notices and stops generating; a response cut so is not stored.
 
-use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -30,7 +29,7 @@ use super::responses::{
 };
 use super::responses_api::ContentPart;
 use super::routes::failure_error;
-use super::sse::{ENGINE_GONE, WorkerEvents, poll_events};
+use super::sse::{ENGINE_GONE, EventQueue, WorkerEvents, poll_events};
 use super::store::Store;
 use super::worker::{Finished, WorkerMsg};
 use crate::chat::ChatFormat;
@@ -43,9 +42,8 @@ pub(crate) struct ResponseStream {
     format: ChatFormat,
     /// Where to keep the finished response (with what the request added), if it is stored.
     store: Option<(Arc<Mutex<Store>>, Added)>,
-    pending: VecDeque<Event>,
+    events: EventQueue,
     sequence: u64,
-    done: bool,
 }
 
 impl ResponseStream {
@@ -58,16 +56,8 @@ impl ResponseStream {
         format: ChatFormat,
         store: Option<(Arc<Mutex<Store>>, Added)>,
     ) -> Self {
-        let mut s = ResponseStream {
-            rx,
-            meta,
-            output,
-            format,
-            store,
-            pending: VecDeque::new(),
-            sequence: 0,
-            done: false,
-        };
+        let mut s =
+            ResponseStream { rx, meta, output, format, store, events: EventQueue::default(), sequence: 0 };
         let response = s.meta.object(Vec::new(), Ending::InProgress);
         s.push("response.created", json!({ "response": response }));
         s.push("response.in_progress", json!({ "response": response }));
@@ -81,7 +71,7 @@ impl ResponseStream {
             fields.insert("sequence_number".into(), Value::from(self.sequence));
         }
         self.sequence += 1;
-        self.pending.push_back(Event::default().event(kind).data(body.to_string()));
+        self.events.push(Event::default().event(kind).data(body.to_string()));
     }
 
     fn on_steps(&mut self, steps: Vec<Step>) {
@@ -217,23 +207,19 @@ impl ResponseStream {
             }
             WorkerMsg::Done(Ok(fin)) => {
                 self.on_finished(&fin);
-                self.done = true;
+                self.events.end();
             }
             WorkerMsg::Done(Err(failure)) => {
                 self.on_failed(failure_error(failure).message);
-                self.done = true;
+                self.events.end();
             }
         }
     }
 }
 
 impl WorkerEvents for ResponseStream {
-    fn pending(&mut self) -> &mut VecDeque<Event> {
-        &mut self.pending
-    }
-
-    fn done(&self) -> bool {
-        self.done
+    fn queue(&mut self) -> &mut EventQueue {
+        &mut self.events
     }
 
     fn rx(&mut self) -> &mut UnboundedReceiver<WorkerMsg> {
@@ -246,7 +232,7 @@ impl WorkerEvents for ResponseStream {
 
     fn on_engine_gone(&mut self) {
         self.on_failed(ENGINE_GONE.into());
-        self.done = true;
+        self.events.end();
     }
 }
 

@@ -4,7 +4,6 @@
 //! Dropping the stream (the client disconnected) drops the receiver, which the engine
 //! notices at its next piece of text and stops generating.
 
-use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -19,7 +18,7 @@ use super::convert::{finish_reason, function_name};
 use super::error::ApiError;
 use super::logprobs::{ChoiceLogprobs, TokenLogprob};
 use super::routes::failure_error;
-use super::sse::{ENGINE_GONE, WorkerEvents, poll_events};
+use super::sse::{ENGINE_GONE, EventQueue, WorkerEvents, poll_events};
 use super::worker::{Piece, WorkerMsg};
 
 /// What every chunk of one completion shares.
@@ -42,7 +41,7 @@ pub(crate) struct ChunkMeta {
 pub(crate) struct ChunkStream {
     rx: UnboundedReceiver<WorkerMsg>,
     meta: ChunkMeta,
-    pending: VecDeque<Event>,
+    events: EventQueue,
     /// Recipient and index of the tool call being streamed.
     tool: Option<(String, usize)>,
     tool_calls: usize,
@@ -50,7 +49,6 @@ pub(crate) struct ChunkStream {
     pending_logprobs: Vec<TokenLogprob>,
     new_call_id: Box<dyn FnMut() -> String + Send>,
     started: Instant,
-    done: bool,
 }
 
 impl ChunkStream {
@@ -63,13 +61,12 @@ impl ChunkStream {
         let mut s = ChunkStream {
             rx,
             meta,
-            pending: VecDeque::new(),
+            events: EventQueue::default(),
             tool: None,
             tool_calls: 0,
             pending_logprobs: Vec::new(),
             new_call_id,
             started: Instant::now(),
-            done: false,
         };
         s.push_delta(
             Delta { role: Some("assistant"), content: Some(String::new()), ..Delta::default() },
@@ -87,10 +84,7 @@ impl ChunkStream {
             choices,
             usage,
         };
-        match serde_json::to_string(&chunk) {
-            Ok(json) => self.pending.push_back(Event::default().data(json)),
-            Err(e) => tracing::error!("could not serialize a chunk: {e}"),
-        }
+        self.events.push_json(&chunk);
     }
 
     fn push_delta(&mut self, delta: Delta, finish_reason: Option<&'static str>) {
@@ -173,33 +167,16 @@ impl ChunkStream {
                     fin.completion_tokens,
                     self.started.elapsed().as_secs_f64()
                 );
-                self.finish();
+                self.events.finish();
             }
-            WorkerMsg::Done(Err(failure)) => {
-                self.push_error(failure_error(failure));
-                self.finish();
-            }
+            WorkerMsg::Done(Err(failure)) => self.events.fail(&self.meta.id, failure_error(failure)),
         }
-    }
-
-    fn push_error(&mut self, error: ApiError) {
-        tracing::warn!("stream {} failed: {}", self.meta.id, error.message);
-        self.pending.push_back(Event::default().data(error.body()));
-    }
-
-    fn finish(&mut self) {
-        self.pending.push_back(Event::default().data("[DONE]"));
-        self.done = true;
     }
 }
 
 impl WorkerEvents for ChunkStream {
-    fn pending(&mut self) -> &mut VecDeque<Event> {
-        &mut self.pending
-    }
-
-    fn done(&self) -> bool {
-        self.done
+    fn queue(&mut self) -> &mut EventQueue {
+        &mut self.events
     }
 
     fn rx(&mut self) -> &mut UnboundedReceiver<WorkerMsg> {
@@ -211,8 +188,7 @@ impl WorkerEvents for ChunkStream {
     }
 
     fn on_engine_gone(&mut self) {
-        self.push_error(ApiError::unavailable(ENGINE_GONE));
-        self.finish();
+        self.events.fail(&self.meta.id, ApiError::unavailable(ENGINE_GONE));
     }
 }
 
@@ -221,5 +197,54 @@ impl Stream for ChunkStream {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         poll_events(&mut *self, cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::sync::mpsc::unbounded_channel;
+
+    use super::*;
+    use crate::serve::http::sse::testing::{data, drain};
+    use crate::serve::http::worker::Failure;
+
+    fn stream(rx: UnboundedReceiver<WorkerMsg>) -> ChunkStream {
+        let meta = ChunkMeta {
+            id: "chatcmpl-test".into(),
+            created: 0,
+            model: "m".into(),
+            include_usage: false,
+            exclude_reasoning: false,
+            logprobs: false,
+        };
+        ChunkStream::new(rx, meta, Box::new(|| "call_test".into()))
+    }
+
+    #[test]
+    fn an_engine_that_stops_mid_answer_ends_the_chunks_with_an_error_then_done() {
+        let (tx, rx) = unbounded_channel();
+        let mut s = stream(rx);
+        tx.send(WorkerMsg::Piece(Piece::Content("Hel".into()))).unwrap();
+        drop(tx);
+        let events = drain(&mut s);
+        // The role chunk, the content chunk, then the error and `[DONE]`.
+        assert_eq!(events.len(), 4, "{events:?}");
+        assert!(events[1].contains("Hel"), "{}", events[1]);
+        assert_eq!(events[2..], [data(&ApiError::unavailable(ENGINE_GONE).body()), data("[DONE]")]);
+    }
+
+    #[test]
+    fn a_failed_turn_ends_the_chunks_with_its_error_and_reads_no_further_message() {
+        let (tx, rx) = unbounded_channel();
+        let mut s = stream(rx);
+        tx.send(WorkerMsg::Done(Err(Failure::Engine("boom".into())))).unwrap();
+        // Sent after the end: never read, and the stream ends without waiting for the sender.
+        tx.send(WorkerMsg::Piece(Piece::Content("late".into()))).unwrap();
+        let events = drain(&mut s);
+        assert_eq!(events.len(), 3, "{events:?}");
+        assert_eq!(
+            events[1..],
+            [data(&failure_error(Failure::Engine("boom".into())).body()), data("[DONE]")]
+        );
     }
 }
