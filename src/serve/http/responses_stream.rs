@@ -243,3 +243,53 @@ impl Stream for ResponseStream {
         poll_events(&mut *self, cx)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use tokio::sync::mpsc::unbounded_channel;
+
+    use super::*;
+    use crate::chat::{HarmonyEncoding, ReasoningEffort};
+    use crate::serve::http::responses::Echo;
+    use crate::serve::http::sse::testing::drain;
+    use crate::serve::http::worker::Piece;
+
+    #[test]
+    fn an_engine_that_stops_mid_response_ends_it_with_response_failed_and_no_done() {
+        let (tx, rx) = unbounded_channel();
+        let echo = Echo {
+            instructions: None,
+            max_output_tokens: None,
+            previous_response_id: None,
+            effort: ReasoningEffort::Medium,
+            store: false,
+            temperature: 1.0,
+            top_p: 1.0,
+            tool_choice: json!("auto"),
+            tools: Vec::new(),
+            metadata: json!({}),
+        };
+        let meta = ResponseMeta { id: "resp_test".into(), created_at: 0, model: "m".into(), echo };
+        let output = OutputBuilder::new(|prefix| format!("{prefix}_test"));
+        let mut s = ResponseStream::new(rx, meta, output, ChatFormat::Harmony(HarmonyEncoding::new()), None);
+        tx.send(WorkerMsg::Piece(Piece::Content("Hel".into()))).unwrap();
+        drop(tx);
+        let events = drain(&mut s);
+        let kinds: Vec<&str> = events
+            .iter()
+            .map(|e| {
+                ["response.failed", "response.output_text.delta", "response.created"]
+                    .into_iter()
+                    // `Debug` shows the event's bytes escaped: its first line is `event: KIND\n`.
+                    .find(|k| e.contains(&format!("\"event: {k}\\n")))
+                    .unwrap_or("")
+            })
+            .collect();
+        assert_eq!(kinds.first(), Some(&"response.created"), "{events:?}");
+        assert!(kinds.contains(&"response.output_text.delta"), "{events:?}");
+        // The last event says why, and the Responses API has no `[DONE]`.
+        assert_eq!(kinds.last(), Some(&"response.failed"), "{events:?}");
+        assert!(events.last().is_some_and(|e| e.contains(ENGINE_GONE)), "{events:?}");
+        assert!(!events.iter().any(|e| e.contains("[DONE]")), "{events:?}");
+    }
+}
