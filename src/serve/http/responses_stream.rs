@@ -161,6 +161,8 @@ impl ResponseStream {
         self.push("response.output_item.done", json!({ "output_index": index, "item": whole }));
     }
 
+    /// The turn ended: the open items closed, the response stored if asked, and
+    /// `response.completed`, the stream's last event.
     fn on_finished(&mut self, fin: &Finished) {
         let last = last_item_status(fin.stop);
         let mut steps = Vec::new();
@@ -185,8 +187,11 @@ impl ResponseStream {
         // `response.completed` also for an incomplete response (its status says so), as the
         // gpt-oss reference server sends it: the SDKs' stream helpers wait for that event.
         self.push("response.completed", json!({ "response": object }));
+        self.events.end();
     }
 
+    /// The turn failed (or the engine stopped): the open items closed as incomplete and
+    /// `response.failed`, the stream's last event.
     fn on_failed(&mut self, message: String) {
         tracing::warn!("stream {} failed: {message}", self.meta.id);
         let mut steps = Vec::new();
@@ -194,6 +199,7 @@ impl ResponseStream {
         self.on_steps(steps);
         let object = self.meta.object(self.output.output("incomplete"), Ending::Failed(message));
         self.push("response.failed", json!({ "response": object }));
+        self.events.end();
     }
 
     fn on_message(&mut self, msg: WorkerMsg) {
@@ -205,14 +211,8 @@ impl ResponseStream {
                 self.output.push(piece, &mut steps);
                 self.on_steps(steps);
             }
-            WorkerMsg::Done(Ok(fin)) => {
-                self.on_finished(&fin);
-                self.events.end();
-            }
-            WorkerMsg::Done(Err(failure)) => {
-                self.on_failed(failure_error(failure).message);
-                self.events.end();
-            }
+            WorkerMsg::Done(Ok(fin)) => self.on_finished(&fin),
+            WorkerMsg::Done(Err(failure)) => self.on_failed(failure_error(failure).message),
         }
     }
 }
@@ -232,7 +232,6 @@ impl WorkerEvents for ResponseStream {
 
     fn on_engine_gone(&mut self) {
         self.on_failed(ENGINE_GONE.into());
-        self.events.end();
     }
 }
 
