@@ -396,15 +396,10 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
     };
     let path = kernels::selected();
     let machine = format!(
-        "{}; {threads} threads; kernels {}{}{}; RAM {}; GPU: {gpu}",
+        "{}; {threads} threads; kernels {}{}; RAM {}; GPU: {gpu}",
         cpu_description(),
         path.name(),
         if path.quantizes_activations() { " (int8 activations)" } else { "" },
-        if path == kernels::KernelPath::Avx512Vnni && kernels::wide_float_kernels() {
-            " (512-bit float kernels)"
-        } else {
-            ""
-        },
         total_memory().map_or("unknown".into(), gib)
     );
     let report = session.runner().report();

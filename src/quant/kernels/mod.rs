@@ -38,9 +38,11 @@ pub enum KernelPath {
     /// x86-64 AVX-512 (F, BW, VL): 512-bit float kernels for every format.
     Avx512,
     /// x86-64 AVX-512 with VNNI: integer kernels on quantized activations for INT4 and INT8
-    /// matrix-vector products (see [`KernelPath::quantizes_activations`]), 512-bit float
-    /// kernels for single INT4 and INT8 dots, and for f32 and bf16 the AVX-512 kernels on AMD
-    /// from Zen 4 on, the AVX2 ones elsewhere ([`wide_float_kernels`]).
+    /// matrix-vector products (see [`KernelPath::quantizes_activations`]), and the 512-bit
+    /// float kernels of [`KernelPath::Avx512`] otherwise. They beat the 256-bit f32 and bf16
+    /// kernels on every AVX-512 machine measured (Zen 4, Zen 5, and a Sapphire Rapids class
+    /// Xeon, where decode's BF16 attention took 64-82 instead of 74-91 ms a token on 2 threads
+    /// and prefill's 0.57-0.70 instead of 0.83-0.95 s: docs/perf.md, 2026-12-07).
     Avx512Vnni,
     /// aarch64 NEON.
     Neon,
@@ -159,38 +161,6 @@ fn cpu_has(path: KernelPath) -> bool {
     }
 }
 
-/// Whether the [`KernelPath::Avx512Vnni`] path runs the AVX-512 f32 and bf16 kernels rather
-/// than the 256-bit ones: on AMD from family 0x19 on (Zen 4; the Zen 3 cores of that family
-/// have no AVX-512, so they never take this path). On Zen 5, whose FMA pipes are
-/// 512 bits wide, they did attention's BF16 products in prefill in 0.53-0.64 s instead of
-/// 0.71-0.85 s (2-core VM); on Zen 4, which splits each 512-bit operation in two, the 512-bit
-/// bf16 kernel (one load per 32 weights, split into even and odd elements) still cut decode's
-/// attention from 54-57 to 40-45 ms a token at 2 threads and from 89-91 to 63-67 ms at 1
-/// (20B shape, 2-core VM, docs/perf.md). Intel keeps the 256-bit kernels: not measured since
-/// that kernel. Decided once per process, so a batched product and the matrix-vector product
-/// of each of its inputs always take the same kernel.
-pub fn wide_float_kernels() -> bool {
-    static WIDE: OnceLock<bool> = OnceLock::new();
-    *WIDE.get_or_init(|| {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use std::arch::x86_64::__cpuid;
-            let vendor = __cpuid(0);
-            let amd = (vendor.ebx, vendor.edx, vendor.ecx) == (0x6874_7541, 0x6974_6e65, 0x444d_4163);
-            amd && x86_family(__cpuid(1).eax) >= 0x19
-        }
-        #[cfg(not(target_arch = "x86_64"))]
-        false
-    })
-}
-
-/// The x86 family number in CPUID leaf 1's EAX: the base family, plus the extended family
-/// where the base family is 0xF.
-pub fn x86_family(eax: u32) -> u32 {
-    let base = (eax >> 8) & 0xF;
-    if base == 0xF { base + ((eax >> 20) & 0xFF) } else { base }
-}
-
 /// `path` if this CPU can run it, else the scalar path.
 #[inline]
 fn usable(path: KernelPath) -> KernelPath {
@@ -304,18 +274,12 @@ pub fn f32_dot_with(path: KernelPath, w: &[f32], x: &[f32]) -> f32 {
     match usable(path) {
         _ if w.is_empty() => return reference::dot_f32(w, &x[..0]),
         // SAFETY (all arms): `usable` returned the path only if the CPU has its features.
-        // The VNNI path runs the 512-bit f32 kernel where it streams faster
-        // (`wide_float_kernels`), else the 256-bit one.
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512Vnni if wide_float_kernels() => unsafe {
+        KernelPath::Avx2 => unsafe { x86::f32_dot_avx2::<1, 1>(w, 1, w.len(), &[x], &mut o, 1) },
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx512 | KernelPath::Avx512Vnni => unsafe {
             x86::f32_dot_avx512::<1, 1>(w, 1, w.len(), &[x], &mut o, 1)
         },
-        #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx2 | KernelPath::Avx512Vnni => unsafe {
-            x86::f32_dot_avx2::<1, 1>(w, 1, w.len(), &[x], &mut o, 1)
-        },
-        #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512 => unsafe { x86::f32_dot_avx512::<1, 1>(w, 1, w.len(), &[x], &mut o, 1) },
         #[cfg(target_arch = "aarch64")]
         KernelPath::Neon => unsafe { neon::f32_dot_neon::<1, 1>(w, 1, w.len(), &[x], &mut o, 1) },
         _ => return reference::dot_f32(w, x),
@@ -340,18 +304,12 @@ pub fn bf16_dot_arranged_with(path: KernelPath, w: &[u16], x: &[f32]) -> f32 {
     match usable(path) {
         _ if w.is_empty() => return reference::dot_bf16(w, &x[..0]),
         // SAFETY (all arms): `usable` returned the path only if the CPU has its features.
-        // The VNNI path runs the 512-bit bf16 kernel where it streams faster
-        // (`wide_float_kernels`), else the 256-bit one.
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512Vnni if wide_float_kernels() => unsafe {
+        KernelPath::Avx2 => unsafe { x86::bf16_dot_avx2::<1, 1>(w, 1, w.len(), &[x], &mut o, 1) },
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Avx512 | KernelPath::Avx512Vnni => unsafe {
             x86::bf16_dot_avx512::<1, 1>(w, 1, w.len(), &[x], &mut o, 1)
         },
-        #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx2 | KernelPath::Avx512Vnni => unsafe {
-            x86::bf16_dot_avx2::<1, 1>(w, 1, w.len(), &[x], &mut o, 1)
-        },
-        #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512 => unsafe { x86::bf16_dot_avx512::<1, 1>(w, 1, w.len(), &[x], &mut o, 1) },
         #[cfg(target_arch = "aarch64")]
         KernelPath::Neon => unsafe { neon::bf16_dot_neon::<1, 1>(w, 1, w.len(), &[x], &mut o, 1) },
         _ => return reference::dot_bf16(w, x),
@@ -366,9 +324,7 @@ pub fn bf16_dot_arranged_with(path: KernelPath, w: &[u16], x: &[f32]) -> f32 {
 pub fn bf16_input_order(path: KernelPath) -> Option<&'static [u8; ARRANGED_BLOCK]> {
     match usable(path) {
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512 => Some(&x86::SPLIT_ORDER),
-        #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512Vnni if wide_float_kernels() => Some(&x86::SPLIT_ORDER),
+        KernelPath::Avx512 | KernelPath::Avx512Vnni => Some(&x86::SPLIT_ORDER),
         _ => None,
     }
 }
@@ -584,8 +540,8 @@ pub fn max_inputs(path: KernelPath, product: Product) -> usize {
         // 16 registers: four accumulators per input for the float formats, four vectors per
         // input across an INT4 group.
         (P::Avx2, D::F32 | D::Bf16 | D::Int8 | D::Int4) => 3,
-        // 32 registers: four accumulators per input (AVX2 kernels compiled with AVX-512 VL on
-        // the VNNI path), or two per INT4 input plus the unpacked group. The 512-bit BF16
+        // 32 registers: four accumulators per input (the 512-bit f32 and INT8 kernels), or two
+        // per INT4 input plus the unpacked group. The 512-bit BF16
         // kernel: two per input and row, two rows side by side past 3 inputs; 8 inputs on one
         // row ran 17% slower than passes of 6 on two (Zen 5, docs/perf.md 2026-12-04).
         (P::Avx512 | P::Avx512Vnni, D::F32 | D::Bf16 | D::Int8) => 6,
@@ -715,16 +671,8 @@ pub fn f32_dot_multi_with(path: KernelPath, w: &[f32], cols: usize, xs: &[&[f32]
             })
         }
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512 => by_count!(xs, [1, 2, 3, 4, 5, 6], |a| unsafe {
+        KernelPath::Avx512 | KernelPath::Avx512Vnni => by_count!(xs, [1, 2, 3, 4, 5, 6], |a| unsafe {
             x86::f32_dot_avx512::<_, ROW_BLOCK>(w, rows, cols, a, out, n)
-        }),
-        #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512Vnni if wide_float_kernels() => by_count!(xs, [1, 2, 3, 4, 5, 6], |a| unsafe {
-            x86::f32_dot_avx512::<_, ROW_BLOCK>(w, rows, cols, a, out, n)
-        }),
-        #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512Vnni => by_count!(xs, [1, 2, 3, 4, 5, 6], |a| unsafe {
-            x86::f32_dot_avx2_vl::<_, ROW_BLOCK>(w, rows, cols, a, out, n)
         }),
         #[cfg(target_arch = "aarch64")]
         KernelPath::Neon => by_count!(xs, [1, 2, 3, 4, 5, 6], |a| unsafe {
@@ -772,16 +720,8 @@ pub fn bf16_dot_multi_arranged_with(
             })
         }
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512 => by_count!(xs, [1, 2, 3, 4, 5, 6], |a| unsafe {
+        KernelPath::Avx512 | KernelPath::Avx512Vnni => by_count!(xs, [1, 2, 3, 4, 5, 6], |a| unsafe {
             x86::bf16_dot_avx512::<_, ROW_BLOCK>(w, rows, cols, a, out, n)
-        }),
-        #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512Vnni if wide_float_kernels() => by_count!(xs, [1, 2, 3, 4, 5, 6], |a| unsafe {
-            x86::bf16_dot_avx512::<_, ROW_BLOCK>(w, rows, cols, a, out, n)
-        }),
-        #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512Vnni => by_count!(xs, [1, 2, 3, 4, 5, 6], |a| unsafe {
-            x86::bf16_dot_avx2_vl::<_, ROW_BLOCK>(w, rows, cols, a, out, n)
         }),
         #[cfg(target_arch = "aarch64")]
         KernelPath::Neon => by_count!(xs, [1, 2, 3, 4, 5, 6], |a| unsafe {
@@ -1028,20 +968,4 @@ pub fn mxfp4_dot_q8_multi_with(
         mxfp4_dot_q8_with(path, &codes[r * rb..(r + 1) * rb], &scales[r * b..(r + 1) * b], x)
     };
     multi(xs, out, rows, max_inputs(path, Product::Mxfp4Q8), kernel, single);
-}
-
-#[cfg(test)]
-mod tests {
-    use super::x86_family;
-
-    #[test]
-    fn x86_family_adds_the_extended_family_only_to_base_family_15() {
-        // CPUID leaf 1 EAX of an AMD EPYC Zen 4 (family 0x19), a Zen 5 (0x1A) and an Intel
-        // Sapphire Rapids core (family 6: the extended family field is zero and not added).
-        assert_eq!(x86_family(0x00A1_0F11), 0x19);
-        assert_eq!(x86_family(0x00B0_0F21), 0x1A);
-        assert_eq!(x86_family(0x0008_06F8), 6);
-        // A base family below 15 ignores whatever the extended field holds.
-        assert_eq!(x86_family(0x0FF0_0600), 6);
-    }
 }

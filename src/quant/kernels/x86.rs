@@ -185,16 +185,14 @@ fn int4_quarters(c: &[u8; GROUP_BYTES]) -> [__m128i; 4] {
     ]
 }
 
-/// A float dot-product kernel over 8-lane vectors, generated for the AVX2 path and (`$name_vl`)
-/// with AVX-512 VL's 32 registers for the VNNI path (`@one`: one variant). Per row and input,
-/// four accumulators take the 8-element chunks round-robin (`acc[k]` gets chunks `4 j + k`),
-/// leftover whole chunks go to `acc[0]`, the accumulators are added as
-/// `(acc0 + acc1) + (acc2 + acc3)` and summed horizontally, and the last `n % 8` elements are
-/// added one by one with scalar fused multiply-adds.
+/// A float dot-product kernel over 8-lane vectors for the AVX2 path (`@one`: with the target
+/// features given). Per row and input, four accumulators take the 8-element chunks round-robin
+/// (`acc[k]` gets chunks `4 j + k`), leftover whole chunks go to `acc[0]`, the accumulators
+/// are added as `(acc0 + acc1) + (acc2 + acc3)` and summed horizontally, and the last `n % 8`
+/// elements are added one by one with scalar fused multiply-adds.
 macro_rules! avx2_dot {
-    ($(#[$doc:meta])* $name:ident, $name_vl:ident, $w:ty, $load:ident, $widen:expr) => {
+    ($(#[$doc:meta])* $name:ident, $w:ty, $load:ident, $widen:expr) => {
         avx2_dot!(@one $(#[$doc])* $name, "avx2,fma,f16c", $w, $load, $widen);
-        avx2_dot!(@one $(#[$doc])* $name_vl, "avx2,fma,f16c,avx512f,avx512bw,avx512vl", $w, $load, $widen);
     };
     (@one $(#[$doc:meta])* $name:ident, $features:literal, $w:ty, $load:ident, $widen:expr) => {
         $(#[$doc])*
@@ -275,7 +273,6 @@ avx2_dot!(
     /// `sum_i w[i] x_t[i]` for each row of `cols` weights in `w` and each input, with AVX2 +
     /// FMA, into `out[r * stride + t]`.
     f32_dot_avx2,
-    f32_dot_avx2_vl,
     f32,
     load8,
     |a: f32| a
@@ -285,7 +282,6 @@ avx2_dot!(
     /// `sum_i bf16(w[i]) x_t[i]` for each row of `cols` weights in `w` and each input, with
     /// AVX2 + FMA, into `out[r * stride + t]`.
     bf16_dot_avx2,
-    bf16_dot_avx2_vl,
     u16,
     load8_bf16,
     bf16_to_f32
