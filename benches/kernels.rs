@@ -166,14 +166,18 @@ mod op_rate {
     /// two a cycle; with 24 the compiler spilled them to memory and measured that.
     pub const CHAINS: usize = 16;
 
-    /// One operation (or a pair of them, alternating over the chains) as a function.
+    /// One operation (or a pair of them, alternating over the chains) as a function, with
+    /// AVX-512 F, BW and VNNI (or the target features given first).
     macro_rules! rate {
         ($(#[$doc:meta])* $name:ident, |$v:ident, $k:ident| $a:expr) => {
             rate!($(#[$doc])* $name, |$v, $k| $a, $a);
         };
         ($(#[$doc:meta])* $name:ident, |$v:ident, $k:ident| $a:expr, $b:expr) => {
+            rate!($(#[$doc])* "avx512f,avx512bw,avx512vnni", $name, |$v, $k| $a, $b);
+        };
+        ($(#[$doc:meta])* $features:literal, $name:ident, |$v:ident, $k:ident| $a:expr, $b:expr) => {
             $(#[$doc])*
-            #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+            #[target_feature(enable = $features)]
             pub fn $name(iters: usize) -> i32 {
                 let $k = (_mm512_set1_epi32(3), _mm512_castsi512_ps(_mm512_set1_epi32(0x3f80_0001)));
                 let _ = $k;
@@ -261,6 +265,26 @@ mod op_rate {
     rate!(
         /// Multiply-adds and integer adds on alternate chains.
         fma_and_add, |v, k| madd(v, k), _mm512_add_epi32(v, k.0));
+
+    /// `vdpbf16ps` (AVX-512 BF16): 32 BF16 products added in pairs to 16 f32 lanes, as an
+    /// integer vector.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    fn dot_bf16(v: __m512i, k: (__m512i, __m512)) -> __m512i {
+        // SAFETY: a vector of 16 u32 and one of 32 BF16 values are the same 64 bytes.
+        let pairs = unsafe { std::mem::transmute::<__m512, __m512bh>(k.1) };
+        _mm512_castps_si512(_mm512_dpbf16_ps(_mm512_castsi512_ps(v), pairs, pairs))
+    }
+
+    rate!(
+        /// `vdpbf16ps` alone: twice a `vfmadd`'s multiply-adds an operation, if it issues as
+        /// often (docs/perf.md, 2026-12-07: a BF16-activation kernel built on it was slower).
+        "avx512f,avx512bw,avx512vnni,avx512bf16",
+        dpbf16, |v, k| dot_bf16(v, k), dot_bf16(v, k));
+    rate!(
+        /// Multiply-adds and `vdpbf16ps` on alternate chains.
+        "avx512f,avx512bw,avx512vnni,avx512bf16",
+        fma_and_dpbf16, |v, k| madd(v, k), dot_bf16(v, k));
 }
 
 /// One operation of [`op_rate`]: its name and its chains.
@@ -280,7 +304,7 @@ fn bench_op_rate(c: &mut Criterion, one: &ThreadPool) {
     let mut g = c.benchmark_group("op_rate");
     g.measurement_time(Duration::from_secs(1)).warm_up_time(Duration::from_millis(500)).sample_size(20);
     g.throughput(Throughput::Elements((ITERS * op_rate::CHAINS) as u64));
-    let ops: [OpRate; 15] = [
+    let mut ops: Vec<OpRate> = vec![
         // SAFETY (all): only called where the CPU has AVX-512 F, BW and VNNI (checked above).
         ("fma", |n| unsafe { op_rate::fma(n) }),
         ("vpermps", |n| unsafe { op_rate::permps(n) }),
@@ -298,6 +322,13 @@ fn bench_op_rate(c: &mut Criterion, one: &ThreadPool) {
         ("fma+vcvtdq2ps", |n| unsafe { op_rate::fma_and_convert(n) }),
         ("fma+vpaddd", |n| unsafe { op_rate::fma_and_add(n) }),
     ];
+    if is_x86_feature_detected!("avx512bf16") {
+        // SAFETY (both): the CPU has AVX-512 BF16 (checked here) besides F, BW and VNNI.
+        ops.push(("vdpbf16ps", |n| unsafe { op_rate::dpbf16(n) }));
+        ops.push(("fma+vdpbf16ps", |n| unsafe { op_rate::fma_and_dpbf16(n) }));
+    } else {
+        eprintln!("SKIPPED: op_rate vdpbf16ps: this CPU has no AVX-512 BF16");
+    }
     for (name, f) in ops {
         g.bench_function(format!("{name}/1t"), |b| one.install(|| b.iter(|| black_box(f(black_box(ITERS))))));
     }
