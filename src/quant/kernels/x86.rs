@@ -185,18 +185,15 @@ fn int4_quarters(c: &[u8; GROUP_BYTES]) -> [__m128i; 4] {
     ]
 }
 
-/// A float dot-product kernel over 8-lane vectors for the AVX2 path (`@one`: with the target
-/// features given). Per row and input, four accumulators take the 8-element chunks round-robin
-/// (`acc[k]` gets chunks `4 j + k`), leftover whole chunks go to `acc[0]`, the accumulators
-/// are added as `(acc0 + acc1) + (acc2 + acc3)` and summed horizontally, and the last `n % 8`
-/// elements are added one by one with scalar fused multiply-adds.
+/// A float dot-product kernel over 8-lane vectors for the AVX2 path. Per row and input, four
+/// accumulators take the 8-element chunks round-robin (`acc[k]` gets chunks `4 j + k`),
+/// leftover whole chunks go to `acc[0]`, the accumulators are added as
+/// `(acc0 + acc1) + (acc2 + acc3)` and summed horizontally, and the last `n % 8` elements are
+/// added one by one with scalar fused multiply-adds.
 macro_rules! avx2_dot {
     ($(#[$doc:meta])* $name:ident, $w:ty, $load:ident, $widen:expr) => {
-        avx2_dot!(@one $(#[$doc])* $name, "avx2,fma,f16c", $w, $load, $widen);
-    };
-    (@one $(#[$doc:meta])* $name:ident, $features:literal, $w:ty, $load:ident, $widen:expr) => {
         $(#[$doc])*
-        #[target_feature(enable = $features)]
+        #[target_feature(enable = "avx2,fma,f16c")]
         pub fn $name<const T: usize, const R: usize>(
             w: &[$w],
             rows: usize,
@@ -288,12 +285,10 @@ avx2_dot!(
 );
 
 avx2_dot!(
-    @one
     /// `sum_i q[i] x_t[i]` for each INT8 row of `cols` codes in `w` and each input, before the
     /// row's scale (the caller multiplies: `scale * sum`), with AVX2 + FMA, into
     /// `out[r * stride + t]`.
     int8_sum_avx2,
-    "avx2,fma,f16c",
     i8,
     load8_i8,
     |a: i8| a as f32
