@@ -362,6 +362,45 @@ fn mxfp4_multi_input_kernels_equal_single_input_kernels_for_1_to_17_inputs() {
     }
 }
 
+/// The AMX MXFP4 kernel (int8 activations) is the scalar definition bit for bit, whatever the
+/// number of rows (around its 16-row tile), blocks and inputs (a pass holds 16), scales
+/// subnormal ones included. Says SKIPPED where the CPU or the OS offers no AMX.
+#[test]
+fn amx_mxfp4_kernel_equals_the_scalar_definition_bit_for_bit() {
+    if !KernelPath::Amx.is_available() {
+        eprintln!(
+            "SKIPPED amx_mxfp4_kernel_equals_the_scalar_definition_bit_for_bit: no AMX on this CPU or OS \
+             (the amx path is not available here)"
+        );
+        return;
+    }
+    let mut rng = Rng::new(19);
+    for (i, &blocks) in MXFP4_BLOCKS.iter().enumerate() {
+        let rows = [1, 15, 16, 17, 33][i % 5];
+        let cols = blocks * mxfp4::BLOCK;
+        let (codes, scales) = mxfp4_row(&mut rng, rows * blocks, &mut |r| match r.next_u64() % 8 {
+            0 => (r.next_u64() % 2) as u8,
+            1 => 254,
+            _ => 110 + (r.next_u64() % 30) as u8,
+        });
+        let rb = mxfp4::row_bytes(cols);
+        for n in [1, 2, 5, 16, 17] {
+            let qs: Vec<QuantizedX> = (0..n).map(|_| QuantizedX::new(&rng.vec(cols, false))).collect();
+            let qr: Vec<&QuantizedX> = qs.iter().collect();
+            let mut out = vec![f32::NAN; rows * n];
+            kernels::mxfp4_dot_q8_multi_with(KernelPath::Amx, &codes, &scales, cols, &qr, &mut out);
+            let want: Vec<f32> = (0..rows * n)
+                .map(|i| {
+                    let r = i / n;
+                    let (c, s) = (&codes[r * rb..(r + 1) * rb], &scales[r * blocks..(r + 1) * blocks]);
+                    q8::mxfp4_dot_reference(c, s, qr[i % n])
+                })
+                .collect();
+            assert_eq!(bits(&out), bits(&want), "amx mxfp4 {rows}x{cols}, {n} inputs");
+        }
+    }
+}
+
 #[test]
 fn mxfp4_sums_do_not_depend_on_how_a_block_is_scaled() {
     // The AVX-512 kernel scales a block's table by an add to its exponents when every scale of
@@ -742,7 +781,7 @@ fn selected_path_is_available_and_named() {
     assert!(KernelPath::available().contains(&s));
     assert_eq!(KernelPath::available()[0], KernelPath::Scalar);
     let names: Vec<&str> = KernelPath::ALL.iter().map(|p| p.name()).collect();
-    assert_eq!(names, ["scalar", "avx2", "avx512", "avx512-vnni", "neon"]);
+    assert_eq!(names, ["scalar", "avx2", "avx512", "avx512-vnni", "amx", "neon"]);
 }
 
 // --- Several rows and inputs at once (batched products) --------------------------------------

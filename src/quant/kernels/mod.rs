@@ -18,6 +18,8 @@
 
 pub mod q8;
 
+#[cfg(target_arch = "x86_64")]
+mod amx;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 #[cfg(target_arch = "x86_64")]
@@ -44,6 +46,10 @@ pub enum KernelPath {
     /// Xeon, where decode's BF16 attention took 64-82 instead of 74-91 ms a token on 2 threads
     /// and prefill's 0.57-0.70 instead of 0.83-0.95 s: docs/perf.md, 2026-12-07).
     Avx512Vnni,
+    /// x86-64 AVX-512 VNNI with Intel AMX (tile) integer products: the kernels of
+    /// [`KernelPath::Avx512Vnni`], except that MXFP4 rows on quantized activations run the AMX
+    /// kernel, which equals the scalar definition bit for bit (see the `amx` module).
+    Amx,
     /// aarch64 NEON.
     Neon,
 }
@@ -71,8 +77,14 @@ pub fn set_int8_activations(on: bool) -> bool {
 
 impl KernelPath {
     /// Every path, whether or not this CPU or build has it.
-    pub const ALL: [KernelPath; 5] =
-        [KernelPath::Scalar, KernelPath::Avx2, KernelPath::Avx512, KernelPath::Avx512Vnni, KernelPath::Neon];
+    pub const ALL: [KernelPath; 6] = [
+        KernelPath::Scalar,
+        KernelPath::Avx2,
+        KernelPath::Avx512,
+        KernelPath::Avx512Vnni,
+        KernelPath::Amx,
+        KernelPath::Neon,
+    ];
 
     /// Lower-case name, as `PICCHIO_KERNELS` takes it.
     pub fn name(self) -> &'static str {
@@ -81,6 +93,7 @@ impl KernelPath {
             KernelPath::Avx2 => "avx2",
             KernelPath::Avx512 => "avx512",
             KernelPath::Avx512Vnni => "avx512-vnni",
+            KernelPath::Amx => "amx",
             KernelPath::Neon => "neon",
         }
     }
@@ -92,15 +105,34 @@ impl KernelPath {
 
     /// Whether this CPU can run this path and this build has kernels for it (cached).
     pub fn is_available(self) -> bool {
-        static AVAILABLE: OnceLock<[bool; 5]> = OnceLock::new();
+        static AVAILABLE: OnceLock<[bool; 6]> = OnceLock::new();
         AVAILABLE.get_or_init(|| KernelPath::ALL.map(|p| p.implemented() && cpu_has(p)))[self as usize]
+    }
+
+    /// Whether [`selected`] takes this path when it is the best available and
+    /// `PICCHIO_KERNELS` names none: every path but [`KernelPath::Amx`], which is opt-in
+    /// (`PICCHIO_KERNELS=amx`). With int8 activations its batched MXFP4 products make a
+    /// 64-token prefill of the 20B shape about a fifth faster, but its single-input twin
+    /// (which must equal the tile kernel bit for bit) runs a decode's experts about a third
+    /// slower than the VNNI kernel (docs/perf.md, 2026-12-07).
+    pub fn chosen_by_default(self) -> bool {
+        match self {
+            KernelPath::Amx => false,
+            KernelPath::Scalar
+            | KernelPath::Avx2
+            | KernelPath::Avx512
+            | KernelPath::Avx512Vnni
+            | KernelPath::Neon => true,
+        }
     }
 
     /// Whether this build has kernels for this path.
     pub fn implemented(self) -> bool {
         match self {
             KernelPath::Scalar => true,
-            KernelPath::Avx2 | KernelPath::Avx512 | KernelPath::Avx512Vnni => cfg!(target_arch = "x86_64"),
+            KernelPath::Avx2 | KernelPath::Avx512 | KernelPath::Avx512Vnni | KernelPath::Amx => {
+                cfg!(target_arch = "x86_64")
+            }
             KernelPath::Neon => cfg!(target_arch = "aarch64"),
         }
     }
@@ -126,9 +158,9 @@ impl KernelPath {
         use KernelPath as P;
         match product {
             Product::F32 | Product::Bf16 | Product::Int8 | Product::Int4 | Product::Mxfp4 => false,
-            Product::Int8Q8 | Product::Int4Q8 => self == P::Avx512Vnni,
+            Product::Int8Q8 | Product::Int4Q8 => matches!(self, P::Avx512Vnni | P::Amx),
             Product::Mxfp4Q8 => match self {
-                P::Avx2 | P::Avx512 | P::Avx512Vnni | P::Neon => true,
+                P::Avx2 | P::Avx512 | P::Avx512Vnni | P::Amx | P::Neon => true,
                 P::Scalar => false,
             },
         }
@@ -154,6 +186,8 @@ fn cpu_has(path: KernelPath) -> bool {
         }
         #[cfg(target_arch = "x86_64")]
         KernelPath::Avx512Vnni => cpu_has(KernelPath::Avx512) && is_x86_feature_detected!("avx512vnni"),
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Amx => cpu_has(KernelPath::Avx512Vnni) && amx::available(),
         #[cfg(target_arch = "aarch64")]
         KernelPath::Neon => std::arch::is_aarch64_feature_detected!("neon"),
         #[allow(unreachable_patterns)]
@@ -173,7 +207,8 @@ static SELECTED: OnceLock<KernelPath> = OnceLock::new();
 pub fn selected() -> KernelPath {
     *SELECTED.get_or_init(|| {
         let available = KernelPath::available();
-        let best = *available.last().unwrap_or(&KernelPath::Scalar);
+        let best =
+            available.iter().rev().copied().find(|p| p.chosen_by_default()).unwrap_or(KernelPath::Scalar);
         match std::env::var("PICCHIO_KERNELS") {
             Ok(name) => match available.iter().find(|p| p.name() == name) {
                 Some(p) => *p,
@@ -277,7 +312,7 @@ pub fn f32_dot_with(path: KernelPath, w: &[f32], x: &[f32]) -> f32 {
         #[cfg(target_arch = "x86_64")]
         KernelPath::Avx2 => unsafe { x86::f32_dot_avx2::<1, 1>(w, 1, w.len(), &[x], &mut o, 1) },
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512 | KernelPath::Avx512Vnni => unsafe {
+        KernelPath::Avx512 | KernelPath::Avx512Vnni | KernelPath::Amx => unsafe {
             x86::f32_dot_avx512::<1, 1>(w, 1, w.len(), &[x], &mut o, 1)
         },
         #[cfg(target_arch = "aarch64")]
@@ -307,7 +342,7 @@ pub fn bf16_dot_arranged_with(path: KernelPath, w: &[u16], x: &[f32]) -> f32 {
         #[cfg(target_arch = "x86_64")]
         KernelPath::Avx2 => unsafe { x86::bf16_dot_avx2::<1, 1>(w, 1, w.len(), &[x], &mut o, 1) },
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512 | KernelPath::Avx512Vnni => unsafe {
+        KernelPath::Avx512 | KernelPath::Avx512Vnni | KernelPath::Amx => unsafe {
             x86::bf16_dot_avx512::<1, 1>(w, 1, w.len(), &[x], &mut o, 1)
         },
         #[cfg(target_arch = "aarch64")]
@@ -324,7 +359,7 @@ pub fn bf16_dot_arranged_with(path: KernelPath, w: &[u16], x: &[f32]) -> f32 {
 pub fn bf16_input_order(path: KernelPath) -> Option<&'static [u8; ARRANGED_BLOCK]> {
     match usable(path) {
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512 | KernelPath::Avx512Vnni => Some(&x86::SPLIT_ORDER),
+        KernelPath::Avx512 | KernelPath::Avx512Vnni | KernelPath::Amx => Some(&x86::SPLIT_ORDER),
         _ => None,
     }
 }
@@ -341,7 +376,7 @@ pub fn int4_dot_with(path: KernelPath, codes: &[u8], scales: &[u16], x: &[f32]) 
         #[cfg(target_arch = "x86_64")]
         KernelPath::Avx2 => unsafe { x86::int4_dot_avx2::<1, 1>(codes, scales, 1, cols, &[x], &mut o, 1) },
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512 | KernelPath::Avx512Vnni => unsafe {
+        KernelPath::Avx512 | KernelPath::Avx512Vnni | KernelPath::Amx => unsafe {
             x86::int4_dot_avx512::<1, 1>(codes, scales, 1, cols, &[x], &mut o, 1)
         },
         #[cfg(target_arch = "aarch64")]
@@ -372,7 +407,7 @@ pub fn mxfp4_input_order(path: KernelPath) -> Option<&'static [u8; ARRANGED_BLOC
         #[cfg(target_arch = "x86_64")]
         KernelPath::Avx2 => Some(&x86::MXFP4_AVX2_ORDER),
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512 | KernelPath::Avx512Vnni => Some(&x86::SPLIT_ORDER),
+        KernelPath::Avx512 | KernelPath::Avx512Vnni | KernelPath::Amx => Some(&x86::SPLIT_ORDER),
         _ => None,
     }
 }
@@ -413,7 +448,7 @@ pub fn mxfp4_dot_arranged_with(path: KernelPath, codes: &[u8], scales: &[u8], x:
         #[cfg(target_arch = "x86_64")]
         KernelPath::Avx2 => unsafe { x86::mxfp4_dot_avx2::<1, 1>(codes, scales, 1, cols, &[x], &mut o, 1) },
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512 | KernelPath::Avx512Vnni => unsafe {
+        KernelPath::Avx512 | KernelPath::Avx512Vnni | KernelPath::Amx => unsafe {
             x86::mxfp4_dot_avx512::<1, 1>(codes, scales, 1, cols, &[x], &mut o, 1)
         },
         #[cfg(target_arch = "aarch64")]
@@ -433,7 +468,7 @@ pub fn int8_dot_with(path: KernelPath, codes: &[i8], scale: f32, x: &[f32]) -> f
         #[cfg(target_arch = "x86_64")]
         KernelPath::Avx2 => unsafe { x86::int8_sum_avx2::<1, 1>(codes, 1, codes.len(), &[x], &mut o, 1) },
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512 | KernelPath::Avx512Vnni => unsafe {
+        KernelPath::Avx512 | KernelPath::Avx512Vnni | KernelPath::Amx => unsafe {
             x86::int8_sum_avx512::<1, 1>(codes, 1, codes.len(), &[x], &mut o, 1)
         },
         #[cfg(target_arch = "aarch64")]
@@ -453,7 +488,7 @@ pub fn int4_dot_q8_with(path: KernelPath, codes: &[u8], scales: &[u16], x: &Quan
     }
     let (codes, scales) = (&codes[..g * int4::GROUP_BYTES], &scales[..g]);
     #[cfg(target_arch = "x86_64")]
-    if usable(path) == KernelPath::Avx512Vnni {
+    if matches!(usable(path), KernelPath::Avx512Vnni | KernelPath::Amx) {
         let mut o = [0.0f32];
         // SAFETY: `usable` returned the path only if the CPU has its features.
         unsafe { x86::int4_dot_q8_vnni::<1, 1>(codes, scales, 1, g * int4::GROUP, &[x], &mut o, 1) };
@@ -464,7 +499,8 @@ pub fn int4_dot_q8_with(path: KernelPath, codes: &[u8], scales: &[u16], x: &Quan
 }
 
 /// One MXFP4 row with quantized activations ([`q8::mxfp4_dot_reference`]): the VNNI kernel
-/// on [`KernelPath::Avx512Vnni`], the AVX2 integer kernel on [`KernelPath::Avx2`] and
+/// on [`KernelPath::Avx512Vnni`], the 16-row twin of the AMX kernel on [`KernelPath::Amx`]
+/// (the scalar definition bit for bit), the AVX2 integer kernel on [`KernelPath::Avx2`] and
 /// [`KernelPath::Avx512`], the NEON one on [`KernelPath::Neon`] (when this CPU has them), the
 /// scalar definition otherwise.
 pub fn mxfp4_dot_q8_with(path: KernelPath, codes: &[u8], scales: &[u8], x: &QuantizedX) -> f32 {
@@ -479,6 +515,8 @@ pub fn mxfp4_dot_q8_with(path: KernelPath, codes: &[u8], scales: &[u8], x: &Quan
         KernelPath::Avx512Vnni => unsafe {
             x86::mxfp4_dot_q8_vnni::<1, 1>(codes, scales, 1, cols, &[x], &mut o, 1)
         },
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Amx => unsafe { amx::mxfp4_dot_q8_amx::<1>(codes, scales, 1, cols, &[x], &mut o, 1) },
         #[cfg(target_arch = "x86_64")]
         KernelPath::Avx2 | KernelPath::Avx512 => unsafe {
             x86::mxfp4_dot_q8_avx2::<1, 1>(codes, scales, 1, cols, &[x], &mut o, 1)
@@ -497,7 +535,7 @@ pub fn mxfp4_dot_q8_with(path: KernelPath, codes: &[u8], scales: &[u8], x: &Quan
 /// path.
 pub fn int8_dot_q8_with(path: KernelPath, codes: &[i8], scale: f32, x: &QuantizedX) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if !codes.is_empty() && usable(path) == KernelPath::Avx512Vnni {
+    if !codes.is_empty() && matches!(usable(path), KernelPath::Avx512Vnni | KernelPath::Amx) {
         let mut o = [0.0f32];
         // SAFETY: `usable` returned the path only if the CPU has its features.
         unsafe { x86::int8_dot_q8_vnni::<1, 1>(codes, &[scale], 1, codes.len(), &[x], &mut o, 1) };
@@ -544,9 +582,9 @@ pub fn max_inputs(path: KernelPath, product: Product) -> usize {
         // per INT4 input plus the unpacked group. The 512-bit BF16
         // kernel: two per input and row, two rows side by side past 3 inputs; 8 inputs on one
         // row ran 17% slower than passes of 6 on two (Zen 5, docs/perf.md 2026-12-04).
-        (P::Avx512 | P::Avx512Vnni, D::F32 | D::Bf16 | D::Int8) => 6,
-        (P::Avx512 | P::Avx512Vnni, D::Int4) => 8,
-        (P::Avx512Vnni, D::Int8Q8 | D::Int4Q8) => 8,
+        (P::Avx512 | P::Avx512Vnni | P::Amx, D::F32 | D::Bf16 | D::Int8) => 6,
+        (P::Avx512 | P::Avx512Vnni | P::Amx, D::Int4) => 8,
+        (P::Avx512Vnni | P::Amx, D::Int8Q8 | D::Int4Q8) => 8,
         (P::Neon, D::F32 | D::Bf16 | D::Int8) => 6,
         (P::Neon, D::Int4) => 4,
         // MXFP4: two accumulators per input plus the decoded block (4 vectors), the two
@@ -556,8 +594,10 @@ pub fn max_inputs(path: KernelPath, product: Product) -> usize {
         // passes of 5 (on two) by 9-11% (docs/perf.md, 2026-12-04); on VNNI one per input
         // and row, two rows side by side past 4 inputs, plus each row's weights and scales.
         (P::Avx2, D::Mxfp4) => 3,
-        (P::Avx512 | P::Avx512Vnni, D::Mxfp4) => 4,
+        (P::Avx512 | P::Avx512Vnni | P::Amx, D::Mxfp4) => 4,
         (P::Avx512Vnni, D::Mxfp4Q8) => 8,
+        // AMX: one tile of 16 inputs' codes.
+        (P::Amx, D::Mxfp4Q8) => amx::MAX_INPUTS,
         // The AVX2 integer MXFP4 kernel: one accumulator per input and row plus the row's two
         // weight vectors and scales, and the input's two code vectors and bias; NEON: two
         // accumulators per input.
@@ -671,9 +711,11 @@ pub fn f32_dot_multi_with(path: KernelPath, w: &[f32], cols: usize, xs: &[&[f32]
             })
         }
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512 | KernelPath::Avx512Vnni => by_count!(xs, [1, 2, 3, 4, 5, 6], |a| unsafe {
-            x86::f32_dot_avx512::<_, ROW_BLOCK>(w, rows, cols, a, out, n)
-        }),
+        KernelPath::Avx512 | KernelPath::Avx512Vnni | KernelPath::Amx => {
+            by_count!(xs, [1, 2, 3, 4, 5, 6], |a| unsafe {
+                x86::f32_dot_avx512::<_, ROW_BLOCK>(w, rows, cols, a, out, n)
+            })
+        }
         #[cfg(target_arch = "aarch64")]
         KernelPath::Neon => by_count!(xs, [1, 2, 3, 4, 5, 6], |a| unsafe {
             neon::f32_dot_neon::<_, ROW_BLOCK>(w, rows, cols, a, out, n)
@@ -720,9 +762,11 @@ pub fn bf16_dot_multi_arranged_with(
             })
         }
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512 | KernelPath::Avx512Vnni => by_count!(xs, [1, 2, 3, 4, 5, 6], |a| unsafe {
-            x86::bf16_dot_avx512::<_, ROW_BLOCK>(w, rows, cols, a, out, n)
-        }),
+        KernelPath::Avx512 | KernelPath::Avx512Vnni | KernelPath::Amx => {
+            by_count!(xs, [1, 2, 3, 4, 5, 6], |a| unsafe {
+                x86::bf16_dot_avx512::<_, ROW_BLOCK>(w, rows, cols, a, out, n)
+            })
+        }
         #[cfg(target_arch = "aarch64")]
         KernelPath::Neon => by_count!(xs, [1, 2, 3, 4, 5, 6], |a| unsafe {
             neon::bf16_dot_neon::<_, ROW_BLOCK>(w, rows, cols, a, out, n)
@@ -756,9 +800,11 @@ pub fn int8_dot_multi_with(
                 x86::int8_sum_avx2::<_, ROW_BLOCK>(codes, rows, cols, a, out, n)
             }),
             #[cfg(target_arch = "x86_64")]
-            KernelPath::Avx512 | KernelPath::Avx512Vnni => by_count!(xs, [1, 2, 3, 4, 5, 6], |a| unsafe {
-                x86::int8_sum_avx512::<_, ROW_BLOCK>(codes, rows, cols, a, out, n)
-            }),
+            KernelPath::Avx512 | KernelPath::Avx512Vnni | KernelPath::Amx => {
+                by_count!(xs, [1, 2, 3, 4, 5, 6], |a| unsafe {
+                    x86::int8_sum_avx512::<_, ROW_BLOCK>(codes, rows, cols, a, out, n)
+                })
+            }
             #[cfg(target_arch = "aarch64")]
             KernelPath::Neon => by_count!(xs, [1, 2, 3, 4, 5, 6], |a| unsafe {
                 neon::int8_sum_neon::<_, ROW_BLOCK>(codes, rows, cols, a, out, n)
@@ -802,9 +848,11 @@ pub fn int4_dot_multi_with(
             x86::int4_dot_avx2::<_, ROW_BLOCK>(codes, scales, rows, cols, a, out, n)
         }),
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512 | KernelPath::Avx512Vnni => by_count!(xs, [1, 2, 3, 4, 5, 6, 7, 8], |a| unsafe {
-            x86::int4_dot_avx512::<_, ROW_BLOCK>(codes, scales, rows, cols, a, out, n)
-        }),
+        KernelPath::Avx512 | KernelPath::Avx512Vnni | KernelPath::Amx => {
+            by_count!(xs, [1, 2, 3, 4, 5, 6, 7, 8], |a| unsafe {
+                x86::int4_dot_avx512::<_, ROW_BLOCK>(codes, scales, rows, cols, a, out, n)
+            })
+        }
         #[cfg(target_arch = "aarch64")]
         KernelPath::Neon => by_count!(xs, [1, 2, 3, 4], |a| unsafe {
             neon::int4_dot_neon::<_, ROW_BLOCK>(codes, scales, rows, cols, a, out, n)
@@ -836,7 +884,7 @@ pub fn int4_dot_q8_multi_with(
         _ if cols == 0 => false,
         // SAFETY: `usable` returned the path only if the CPU has its features.
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512Vnni => by_count!(xs, [1, 2, 3, 4, 5, 6, 7, 8], |a| unsafe {
+        KernelPath::Avx512Vnni | KernelPath::Amx => by_count!(xs, [1, 2, 3, 4, 5, 6, 7, 8], |a| unsafe {
             x86::int4_dot_q8_vnni::<_, ROW_BLOCK>(codes, scales, rows, cols, a, out, n)
         }),
         _ => false,
@@ -865,7 +913,7 @@ pub fn int8_dot_q8_multi_with(
         _ if cols == 0 => false,
         // SAFETY: `usable` returned the path only if the CPU has its features.
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512Vnni => by_count!(xs, [1, 2, 3, 4, 5, 6, 7, 8], |a| unsafe {
+        KernelPath::Avx512Vnni | KernelPath::Amx => by_count!(xs, [1, 2, 3, 4, 5, 6, 7, 8], |a| unsafe {
             x86::int8_dot_q8_vnni::<_, ROW_BLOCK>(codes, scales, rows, cols, a, out, n)
         }),
         _ => false,
@@ -918,9 +966,11 @@ pub fn mxfp4_dot_multi_arranged_with(
             x86::mxfp4_dot_avx2::<_, ROW_BLOCK>(codes, scales, rows, cols, a, out, n)
         }),
         #[cfg(target_arch = "x86_64")]
-        KernelPath::Avx512 | KernelPath::Avx512Vnni => by_count!(xs, [1, 2, 3, 4, 5, 6, 7, 8], |a| unsafe {
-            x86::mxfp4_dot_avx512::<_, ROW_BLOCK>(codes, scales, rows, cols, a, out, n)
-        }),
+        KernelPath::Avx512 | KernelPath::Avx512Vnni | KernelPath::Amx => {
+            by_count!(xs, [1, 2, 3, 4, 5, 6, 7, 8], |a| unsafe {
+                x86::mxfp4_dot_avx512::<_, ROW_BLOCK>(codes, scales, rows, cols, a, out, n)
+            })
+        }
         #[cfg(target_arch = "aarch64")]
         KernelPath::Neon => by_count!(xs, [1, 2, 3, 4], |a| unsafe {
             neon::mxfp4_dot_neon::<_, ROW_BLOCK>(codes, scales, rows, cols, a, out, n)
@@ -954,6 +1004,12 @@ pub fn mxfp4_dot_q8_multi_with(
         KernelPath::Avx512Vnni => by_count!(xs, [1, 2, 3, 4, 5, 6, 7, 8], |a| unsafe {
             x86::mxfp4_dot_q8_vnni::<_, ROW_BLOCK>(codes, scales, rows, cols, a, out, n)
         }),
+        #[cfg(target_arch = "x86_64")]
+        KernelPath::Amx => {
+            by_count!(xs, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16], |a| unsafe {
+                amx::mxfp4_dot_q8_amx(codes, scales, rows, cols, a, out, n)
+            })
+        }
         #[cfg(target_arch = "x86_64")]
         KernelPath::Avx2 | KernelPath::Avx512 => by_count!(xs, [1, 2, 3], |a| unsafe {
             x86::mxfp4_dot_q8_avx2::<_, ROW_BLOCK>(codes, scales, rows, cols, a, out, n)

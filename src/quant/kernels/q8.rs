@@ -70,6 +70,35 @@ pub const fn mxfp4_position(i: usize) -> usize {
     (e % 2) * 32 + b * 16 + e / 2
 }
 
+/// Where code `i` of a group goes in [`QuantizedX::mxfp4_tile_codes`]: within each MXFP4 block
+/// (`b = i / 32`), element `8 q + 2 j + h` (`q < 4`, `j < 4`, `h < 2`) at position `8 q + 4 h +
+/// j`, which is the order in which the AMX MXFP4 kernel lays out a block's decoded weights:
+/// the low nibbles of code bytes `4 q .. 4 q + 4` (elements `8 q + 2 j`), then their high
+/// nibbles (elements `8 q + 2 j + 1`), four bytes of one row per 32-bit tile element.
+pub const fn mxfp4_tile_position(i: usize) -> usize {
+    let (b, e) = (i / mxfp4::BLOCK, i % mxfp4::BLOCK);
+    let (q, j, h) = (e / 8, (e % 8) / 2, e % 2);
+    b * mxfp4::BLOCK + 8 * q + 4 * h + j
+}
+
+/// `max |x_i|` over the inputs that are not NaN (0 for none), as `f32::max` folds it: on the
+/// magnitudes' bits, which order as the magnitudes do, so the loop vectorizes.
+fn largest_magnitude(xs: &[f32]) -> f32 {
+    const INFINITY: u32 = 0x7f80_0000;
+    let bits = xs.iter().map(|v| v.to_bits() & 0x7fff_ffff).map(|b| if b > INFINITY { 0 } else { b });
+    f32::from_bits(bits.max().unwrap_or(0))
+}
+
+/// `y.round().clamp(-127.0, 127.0) as i8` (halves away from zero, NaN to 0) without the
+/// library call `f32::round` is on x86-64, so the loop vectorizes: the truncation (clamped
+/// well past the codes, so that nothing overflows) plus one where the remainder reaches a
+/// half, which is exact for every `|y|` below `2^23`.
+fn round_to_code(y: f32) -> i8 {
+    let t = (y as i32).clamp(-256, 256);
+    let rest = y - t as f32;
+    (t + i32::from(rest >= 0.5) - i32::from(rest <= -0.5)).clamp(-127, 127) as i8
+}
+
 /// Activations quantized to INT8 with one f32 scale per 64 inputs.
 #[derive(Clone, Debug)]
 pub struct QuantizedX {
@@ -77,6 +106,8 @@ pub struct QuantizedX {
     codes: Vec<CodeGroup>,
     /// The groups as the integer MXFP4 kernel reads them.
     mxfp4: Vec<Mxfp4Group>,
+    /// The codes in the order of [`mxfp4_tile_position`], as the AMX MXFP4 kernel reads them.
+    tile_codes: Vec<CodeGroup>,
     /// One scale per group.
     scales: Vec<f32>,
     /// Per group, `-8 * sum(codes)`: turns the unsigned INT4 codes `q + 8` into `q`.
@@ -93,11 +124,12 @@ impl QuantizedX {
         let mut scales = vec![0.0f32; groups];
         let mut int4_bias = vec![0i32; groups];
         let mut mxfp4 = vec![Mxfp4Group { codes: [0; GROUP], bias: [0; 16] }; groups];
+        let mut tile_codes = vec![CodeGroup([0; GROUP]); groups];
         for (g, (xs, CodeGroup(qs))) in x.chunks(GROUP).zip(codes.iter_mut()).enumerate() {
-            let amax = xs.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let amax = largest_magnitude(xs);
             let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
             for (q, &v) in qs.iter_mut().zip(xs) {
-                *q = (v * inv).round().clamp(-127.0, 127.0) as i8;
+                *q = round_to_code(v * inv);
             }
             // A NaN input makes its group's scale NaN, so it reaches the output as with floats.
             scales[g] = if xs.iter().any(|v| v.is_nan()) { f32::NAN } else { amax / 127.0 };
@@ -105,12 +137,13 @@ impl QuantizedX {
             let m = &mut mxfp4[g];
             for (i, &q) in qs.iter().enumerate() {
                 m.codes[mxfp4_position(i)] = q;
+                tile_codes[g].0[mxfp4_tile_position(i)] = q;
             }
             for (bias, lane) in m.bias.iter_mut().zip(m.codes.as_chunks::<4>().0) {
                 *bias = -MXFP4_WEIGHT_OFFSET * lane.iter().map(|&q| q as i32).sum::<i32>();
             }
         }
-        QuantizedX { codes, mxfp4, scales, int4_bias, len: x.len() }
+        QuantizedX { codes, mxfp4, tile_codes, scales, int4_bias, len: x.len() }
     }
 
     /// Number of inputs quantized.
@@ -138,6 +171,12 @@ impl QuantizedX {
     /// multiplies with the decoded weights, with no shuffle per row.
     pub fn mxfp4_groups(&self) -> &[Mxfp4Group] {
         &self.mxfp4
+    }
+
+    /// The codes in the order of [`mxfp4_tile_position`] (`groups() * 64` of them, zero past
+    /// `len()`): what the AMX MXFP4 kernel multiplies block by block with no shuffle at all.
+    pub fn mxfp4_tile_codes(&self) -> &[i8] {
+        bytemuck::cast_slice(&self.tile_codes)
     }
 
     /// One scale per group.
@@ -212,6 +251,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn round_to_code_is_round_then_clamp() {
+        let mut ys =
+            vec![0.0f32, -0.0, 0.5, -0.5, 1.5, -1.5, 2.5, 126.5, -126.5, 127.49, 127.5, 128.0, -300.0];
+        ys.extend([f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.49999997, -0.49999997, 3e9, -3e9, 1e-40]);
+        ys.extend((0..20000).map(|i| (i as f32 - 10000.0) * 0.01357));
+        for y in ys {
+            assert_eq!(round_to_code(y), y.round().clamp(-127.0, 127.0) as i8, "{y}");
+        }
+        let xs = [1.0f32, f32::NAN, -3.5, 2.0];
+        assert_eq!(largest_magnitude(&xs), 3.5);
+        assert_eq!(largest_magnitude(&[f32::NEG_INFINITY, 1.0]), f32::INFINITY);
+        assert_eq!(largest_magnitude(&[]), 0.0);
+    }
+
+    #[test]
     fn quantization_is_within_half_a_step_and_padded() {
         let x: Vec<f32> = (0..100).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.013).collect();
         let q = QuantizedX::new(&x);
@@ -223,7 +277,15 @@ mod tests {
         assert!(q.codes()[100..].iter().all(|&c| c == 0));
         for (i, &c) in q.codes().iter().enumerate() {
             assert_eq!(q.mxfp4_groups()[i / GROUP].codes[mxfp4_position(i % GROUP)], c, "input {i}");
+            assert_eq!(q.mxfp4_tile_codes()[mxfp4_tile_position(i)], c, "input {i}");
         }
+        // Both orders are permutations of a group.
+        let mut seen = [[false; GROUP]; 2];
+        for i in 0..GROUP {
+            seen[0][mxfp4_position(i)] = true;
+            seen[1][mxfp4_tile_position(i)] = true;
+        }
+        assert!(seen.iter().flatten().all(|&s| s));
         for (g, m) in q.mxfp4_groups().iter().enumerate() {
             for (l, &bias) in m.bias.iter().enumerate() {
                 let sum: i32 = m.codes[4 * l..4 * l + 4].iter().map(|&c| c as i32).sum();

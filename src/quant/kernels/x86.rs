@@ -1728,7 +1728,7 @@ pub fn mxfp4_dot_q8_avx2<const T: usize, const R: usize>(
 /// `op_rate`), where an immediate shift does not.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-fn high_nibbles_up(v: __m512i) -> __m512i {
+pub(super) fn high_nibbles_up(v: __m512i) -> __m512i {
     let mut out = v;
     // SAFETY: register-only; merge-masking keeps the lanes the mask leaves out.
     unsafe {
