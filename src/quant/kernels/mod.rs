@@ -597,6 +597,7 @@ pub fn max_inputs(path: KernelPath, product: Product) -> usize {
         (P::Avx512 | P::Avx512Vnni | P::Amx, D::Mxfp4) => 4,
         (P::Avx512Vnni, D::Mxfp4Q8) => 8,
         // AMX: one tile of 16 inputs' codes.
+        #[cfg(target_arch = "x86_64")]
         (P::Amx, D::Mxfp4Q8) => amx::MAX_INPUTS,
         // The AVX2 integer MXFP4 kernel: one accumulator per input and row plus the row's two
         // weight vectors and scales, and the input's two code vectors and bias; NEON: two
