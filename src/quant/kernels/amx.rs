@@ -23,8 +23,8 @@ use std::arch::asm;
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
 
-use super::q8::{MXFP4_WEIGHT_OFFSET, QuantizedX};
-use super::x86::high_nibbles_up;
+use super::q8::QuantizedX;
+use super::x86::{FP4_DOUBLED_OFFSET, high_nibbles_up};
 use crate::quant::mxfp4::{self, BLOCK, BLOCK_BYTES};
 
 /// Most inputs one pass of [`mxfp4_dot_q8_amx`] takes: the 16 rows of a tile.
@@ -101,22 +101,15 @@ struct Lines<T, const N: usize>([T; N]);
 
 /// The doubled E2M1 values ([`mxfp4::FP4_DOUBLED`]) four times over: `vpermb` looks up a byte
 /// by its low 6 bits, so a code in the low nibble needs no masking of the upper ones.
-static FP4_DOUBLED_64: [i8; 64] = fp4_doubled_64(0);
-
-/// [`FP4_DOUBLED_64`] plus [`MXFP4_WEIGHT_OFFSET`] (`0..=24`): the unsigned operand of
-/// `vpdpbusd` in [`mxfp4_dot_q8_rows16`] (as a `vpshufb` table: each 128-bit lane holds the
-/// 16 values).
-static FP4_DOUBLED_OFFSET_64: [i8; 64] = fp4_doubled_64(MXFP4_WEIGHT_OFFSET as i8);
-
-const fn fp4_doubled_64(offset: i8) -> [i8; 64] {
+static FP4_DOUBLED_64: [i8; 64] = {
     let mut t = [0i8; 64];
     let mut i = 0;
     while i < 64 {
-        t[i] = mxfp4::FP4_DOUBLED[i % 16] + offset;
+        t[i] = mxfp4::FP4_DOUBLED[i % 16];
         i += 1;
     }
     t
-}
+};
 
 /// `vpermt2d` indices that gather, from four rows' 16-byte blocks in each of two registers
 /// (row `r` in 128-bit lane `r % 4`), 32-bit word `q` of rows 0..8 into lanes 0..8 and word
@@ -168,6 +161,10 @@ pub unsafe fn mxfp4_dot_q8_amx<const M: usize>(
     {
         return;
     }
+    if M == 1 {
+        // SAFETY: the caller's contract covers this function's features.
+        return unsafe { mxfp4_dot_q8_rows16(codes, scales, rows, cols, xs[0], out, stride) };
+    }
     // The blocks every input has (as the reference, which stops at the shorter of the two).
     let n = xs.iter().fold(bpr, |n, x| n.min(x.mxfp4_tile_codes().len() / BLOCK).min(2 * x.scales().len()));
     // The inputs' codes, input `t` at `t * n * 32`: block `b` of every input is then one tile
@@ -178,10 +175,6 @@ pub unsafe fn mxfp4_dot_q8_amx<const M: usize>(
         row.copy_from_slice(&x.mxfp4_tile_codes()[..a_stride]);
     }
     let group_scales: [&[f32]; M] = std::array::from_fn(|t| &xs[t].scales()[..n.div_ceil(2)]);
-    if M == 1 {
-        // SAFETY: the caller's contract covers this function's features.
-        return unsafe { mxfp4_dot_q8_rows16(codes, scales, rows, cols, xs[0], out, stride) };
-    }
     let config = TileConfig::new(M);
     // SAFETY: AMX is available (the caller's contract); the configuration is 64 readable bytes
     // describing tiles within the palette's limits (16 rows, 64 bytes a row).
@@ -467,17 +460,13 @@ unsafe fn mxfp4_dot_q8_rows16(
     stride: usize,
 ) {
     const PAIR_BYTES: usize = 2 * BLOCK_BYTES;
+    // The caller ([`mxfp4_dot_q8_amx`]) has checked that `codes` and `scales` hold `rows` rows.
     let (rb, bpr) = (mxfp4::row_bytes(cols), mxfp4::blocks(cols));
-    if rows.checked_mul(rb).is_none_or(|len| len > codes.len())
-        || rows.checked_mul(bpr).is_none_or(|len| len > scales.len())
-    {
-        return;
-    }
     let n = bpr.min(2 * x.mxfp4_groups().len()).min(2 * x.scales().len());
     let pairs = n.div_ceil(2);
     let (groups, group_scales) = (&x.mxfp4_groups()[..pairs], &x.scales()[..pairs]);
-    // SAFETY: 64 readable bytes; unaligned loads are allowed.
-    let table = unsafe { _mm512_loadu_si512(FP4_DOUBLED_OFFSET_64.as_ptr().cast()) };
+    // SAFETY: 16 readable bytes; unaligned loads are allowed.
+    let table = _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(FP4_DOUBLED_OFFSET.as_ptr().cast()) });
     let nibbles = _mm512_set1_epi8(0x0f);
     // SAFETY: as above, 64 bytes each.
     let folds = FOLDS.map(|l| l.map(|i| unsafe { _mm512_loadu_si512(i.as_ptr().cast()) }));

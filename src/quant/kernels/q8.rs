@@ -25,6 +25,8 @@
 //! of `sum |d q| a / |dot|`; on random data the error is about `0.3 %` of `|dot|` (a random
 //! walk of half-step errors), an order of magnitude below the error of the INT4 weights.
 
+use std::sync::OnceLock;
+
 use crate::quant::{int4, mxfp4};
 
 /// Inputs per activation group (the same as INT4's weight groups).
@@ -106,8 +108,9 @@ pub struct QuantizedX {
     codes: Vec<CodeGroup>,
     /// The groups as the integer MXFP4 kernel reads them.
     mxfp4: Vec<Mxfp4Group>,
-    /// The codes in the order of [`mxfp4_tile_position`], as the AMX MXFP4 kernel reads them.
-    tile_codes: Vec<CodeGroup>,
+    /// The codes in the order of [`mxfp4_tile_position`], as the AMX MXFP4 kernel reads them:
+    /// made on first use, since only that (opt-in) kernel reads them.
+    tile_codes: OnceLock<Vec<CodeGroup>>,
     /// One scale per group.
     scales: Vec<f32>,
     /// Per group, `-8 * sum(codes)`: turns the unsigned INT4 codes `q + 8` into `q`.
@@ -124,7 +127,6 @@ impl QuantizedX {
         let mut scales = vec![0.0f32; groups];
         let mut int4_bias = vec![0i32; groups];
         let mut mxfp4 = vec![Mxfp4Group { codes: [0; GROUP], bias: [0; 16] }; groups];
-        let mut tile_codes = vec![CodeGroup([0; GROUP]); groups];
         for (g, (xs, CodeGroup(qs))) in x.chunks(GROUP).zip(codes.iter_mut()).enumerate() {
             let amax = largest_magnitude(xs);
             let inv = if amax > 0.0 { 127.0 / amax } else { 0.0 };
@@ -137,13 +139,12 @@ impl QuantizedX {
             let m = &mut mxfp4[g];
             for (i, &q) in qs.iter().enumerate() {
                 m.codes[mxfp4_position(i)] = q;
-                tile_codes[g].0[mxfp4_tile_position(i)] = q;
             }
             for (bias, lane) in m.bias.iter_mut().zip(m.codes.as_chunks::<4>().0) {
                 *bias = -MXFP4_WEIGHT_OFFSET * lane.iter().map(|&q| q as i32).sum::<i32>();
             }
         }
-        QuantizedX { codes, mxfp4, tile_codes, scales, int4_bias, len: x.len() }
+        QuantizedX { codes, mxfp4, tile_codes: OnceLock::new(), scales, int4_bias, len: x.len() }
     }
 
     /// Number of inputs quantized.
@@ -176,7 +177,17 @@ impl QuantizedX {
     /// The codes in the order of [`mxfp4_tile_position`] (`groups() * 64` of them, zero past
     /// `len()`): what the AMX MXFP4 kernel multiplies block by block with no shuffle at all.
     pub fn mxfp4_tile_codes(&self) -> &[i8] {
-        bytemuck::cast_slice(&self.tile_codes)
+        let groups = self.tile_codes.get_or_init(|| {
+            let reorder = |CodeGroup(qs): &CodeGroup| {
+                let mut t = [0; GROUP];
+                for (i, &q) in qs.iter().enumerate() {
+                    t[mxfp4_tile_position(i)] = q;
+                }
+                CodeGroup(t)
+            };
+            self.codes.iter().map(reorder).collect()
+        });
+        bytemuck::cast_slice(groups)
     }
 
     /// One scale per group.

@@ -1390,7 +1390,7 @@ pub fn int8_dot_q8_vnni<const T: usize, const R: usize>(
 
 /// [`mxfp4::FP4_DOUBLED`] plus [`MXFP4_WEIGHT_OFFSET`]: the doubled E2M1 values as unsigned
 /// bytes (`0..=24`), the weights the integer MXFP4 kernel multiplies.
-static FP4_DOUBLED_OFFSET: [u8; 16] = {
+pub(super) static FP4_DOUBLED_OFFSET: [u8; 16] = {
     let mut t = [0u8; 16];
     let mut c = 0;
     while c < 16 {
