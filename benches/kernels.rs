@@ -372,9 +372,11 @@ fn bench_fma_peak(c: &mut Criterion, one: &ThreadPool) {
     g.finish();
 }
 
-/// Bytes of weights the streaming benchmark goes through: several times any L3, as the
-/// experts and dense weights a decoded token reads are.
-const STREAM_BYTES: usize = 128 << 20;
+/// Bytes of weights the streaming benchmark goes through: more than any L3, as the experts
+/// and dense weights a decoded token reads are, and as `picchio bench`'s read floor (512 MiB).
+/// (128 MiB was not: the Intel Xeon VM of 2026-12-07 reports a 480 MiB L3, and a read of 128
+/// MiB ran at 52 GiB/s on two threads there against 31 for 512 MiB.)
+const STREAM_BYTES: usize = 512 << 20;
 
 /// Matrix-vector products over [`STREAM_BYTES`] of distinct expert-shaped matrices (the
 /// 5760x2880 gate/up projection), one after another as decode goes through a layer's

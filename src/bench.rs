@@ -64,7 +64,8 @@ pub fn parallel_stream_sum(bytes: &[u8]) -> u64 {
 
 /// The wrapping sum of `bytes` as little-endian `u64`s (whole [`STREAM_CHUNK`]s; the rest is
 /// ignored): a read of every byte with the widest loads this CPU has, in four independent
-/// chains, and nothing else.
+/// chains, each line asked for [`crate::quant::kernels::STREAM_AHEAD_BYTES`] ahead as the
+/// one-input kernels ask for theirs, and nothing else.
 fn stream_sum(bytes: &[u8]) -> u64 {
     #[cfg(target_arch = "x86_64")]
     {
@@ -97,12 +98,16 @@ fn stream_sum_portable(bytes: &[u8]) -> u64 {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 fn stream_sum_avx512(bytes: &[u8]) -> u64 {
+    use crate::quant::kernels::STREAM_AHEAD_BYTES;
     use std::arch::x86_64::*;
     let mut acc = [_mm512_setzero_si512(); 4];
     for step in bytes.as_chunks::<STREAM_CHUNK>().0 {
         for (k, a) in acc.iter_mut().enumerate() {
+            let line = step.as_ptr().wrapping_add(64 * k);
+            // A hint: never dereferenced, never faults, whatever the address.
+            _mm_prefetch::<_MM_HINT_T1>(line.wrapping_add(STREAM_AHEAD_BYTES).cast());
             // SAFETY: bytes `64 k .. 64 k + 64` of the step are readable; unaligned loads are allowed.
-            let v = unsafe { _mm512_loadu_si512(step.as_ptr().add(64 * k).cast()) };
+            let v = unsafe { _mm512_loadu_si512(line.cast()) };
             *a = _mm512_add_epi64(*a, v);
         }
     }
@@ -114,9 +119,15 @@ fn stream_sum_avx512(bytes: &[u8]) -> u64 {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 fn stream_sum_avx2(bytes: &[u8]) -> u64 {
+    use crate::quant::kernels::STREAM_AHEAD_BYTES;
     use std::arch::x86_64::*;
     let mut acc = [_mm256_setzero_si256(); 4];
     for step in bytes.as_chunks::<128>().0 {
+        for line in [0, 64] {
+            let ahead = step.as_ptr().wrapping_add(STREAM_AHEAD_BYTES + line);
+            // A hint: never dereferenced, never faults, whatever the address.
+            _mm_prefetch::<_MM_HINT_T1>(ahead.cast());
+        }
         for (k, a) in acc.iter_mut().enumerate() {
             // SAFETY: bytes `32 k .. 32 k + 32` of the step are readable; unaligned loads are allowed.
             let v = unsafe { _mm256_loadu_si256(step.as_ptr().add(32 * k).cast()) };

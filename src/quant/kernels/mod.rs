@@ -260,6 +260,16 @@ pub fn int8_dot(codes: &[i8], scale: f32, x: &[f32]) -> f32 {
 /// passes over them.
 pub(crate) const ROW_BLOCK: usize = 8;
 
+/// How far past its read position in a weight stream a one-input (matrix-vector) kernel asks
+/// for cache lines to come into L2, and [`crate::bench::read_bandwidth`]'s read with it, so
+/// that the floor reads the way the kernels do. Without it the hardware prefetcher alone kept
+/// too few lines in flight on the Intel Xeon of docs/perf.md (2026-12-07, `cargo bench --bench
+/// kernels -- stream_5760x2880/bf16`, 512 MiB of matrices): the BF16 product streamed at 12.6
+/// GiB/s on one thread and 23.1 on two, 4 KiB ahead at 16.5 and 30.8, 8 KiB at 17.3 and 30.6,
+/// 16 KiB at 16.3 and 29.8.
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) const STREAM_AHEAD_BYTES: usize = 8 << 10;
+
 /// Bytes of inputs (all of a pass's inputs together) per block of the contraction in the
 /// multi-row kernels: the block stays in L1 while [`ROW_BLOCK`] rows pass over it.
 const X_TILE_BYTES: usize = 16 << 10;

@@ -38,7 +38,7 @@
 use std::arch::x86_64::*;
 
 use super::q8::{MXFP4_WEIGHT_OFFSET, Mxfp4Group, QuantizedX};
-use super::{k_step, mxfp4_q8_inputs, store};
+use super::{STREAM_AHEAD_BYTES, k_step, mxfp4_q8_inputs, store};
 use crate::quant::int4::{self, GROUP, GROUP_BYTES};
 use crate::quant::mxfp4::{self, BLOCK, BLOCK_BYTES};
 use crate::quant::reference::bf16_to_f32;
@@ -59,6 +59,18 @@ fn prefetch<T>(s: &[T]) {
         unsafe { _mm_prefetch::<_MM_HINT_T1>(p.add(o)) };
         o += 64;
     }
+}
+
+/// Asks for the cache line [`STREAM_AHEAD_BYTES`] past `at` to be brought into L2: called
+/// once per 64 bytes a one-input kernel consumes of a weight stream it reads in memory order,
+/// so the lines it will reach are in flight well before it does. A hint: the address may lie
+/// past the end of the weights (another row's, another thread's, or none), it is never
+/// dereferenced and a prefetch does not fault.
+#[inline(always)]
+fn prefetch_stream_ahead<U>(at: &U) {
+    let p = std::ptr::from_ref(at).cast::<i8>().wrapping_add(STREAM_AHEAD_BYTES);
+    // SAFETY: a prefetch reads no memory and never faults, whatever the address.
+    unsafe { _mm_prefetch::<_MM_HINT_T1>(p) };
 }
 
 /// Prefetches (into L2) the part that the next group of `R` rows will read, while the current
@@ -222,12 +234,20 @@ macro_rules! avx2_dot {
                 while b0 < blocks {
                     let b1 = blocks.min(b0 + step);
                     for (r, st) in state.iter_mut().enumerate().take(rr) {
-                        prefetch_next::<_, R>(r0 + r, rows, |r| [&w[r * cols + b0 * 32..r * cols + b1 * 32], &[]]);
+                        // One input streams each row whole, in memory order, and prefetches
+                        // a fixed distance ahead (`prefetch_stream_ahead`).
+                        if T > 1 {
+                            prefetch_next::<_, R>(r0 + r, rows, |r| [&w[r * cols + b0 * 32..r * cols + b1 * 32], &[]]);
+                        }
                         let (w8, _) = w[(r0 + r) * cols..][..n].as_chunks::<8>();
                         let (w4, _) = w8.as_chunks::<4>();
                         let mut acc = *st;
                         for j in b0..b1 {
                             for k in 0..4 {
+                                // One prefetch per cache line of weights (64 bytes).
+                                if T == 1 && ((4 * j + k) * 8 * size_of::<$w>()).is_multiple_of(64) {
+                                    prefetch_stream_ahead(&w4[j][k]);
+                                }
                                 let wk = $load(&w4[j][k]);
                                 for t in 0..T {
                                     acc[t][k] = _mm256_fmadd_ps(wk, load8(&x4[t].0[j][k]), acc[t][k]);
@@ -638,9 +658,9 @@ macro_rules! avx512_dot {
                 while b0 < blocks {
                     let b1 = blocks.min(b0 + step);
                     for (r, st) in state.iter_mut().enumerate().take(rr) {
-                        // One input streams each row whole, in memory order, which the
-                        // hardware prefetcher follows best: a software prefetch of the next
-                        // rows (a burst of their lines) made it slower (`stream_*` bench).
+                        // One input streams each row whole, in memory order, and prefetches
+                        // a fixed distance ahead (`prefetch_stream_ahead`): a burst of the next
+                        // rows' lines made it slower (`stream_*` bench).
                         if T > 1 {
                             prefetch_next::<_, R>(r0 + r, rows, |r| [&w[r * cols + b0 * 64..r * cols + b1 * 64], &[]]);
                         }
@@ -649,6 +669,10 @@ macro_rules! avx512_dot {
                         let mut acc = *st;
                         for j in b0..b1 {
                             for k in 0..4 {
+                                // One prefetch per cache line of weights (64 bytes).
+                                if T == 1 && (k * 16 * size_of::<$w>()).is_multiple_of(64) {
+                                    prefetch_stream_ahead(&w4[j][k]);
+                                }
                                 let wk = $load(&w4[j][k]);
                                 for t in 0..T {
                                     acc[t][k] = _mm512_fmadd_ps(wk, load16(&x4[t].0[j][k]), acc[t][k]);
@@ -771,8 +795,8 @@ pub fn bf16_dot_avx512<const T: usize, const R: usize>(
                     let mut ahead: [&[[u16; BLOCK]]; G] = [&[]; G];
                     for i in 0..G {
                         let row = r0 + r + i;
-                        // One input streams one row at a time, which the hardware
-                        // prefetcher follows best (see `bf16_rows_together`).
+                        // One input streams one row at a time, in memory order, and
+                        // prefetches a fixed distance ahead instead (`prefetch_stream_ahead`).
                         if T > 1 && R > 1 && row + R < rows {
                             ahead[i] = &w[(row + R) * cols..][..n].as_chunks::<BLOCK>().0[b0..b1];
                         }
@@ -781,6 +805,10 @@ pub fn bf16_dot_avx512<const T: usize, const R: usize>(
                     }
                     for b in 0..b1 - b0 {
                         prefetch_line_ahead(&ahead, b);
+                        if T == 1 {
+                            // One block is one cache line of the one row in flight.
+                            prefetch_stream_ahead(&wb[0][b]);
+                        }
                         let mut even = [_mm512_setzero_ps(); G];
                         let mut odd = [_mm512_setzero_ps(); G];
                         for i in 0..G {
@@ -1354,13 +1382,21 @@ pub fn int8_dot_q8_vnni<const T: usize, const R: usize>(
         while g0 < full {
             let g1 = full.min(g0 + step);
             for (r, st) in state.iter_mut().enumerate().take(rr) {
-                prefetch_next::<_, R>(r0 + r, rows, |r| {
-                    [&codes[r * cols + g0 * GROUP..r * cols + g1 * GROUP], &[]]
-                });
+                // One input streams each row whole, in memory order, and prefetches a fixed
+                // distance ahead (`prefetch_stream_ahead`, a group is a cache line).
+                if T > 1 {
+                    prefetch_next::<_, R>(r0 + r, rows, |r| {
+                        [&codes[r * cols + g0 * GROUP..r * cols + g1 * GROUP], &[]]
+                    });
+                }
                 let cg = &codes[(r0 + r) * cols..][..n].as_chunks::<GROUP>().0[..full];
                 let mut acc = *st;
                 let mut g = g0;
                 while g + 2 <= g1 {
+                    if T == 1 {
+                        prefetch_stream_ahead(&cg[g]);
+                        prefetch_stream_ahead(&cg[g + 1]);
+                    }
                     group!(g, &cg[g], acc[0]);
                     group!(g + 1, &cg[g + 1], acc[1]);
                     g += 2;
