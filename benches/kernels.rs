@@ -382,7 +382,8 @@ const STREAM_BYTES: usize = 512 << 20;
 /// 5760x2880 gate/up projection), one after another as decode goes through a layer's
 /// weights, so every weight comes from memory: the memory-bound case, against a copy and a
 /// read of the same bytes (the read: huge pages, `picchio::bench::parallel_stream_sum`).
-/// MXFP4 (the experts) and BF16 (attention).
+/// MXFP4 (the experts as released), BF16 (attention) and INT4-gs64 (experts converted from
+/// BF16 sources).
 fn bench_stream(c: &mut Criterion, one: &ThreadPool, path: KernelPath) {
     let (rows, cols) = (5760, 2880);
     let mut g = c.benchmark_group(format!("stream_{rows}x{cols}"));
@@ -406,8 +407,20 @@ fn bench_stream(c: &mut Criterion, one: &ThreadPool, path: KernelPath) {
             Matrix::new("stream", rows, cols, MatrixData::Bf16(aligned(w))).unwrap()
         })
         .collect();
+    // INT4-gs64 (the format of experts converted from BF16 sources), scales near 1e-2.
+    let (ib, groups) = (int4::row_bytes(cols), int4::groups(cols));
+    let int4: Vec<Matrix> = (0..STREAM_BYTES / (rows * (ib + 2 * groups)))
+        .map(|i| {
+            let codes: Vec<u8> = (0..rows * ib).map(|j| ((j + i) * 7919 % 251) as u8).collect();
+            let scales: Vec<u16> = (0..rows * groups)
+                .map(|j| half::f16::from_f32(1e-2 * (1 + (j + i) % 7) as f32).to_bits())
+                .collect();
+            let data = MatrixData::Int4G64 { codes: aligned(codes), scales: aligned(scales) };
+            Matrix::new("stream", rows, cols, data).unwrap()
+        })
+        .collect();
     let mut y = vec![0.0f32; rows];
-    for (name, ms) in [("mxfp4", &mxfp4), ("bf16", &bf16)] {
+    for (name, ms) in [("mxfp4", &mxfp4), ("bf16", &bf16), ("int4", &int4)] {
         let bytes: usize = ms.iter().map(Matrix::byte_len).sum();
         g.throughput(Throughput::Bytes(bytes as u64));
         let src = vec![1u8; bytes];

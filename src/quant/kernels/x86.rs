@@ -347,10 +347,14 @@ pub fn int4_dot_avx2<const T: usize, const R: usize>(
         while g0 < n {
             let g1 = n.min(g0 + step);
             for (r, st) in state.iter_mut().enumerate().take(rr) {
-                prefetch_next::<_, R>(r0 + r, rows, |r| {
-                    let c = &codes[r * rb + g0 * GROUP_BYTES..r * rb + g1 * GROUP_BYTES];
-                    [c, bytemuck::cast_slice(&scales[r * gpr + g0..r * gpr + g1])]
-                });
+                // One input streams each row whole, in memory order, and prefetches a fixed
+                // distance ahead (`prefetch_stream_ahead`, two groups' codes a cache line).
+                if T > 1 {
+                    prefetch_next::<_, R>(r0 + r, rows, |r| {
+                        let c = &codes[r * rb + g0 * GROUP_BYTES..r * rb + g1 * GROUP_BYTES];
+                        [c, bytemuck::cast_slice(&scales[r * gpr + g0..r * gpr + g1])]
+                    });
+                }
                 let cg = &codes[(r0 + r) * rb..][..rb].as_chunks::<GROUP_BYTES>().0[..n];
                 let sc = &scales[(r0 + r) * gpr..][..n];
                 let mut acc = *st;
@@ -375,6 +379,9 @@ pub fn int4_dot_avx2<const T: usize, const R: usize>(
                 }
                 let mut g = g0;
                 while g + 2 <= g1 {
+                    if T == 1 {
+                        prefetch_stream_ahead(&cg[g]);
+                    }
                     group!(g, acc[0]);
                     group!(g + 1, acc[1]);
                     g += 2;
@@ -490,12 +497,16 @@ pub fn mxfp4_dot_avx2<const T: usize, const R: usize>(
         while b0 < n {
             let b1 = n.min(b0 + step);
             for (r, st) in state.iter_mut().enumerate().take(rr) {
-                prefetch_next::<_, R>(r0 + r, rows, |r| {
-                    [
-                        &codes[r * rb + b0 * BLOCK_BYTES..r * rb + b1 * BLOCK_BYTES],
-                        &scales[r * bpr + b0..r * bpr + b1],
-                    ]
-                });
+                // One input streams each row whole, in memory order, and prefetches a fixed
+                // distance ahead (`prefetch_stream_ahead`, four blocks' codes a cache line).
+                if T > 1 {
+                    prefetch_next::<_, R>(r0 + r, rows, |r| {
+                        [
+                            &codes[r * rb + b0 * BLOCK_BYTES..r * rb + b1 * BLOCK_BYTES],
+                            &scales[r * bpr + b0..r * bpr + b1],
+                        ]
+                    });
+                }
                 let cb = &codes[(r0 + r) * rb..][..rb].as_chunks::<BLOCK_BYTES>().0[..n];
                 let sc = &scales[(r0 + r) * bpr..][..n];
                 let mut acc = *st;
@@ -526,6 +537,9 @@ pub fn mxfp4_dot_avx2<const T: usize, const R: usize>(
                 }
                 let mut b = b0;
                 while b + 2 <= b1 {
+                    if T == 1 && b % 4 == 0 {
+                        prefetch_stream_ahead(&cb[b]);
+                    }
                     block!(b, acc[0]);
                     block!(b + 1, acc[1]);
                     b += 2;
@@ -927,10 +941,14 @@ pub fn int4_dot_avx512<const T: usize, const R: usize>(
         while g0 < n {
             let g1 = n.min(g0 + step);
             for (r, st) in state.iter_mut().enumerate().take(rr) {
-                prefetch_next::<_, R>(r0 + r, rows, |r| {
-                    let c = &codes[r * rb + g0 * GROUP_BYTES..r * rb + g1 * GROUP_BYTES];
-                    [c, bytemuck::cast_slice(&scales[r * gpr + g0..r * gpr + g1])]
-                });
+                // One input streams each row whole, in memory order, and prefetches a fixed
+                // distance ahead (`prefetch_stream_ahead`, two groups' codes a cache line).
+                if T > 1 {
+                    prefetch_next::<_, R>(r0 + r, rows, |r| {
+                        let c = &codes[r * rb + g0 * GROUP_BYTES..r * rb + g1 * GROUP_BYTES];
+                        [c, bytemuck::cast_slice(&scales[r * gpr + g0..r * gpr + g1])]
+                    });
+                }
                 let cg = &codes[(r0 + r) * rb..][..rb].as_chunks::<GROUP_BYTES>().0[..n];
                 let sc = &scales[(r0 + r) * gpr..][..n];
                 let mut acc = *st;
@@ -951,6 +969,9 @@ pub fn int4_dot_avx512<const T: usize, const R: usize>(
                 }
                 let mut g = g0;
                 while g + 2 <= g1 {
+                    if T == 1 {
+                        prefetch_stream_ahead(&cg[g]);
+                    }
                     group!(g, acc[0]);
                     group!(g + 1, acc[1]);
                     g += 2;
