@@ -23,6 +23,7 @@ use std::arch::asm;
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
 
+use super::holds_rows;
 use super::q8::QuantizedX;
 use super::x86::{FP4_DOUBLED_OFFSET, high_nibbles_up};
 use crate::quant::mxfp4::{self, BLOCK, BLOCK_BYTES};
@@ -154,10 +155,7 @@ pub unsafe fn mxfp4_dot_q8_amx<const M: usize>(
     stride: usize,
 ) {
     let (rb, bpr) = (mxfp4::row_bytes(cols), mxfp4::blocks(cols));
-    if M == 0
-        || M > MAX_INPUTS
-        || rows.checked_mul(rb).is_none_or(|len| len > codes.len())
-        || rows.checked_mul(bpr).is_none_or(|len| len > scales.len())
+    if M == 0 || M > MAX_INPUTS || !holds_rows(codes.len(), rows, rb) || !holds_rows(scales.len(), rows, bpr)
     {
         return;
     }

@@ -270,6 +270,15 @@ pub(crate) const ROW_BLOCK: usize = 8;
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) const STREAM_AHEAD_BYTES: usize = 8 << 10;
 
+/// Whether a buffer of `len` elements holds `rows` rows of `per_row` elements, the product
+/// checked (the sizes come from files): the test every kernel makes of its weights before it
+/// reads them, returning without writing when it fails.
+#[inline(always)]
+#[cfg_attr(not(any(target_arch = "x86_64", target_arch = "aarch64")), allow(dead_code))]
+fn holds_rows(len: usize, rows: usize, per_row: usize) -> bool {
+    rows.checked_mul(per_row).is_some_and(|n| n <= len)
+}
+
 /// Bytes of inputs (all of a pass's inputs together) per block of the contraction in the
 /// multi-row kernels: the block stays in L1 while [`ROW_BLOCK`] rows pass over it.
 const X_TILE_BYTES: usize = 16 << 10;

@@ -18,7 +18,7 @@
 use std::arch::aarch64::*;
 
 use super::q8::{Mxfp4Group, QuantizedX};
-use super::{k_step, mxfp4_q8_inputs, store};
+use super::{holds_rows, k_step, mxfp4_q8_inputs, store};
 use crate::quant::int4::{self, GROUP, GROUP_BYTES};
 use crate::quant::mxfp4::{self, BLOCK, BLOCK_BYTES};
 use crate::quant::reference::bf16_to_f32;
@@ -84,7 +84,7 @@ macro_rules! neon_dot {
             out: &mut [f32],
             stride: usize,
         ) {
-            if rows.checked_mul(cols).is_none_or(|len| len > w.len()) {
+            if !holds_rows(w.len(), rows, cols) {
                 return;
             }
             let n = common(cols, xs);
@@ -178,7 +178,7 @@ pub fn int8_sum_neon<const T: usize, const R: usize>(
     out: &mut [f32],
     stride: usize,
 ) {
-    if rows.checked_mul(cols).is_none_or(|len| len > codes.len()) {
+    if !holds_rows(codes.len(), rows, cols) {
         return;
     }
     let n = common(cols, xs);
@@ -246,7 +246,7 @@ pub fn int4_dot_neon<const T: usize, const R: usize>(
     stride: usize,
 ) {
     let (rb, gpr) = (int4::row_bytes(cols), int4::groups(cols));
-    if rows.checked_mul(rb).is_none_or(|len| len > codes.len()) || rows * gpr > scales.len() {
+    if !holds_rows(codes.len(), rows, rb) || !holds_rows(scales.len(), rows, gpr) {
         return;
     }
     let n = xs.iter().fold(gpr, |n, x| n.min(x.len() / GROUP));
@@ -338,9 +338,7 @@ pub fn mxfp4_dot_neon<const T: usize, const R: usize>(
     stride: usize,
 ) {
     let (rb, bpr) = (mxfp4::row_bytes(cols), mxfp4::blocks(cols));
-    if rows.checked_mul(rb).is_none_or(|len| len > codes.len())
-        || rows.checked_mul(bpr).is_none_or(|len| len > scales.len())
-    {
+    if !holds_rows(codes.len(), rows, rb) || !holds_rows(scales.len(), rows, bpr) {
         return;
     }
     let n = xs.iter().fold(bpr, |n, x| n.min(x.len() / BLOCK));
@@ -438,9 +436,7 @@ pub fn mxfp4_dot_q8_neon<const T: usize, const R: usize>(
 ) {
     const PAIR_BYTES: usize = 2 * BLOCK_BYTES;
     let (rb, bpr) = (mxfp4::row_bytes(cols), mxfp4::blocks(cols));
-    if rows.checked_mul(rb).is_none_or(|len| len > codes.len())
-        || rows.checked_mul(bpr).is_none_or(|len| len > scales.len())
-    {
+    if !holds_rows(codes.len(), rows, rb) || !holds_rows(scales.len(), rows, bpr) {
         return;
     }
     let (n, xg, sx) = mxfp4_q8_inputs(xs, bpr);

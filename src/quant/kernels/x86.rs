@@ -38,7 +38,7 @@
 use std::arch::x86_64::*;
 
 use super::q8::{MXFP4_WEIGHT_OFFSET, Mxfp4Group, QuantizedX};
-use super::{STREAM_AHEAD_BYTES, k_step, mxfp4_q8_inputs, store};
+use super::{STREAM_AHEAD_BYTES, holds_rows, k_step, mxfp4_q8_inputs, store};
 use crate::quant::int4::{self, GROUP, GROUP_BYTES};
 use crate::quant::mxfp4::{self, BLOCK, BLOCK_BYTES};
 use crate::quant::reference::bf16_to_f32;
@@ -214,7 +214,7 @@ macro_rules! avx2_dot {
             out: &mut [f32],
             stride: usize,
         ) {
-            if rows.checked_mul(cols).is_none_or(|len| len > w.len()) {
+            if !holds_rows(w.len(), rows, cols) {
                 return;
             }
             let n = common(cols, xs);
@@ -330,7 +330,7 @@ pub fn int4_dot_avx2<const T: usize, const R: usize>(
     stride: usize,
 ) {
     let (rb, gpr) = (int4::row_bytes(cols), int4::groups(cols));
-    if rows.checked_mul(rb).is_none_or(|len| len > codes.len()) || rows * gpr > scales.len() {
+    if !holds_rows(codes.len(), rows, rb) || !holds_rows(scales.len(), rows, gpr) {
         return;
     }
     let n = xs.iter().fold(gpr, |n, x| n.min(x.len() / GROUP));
@@ -472,9 +472,7 @@ pub fn mxfp4_dot_avx2<const T: usize, const R: usize>(
     stride: usize,
 ) {
     let (rb, bpr) = (mxfp4::row_bytes(cols), mxfp4::blocks(cols));
-    if rows.checked_mul(rb).is_none_or(|len| len > codes.len())
-        || rows.checked_mul(bpr).is_none_or(|len| len > scales.len())
-    {
+    if !holds_rows(codes.len(), rows, rb) || !holds_rows(scales.len(), rows, bpr) {
         return;
     }
     let n = xs.iter().fold(bpr, |n, x| n.min(x.len() / BLOCK));
@@ -652,7 +650,7 @@ macro_rules! avx512_dot {
             out: &mut [f32],
             stride: usize,
         ) {
-            if rows.checked_mul(cols).is_none_or(|len| len > w.len()) {
+            if !holds_rows(w.len(), rows, cols) {
                 return;
             }
             let n = common(cols, xs);
@@ -684,7 +682,7 @@ macro_rules! avx512_dot {
                         for j in b0..b1 {
                             for k in 0..4 {
                                 // One prefetch per cache line of weights (64 bytes).
-                                if T == 1 && (k * 16 * size_of::<$w>()).is_multiple_of(64) {
+                                if T == 1 && ((4 * j + k) * 16 * size_of::<$w>()).is_multiple_of(64) {
                                     prefetch_stream_ahead(&w4[j][k]);
                                 }
                                 let wk = $load(&w4[j][k]);
@@ -777,7 +775,7 @@ pub fn bf16_dot_avx512<const T: usize, const R: usize>(
     out: &mut [f32],
     stride: usize,
 ) {
-    if rows.checked_mul(cols).is_none_or(|len| len > w.len()) {
+    if !holds_rows(w.len(), rows, cols) {
         return;
     }
     let n = common(cols, xs);
@@ -923,7 +921,7 @@ pub fn int4_dot_avx512<const T: usize, const R: usize>(
     stride: usize,
 ) {
     let (rb, gpr) = (int4::row_bytes(cols), int4::groups(cols));
-    if rows.checked_mul(rb).is_none_or(|len| len > codes.len()) || rows * gpr > scales.len() {
+    if !holds_rows(codes.len(), rows, rb) || !holds_rows(scales.len(), rows, gpr) {
         return;
     }
     let n = xs.iter().fold(gpr, |n, x| n.min(x.len() / GROUP));
@@ -1139,9 +1137,7 @@ pub fn mxfp4_dot_avx512<const T: usize, const R: usize>(
     stride: usize,
 ) {
     let (rb, bpr) = (mxfp4::row_bytes(cols), mxfp4::blocks(cols));
-    if rows.checked_mul(rb).is_none_or(|len| len > codes.len())
-        || rows.checked_mul(bpr).is_none_or(|len| len > scales.len())
-    {
+    if !holds_rows(codes.len(), rows, rb) || !holds_rows(scales.len(), rows, bpr) {
         return;
     }
     let n = xs.iter().fold(bpr, |n, x| n.min(x.len() / BLOCK));
@@ -1272,7 +1268,7 @@ pub fn int4_dot_q8_vnni<const T: usize, const R: usize>(
     stride: usize,
 ) {
     let (rb, gpr) = (int4::row_bytes(cols), int4::groups(cols));
-    if rows.checked_mul(rb).is_none_or(|len| len > codes.len()) || rows * gpr > scales.len() {
+    if !holds_rows(codes.len(), rows, rb) || !holds_rows(scales.len(), rows, gpr) {
         return;
     }
     let n = xs
@@ -1362,7 +1358,7 @@ pub fn int8_dot_q8_vnni<const T: usize, const R: usize>(
     out: &mut [f32],
     stride: usize,
 ) {
-    if rows.checked_mul(cols).is_none_or(|len| len > codes.len()) || rows > scales.len() {
+    if !holds_rows(codes.len(), rows, cols) || rows > scales.len() {
         return;
     }
     let n = xs.iter().fold(cols, |n, x| n.min(x.len()));
@@ -1495,9 +1491,7 @@ pub fn mxfp4_dot_q8_vnni<const T: usize, const R: usize>(
 ) {
     const PAIR_BYTES: usize = 2 * BLOCK_BYTES;
     let (rb, bpr) = (mxfp4::row_bytes(cols), mxfp4::blocks(cols));
-    if rows.checked_mul(rb).is_none_or(|len| len > codes.len())
-        || rows.checked_mul(bpr).is_none_or(|len| len > scales.len())
-    {
+    if !holds_rows(codes.len(), rows, rb) || !holds_rows(scales.len(), rows, bpr) {
         return;
     }
     let (n, xg, sx) = mxfp4_q8_inputs(xs, bpr);
@@ -1650,9 +1644,7 @@ pub fn mxfp4_dot_q8_avx2<const T: usize, const R: usize>(
 ) {
     const PAIR_BYTES: usize = 2 * BLOCK_BYTES;
     let (rb, bpr) = (mxfp4::row_bytes(cols), mxfp4::blocks(cols));
-    if rows.checked_mul(rb).is_none_or(|len| len > codes.len())
-        || rows.checked_mul(bpr).is_none_or(|len| len > scales.len())
-    {
+    if !holds_rows(codes.len(), rows, rb) || !holds_rows(scales.len(), rows, bpr) {
         return;
     }
     let (n, xg, sx) = mxfp4_q8_inputs(xs, bpr);
