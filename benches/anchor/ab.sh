@@ -6,6 +6,7 @@
 #
 #   benches/anchor/ab.sh --a "BIN_OR_CMD" --b "BIN_OR_CMD" --model CONTAINER \
 #       [--rounds 2] [--threads "2 1"] [--prompt 64] [--gen 16] [--out DIR] [-- BENCH_FLAGS...]
+# (--out defaults to $TMPDIR/picchio-ab/<UTC time>, /tmp when TMPDIR is unset.)
 #
 # A command may carry environment settings, e.g. --b "env PICCHIO_KERNELS=avx2 target/release/picchio".
 # Not run in CI: it is for the records of docs/perf.md.
@@ -30,7 +31,7 @@ while [ $# -gt 0 ]; do
 done
 [ -n "$A" ] && [ -n "$B" ] && [ -n "$MODEL" ] || { echo "ab.sh: --a, --b and --model are required" >&2; exit 2; }
 [ -e "$MODEL" ] || { echo "ab.sh: model '$MODEL' does not exist" >&2; exit 2; }
-OUT=${OUT:-ab-results/$(date -u +%Y%m%dT%H%M%SZ)}
+OUT=${OUT:-${TMPDIR:-/tmp}/picchio-ab/$(date -u +%Y%m%dT%H%M%SZ)}
 mkdir -p "$OUT"
 { echo "A=$A"; echo "B=$B"; echo "model=$MODEL rounds=$ROUNDS threads=$THREADS prompt=$PROMPT gen=$GEN extra=$*"; } > "$OUT/commands.txt"
 
