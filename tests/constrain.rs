@@ -99,7 +99,11 @@ proptest! {
             answer: AnswerFormat::JsonSchema { schema: person_schema(), strict: true },
             tools: ToolRule::Forbidden,
         };
-        let out = turn(Noisy::new(seed, 4096), &spec, seed, 1500);
+        // Noise picks the analysis channel as often as the final one, so the reasoning runs
+        // to a geometric number of messages: over seeds 0..200 turns took 17-1534 tokens
+        // (median ~40), and a CI run failed on a seed that needed 1520 under a budget of
+        // 1500. The budget is set far out in that tail; running into it is still a failure.
+        let out = turn(Noisy::new(seed, 8192), &spec, seed, 4000);
         prop_assert_eq!(out.stop, StopReason::Stop(special::RETURN), "{}", decoded(&out));
         let answer = out.answer().unwrap();
         let v: Value = serde_json::from_str(&answer).unwrap();
