@@ -399,6 +399,26 @@ fn amx_mxfp4_kernel_equals_the_scalar_definition_bit_for_bit() {
             assert_eq!(bits(&out), bits(&want), "amx mxfp4 {rows}x{cols}, {n} inputs");
         }
     }
+    // The largest partial sums there are: every weight +-6 (doubled 12) and every input code
+    // +-127, with the signs alike (all sums at their most positive) or mixed per row.
+    for (even_rows, odd_rows, x) in [(0x77u8, 0x77u8, 1.0f32), (0x77, 0xff, -1.0)] {
+        let (rows, blocks) = (33, 91);
+        let (cols, rb) = (blocks * mxfp4::BLOCK, mxfp4::row_bytes(blocks * mxfp4::BLOCK));
+        let codes: Vec<u8> =
+            (0..rows * rb).map(|i| if i / rb % 2 == 0 { even_rows } else { odd_rows }).collect();
+        let scales = vec![127u8; rows * blocks];
+        let q = QuantizedX::new(&vec![x; cols]);
+        assert!(q.codes()[..cols].iter().all(|&c| c.unsigned_abs() == 127));
+        for n in [1, 3] {
+            let qr = vec![&q; n];
+            let mut out = vec![f32::NAN; rows * n];
+            kernels::mxfp4_dot_q8_multi_with(KernelPath::Amx, &codes, &scales, cols, &qr, &mut out);
+            let want: Vec<f32> = (0..rows * n)
+                .map(|i| q8::mxfp4_dot_reference(&codes[i / n * rb..][..rb], &scales[..blocks], &q))
+                .collect();
+            assert_eq!(bits(&out), bits(&want), "amx mxfp4 at the largest sums, {n} inputs");
+        }
+    }
 }
 
 #[test]

@@ -354,10 +354,10 @@ impl Matrix {
         if self.rows * self.cols < PARALLEL_MIN_WORK {
             self.rows_dot_multi(path, 0, &inputs, y);
         } else {
-            // About eight chunks a thread, for balance, each a whole number of row blocks.
+            // About eight chunks a thread, for balance, each a whole number of [`kernels::TASK_ROWS`].
             let tasks = rayon::current_num_threads().max(1) * 8;
             let min_rows = (PARALLEL_MIN_WORK / self.cols.max(1)).max(1);
-            let chunk = self.rows.div_ceil(tasks).max(min_rows).next_multiple_of(kernels::ROW_BLOCK);
+            let chunk = self.rows.div_ceil(tasks).max(min_rows).next_multiple_of(kernels::TASK_ROWS);
             y.par_chunks_mut(chunk)
                 .enumerate()
                 .for_each(|(ci, ys)| self.rows_dot_multi(path, ci * chunk, &inputs, ys));
@@ -431,10 +431,10 @@ impl Matrix {
             q: quantized.iter().collect(),
         };
         // Blocks of rows for all inputs: `out` is `[rows in block, n]`.
-        // Whole groups of the kernels' row blocks.
+        // A whole number of [`kernels::TASK_ROWS`].
         let row_bytes = (self.byte_len() / self.rows.max(1)).max(1);
-        let rows_per_block = (MATMUL_BLOCK_BYTES / row_bytes).max(MATMUL_BLOCK_MIN_ROWS) / kernels::ROW_BLOCK
-            * kernels::ROW_BLOCK;
+        let rows_per_block = (MATMUL_BLOCK_BYTES / row_bytes).max(MATMUL_BLOCK_MIN_ROWS) / kernels::TASK_ROWS
+            * kernels::TASK_ROWS;
         let mut out = vec![0.0f32; self.rows * n];
         if self.rows * self.cols * n < PARALLEL_MIN_WORK {
             self.rows_dot_multi(path, 0, &inputs, &mut out);

@@ -25,7 +25,7 @@ use std::sync::OnceLock;
 
 use super::holds_rows;
 use super::q8::QuantizedX;
-use super::x86::{FP4_DOUBLED_OFFSET, high_nibbles_up};
+use super::x86::{FP4_DOUBLED_OFFSET, high_nibbles_up, load_pair_high_nibbles_up};
 use crate::quant::mxfp4::{self, BLOCK, BLOCK_BYTES};
 
 /// Most inputs one pass of [`mxfp4_dot_q8_amx`] takes: the 16 rows of a tile.
@@ -310,68 +310,169 @@ pub unsafe fn mxfp4_dot_q8_amx<const M: usize>(
     unsafe { asm!("tilerelease", options(nostack, nomem)) };
 }
 
-/// The half scales ([`mxfp4::HALF_SCALES`]) of 16 rows, block by block, as one vector a block
-/// (lane `i` for row `i`): the rows' scale bytes copied once per 16 rows, then one gather a
-/// block.
+/// The half scales ([`mxfp4::HALF_SCALES`]) of 16 rows for every block, one vector a block
+/// (lane `i` for row `i`), made once per 16 rows so that the products' loops only load them:
+/// every 16 blocks, 16 bytes of each row are loaded four rows to a register, two byte permutes
+/// a register pair make them 8 blocks of 8 rows, and one byte permute a block puts each row's
+/// byte into its lane. (No gathers: on this kind of Xeon with current microcode they cost
+/// several times as much.)
 struct RowScales {
     /// The rows' scale bytes, row after row, `stride` apart.
     bytes: Vec<u8>,
-    /// Blocks a row, plus 3 (so that the gather's 4-byte reads stay inside).
+    /// Blocks a row, rounded up to whole 16-byte loads.
     stride: usize,
-    /// The gather's offsets of block 0: `i * stride`.
-    offsets: __m512i,
+    /// Blocks a row.
+    blocks: usize,
+    /// Block `b`'s half scales of the 16 rows.
+    half: Vec<Lines<f32, TILE_ROWS>>,
 }
 
+/// `vpermt2b` indices that take byte `8 i` of rows 0..8 (first register, row `i` in 64-bit
+/// lane `i`) and 8..16 (second) into byte `4 i`, the low byte of 32-bit lane `i`; adding `k`
+/// takes byte `8 i + k` (block `k` of the eight). The other bytes are masked off.
+static ROW_BYTES: [u8; 64] = {
+    let mut t = [0u8; 64];
+    let mut i = 0;
+    while i < 16 {
+        t[4 * i] = (8 * i) as u8;
+        i += 1;
+    }
+    t
+};
+
+/// `vpermt2b` indices that take, from two registers of four rows' 16 bytes each (row `i` in
+/// 128-bit lane `i % 4` of register `i / 4`), bytes `0..8` of each of the 8 rows into 64-bit
+/// lane `i`; adding 8 takes bytes `8..16`.
+static EIGHT_OF_EACH_ROW: [u8; 64] = {
+    let mut t = [0u8; 64];
+    let mut i = 0;
+    while i < 8 {
+        let mut k = 0;
+        while k < 8 {
+            t[8 * i + k] = (if i < 4 { 16 * i + k } else { 64 + 16 * (i - 4) + k }) as u8;
+            k += 1;
+        }
+        i += 1;
+    }
+    t
+};
+
+/// The low byte of each 32-bit lane.
+const LOW_BYTES: __mmask64 = 0x1111_1111_1111_1111;
+
 impl RowScales {
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
     fn new(blocks: usize) -> Self {
-        let stride = blocks + 3;
-        let offsets = _mm512_mullo_epi32(
-            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-            _mm512_set1_epi32(stride as i32),
-        );
-        RowScales { bytes: vec![0; TILE_ROWS * stride], stride, offsets }
+        let stride = blocks.next_multiple_of(16);
+        RowScales {
+            bytes: vec![0; TILE_ROWS * stride],
+            stride,
+            blocks,
+            half: (0..blocks).map(|_| Lines([0.0; TILE_ROWS])).collect(),
+        }
     }
 
     /// Takes the scales of rows `r0 .. r0 + rows` (at most 16) of `scales` (`bpr` a row); the
-    /// lanes of rows past those keep what they held (their codes are zero).
+    /// lanes of rows past those get scale 1 (their codes are zero).
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vbmi")]
     fn fill(&mut self, scales: &[u8], r0: usize, rows: usize, bpr: usize) {
-        let blocks = self.stride - 3;
-        for (i, row) in scales[r0 * bpr..].chunks_exact(bpr).take(rows.min(TILE_ROWS)).enumerate() {
-            self.bytes[i * self.stride..][..blocks].copy_from_slice(&row[..blocks]);
+        let (blocks, stride) = (self.blocks, self.stride);
+        let start = r0 * bpr;
+        // The loads read `stride` bytes from each row's start: straight from `scales` where
+        // that stays inside it, else from a copy.
+        let (source, step): (&[u8], usize) = if rows >= TILE_ROWS
+            && (TILE_ROWS - 1)
+                .checked_mul(bpr)
+                .and_then(|l| l.checked_add(start + stride))
+                .is_some_and(|e| e <= scales.len())
+        {
+            (&scales[start..], bpr)
+        } else {
+            let mut given = scales[start..].chunks_exact(bpr).take(rows.min(TILE_ROWS));
+            for line in self.bytes.chunks_exact_mut(stride) {
+                match given.next() {
+                    Some(row) => line[..blocks].copy_from_slice(&row[..blocks]),
+                    None => line.fill(127),
+                }
+            }
+            (&self.bytes[..], stride)
+        };
+        // SAFETY: 64 readable bytes each; unaligned loads are allowed.
+        let (row_bytes, eight) = unsafe {
+            (
+                _mm512_loadu_si512(ROW_BYTES.as_ptr().cast()),
+                _mm512_loadu_si512(EIGHT_OF_EACH_ROW.as_ptr().cast()),
+            )
+        };
+        let next_eight = _mm512_add_epi8(eight, _mm512_set1_epi8(8));
+        for c in (0..blocks).step_by(16) {
+            // Rows `4 j .. 4 j + 4`, bytes `c .. c + 16` of each.
+            macro_rules! four {
+                ($j:expr) => {{
+                    let j: usize = $j;
+                    // SAFETY: row `i`'s 16 bytes from `c` lie inside `source` (checked above
+                    // for `scales`; the copy has `stride` bytes a row); unaligned loads are
+                    // allowed.
+                    let row = |i: usize| unsafe {
+                        _mm_loadu_si128(source[(4 * j + i) * step + c..][..16].as_ptr().cast())
+                    };
+                    let v = _mm512_castsi128_si512(row(0));
+                    let v = _mm512_inserti32x4::<1>(v, row(1));
+                    let v = _mm512_inserti32x4::<2>(v, row(2));
+                    _mm512_inserti32x4::<3>(v, row(3))
+                }};
+            }
+            let z = [four!(0), four!(1), four!(2), four!(3)];
+            // Whether every scale byte of these blocks is in 2..=254, where the half scale is
+            // an exponent shift (each 128-bit lane holds one row's 16 bytes).
+            let here = (blocks - c).min(16);
+            let valid: __mmask64 = ((1u64 << here) - 1) * 0x0001_0001_0001_0001;
+            let normal = z.iter().all(|&v| {
+                let shifted = _mm512_sub_epi8(v, _mm512_set1_epi8(2));
+                _mm512_mask_cmpge_epu8_mask(valid, shifted, _mm512_set1_epi8(253u8 as i8)) == 0
+            });
+            // Blocks `c .. c + 8` and `c + 8 .. c + 16`, rows 0..8 and 8..16.
+            let halves = [
+                (_mm512_permutex2var_epi8(z[0], eight, z[1]), _mm512_permutex2var_epi8(z[2], eight, z[3])),
+                (
+                    _mm512_permutex2var_epi8(z[0], next_eight, z[1]),
+                    _mm512_permutex2var_epi8(z[2], next_eight, z[3]),
+                ),
+            ];
+            for (h, (low, high)) in halves.into_iter().enumerate() {
+                for k in 0..8.min(blocks.saturating_sub(c + 8 * h)) {
+                    let index = _mm512_add_epi8(row_bytes, _mm512_set1_epi8(k as i8));
+                    let e = _mm512_maskz_permutex2var_epi8(LOW_BYTES, low, index, high);
+                    let half = if normal { Self::half_of_normal(e) } else { Self::half_of(e) };
+                    // SAFETY: 64 writable aligned bytes.
+                    unsafe { _mm512_store_ps(self.half[c + 8 * h + k].0.as_mut_ptr(), half) };
+                }
+            }
         }
     }
 
     /// The 16 rows' half scales of block `b` (below the `blocks` given to [`RowScales::new`]).
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
     fn half(&self, b: usize) -> __m512 {
-        Self::half_of(self.bytes_from(b))
+        // SAFETY: 64 readable aligned bytes.
+        unsafe { _mm512_load_ps(self.half[b].0.as_ptr()) }
     }
 
-    /// Per row (lane), its scale bytes of blocks `b .. b + 4` (past the last: zeros or other
-    /// rows' bytes), block `b` in the low byte.
+    /// The half scales of scale bytes `e` in 2..=254 in the low bytes of `e`'s lanes (the
+    /// others zero): `2^(e - 128)` is the f32 with biased exponent `e - 1`.
+    #[inline]
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
-    fn bytes_from(&self, b: usize) -> __m512i {
-        assert!(b + 3 < self.stride);
-        // SAFETY: every offset plus `b` is a row's start plus at most `blocks - 1`, and 4 bytes
-        // from there lie inside `bytes` (`blocks + 3` a row).
-        unsafe {
-            _mm512_i32gather_epi32::<1>(
-                _mm512_add_epi32(self.offsets, _mm512_set1_epi32(b as i32)),
-                self.bytes.as_ptr().cast(),
-            )
-        }
+    fn half_of_normal(e: __m512i) -> __m512 {
+        _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_sub_epi32(e, _mm512_set1_epi32(1))))
     }
 
-    /// The half scales of the scale bytes in the low bytes of `e`'s lanes.
+    /// The half scales of any scale bytes in the low bytes of `e`'s lanes (the others zero):
+    /// [`RowScales::half_of_normal`] where all are in 2..=254, the subnormal and NaN ones (`e`
+    /// 0, 1, 255) looked up.
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
     fn half_of(e: __m512i) -> __m512 {
-        let e = _mm512_and_si512(e, _mm512_set1_epi32(0xff));
-        // `2^(e - 128)` is the f32 with biased exponent `e - 1` for `e` in 2..=254; the
-        // subnormal and NaN ones (`e` 0, 1, 255) are looked up.
         let normal =
             _mm512_cmplt_epu32_mask(_mm512_sub_epi32(e, _mm512_set1_epi32(2)), _mm512_set1_epi32(253));
-        let v = _mm512_castsi512_ps(_mm512_slli_epi32::<23>(_mm512_sub_epi32(e, _mm512_set1_epi32(1))));
+        let v = Self::half_of_normal(e);
         if normal == 0xffff {
             return v;
         }
@@ -384,56 +485,29 @@ impl RowScales {
     }
 }
 
-/// `vpermt2d` indices of the folds in [`mxfp4_dot_q8_rows16`]: level `l` (0, 1, 2) adds
-/// index set 0 and 1 of two vectors of `2^l` rows each into one of `2^(l+1)` rows with half as
-/// many partial sums per row and block. Level 0's inputs are `vpdpbusd` results (block `b`'s 8
-/// partials in 32-bit lanes `4 b .. 4 b + 4` and `8 + 4 b .. 12 + 4 b`); every other vector has
-/// lane `(2 row + block) * parts + part`.
-static FOLDS: [[[i32; 16]; 2]; 3] = {
-    let mut t = [[[0i32; 16]; 2]; 3];
-    let mut level = 0;
-    while level < 3 {
-        let rows_in = 1 << level;
-        let parts_out = 4 >> level;
-        let parts_in = 2 * parts_out;
-        let mut set = 0;
-        while set < 2 {
-            let mut o = 0;
-            while o < 16 {
-                let part = o % parts_out + set * parts_out;
-                let block = (o / parts_out) % 2;
-                let row = o / (2 * parts_out);
-                let (second, row) = (row >= rows_in, row % rows_in);
-                let lane = if level == 0 {
-                    if part < 4 { 4 * block + part } else { 8 + 4 * block + part - 4 }
-                } else {
-                    (2 * row + block) * parts_in + part
-                };
-                t[level][set][o] = (lane + if second { 16 } else { 0 }) as i32;
-                o += 1;
-            }
-            set += 1;
-        }
-        level += 1;
-    }
-    t
-};
+/// The sums of 16 rows' two blocks of a pair, from four vectors of four rows each in which
+/// 32-bit lane `4 k + i` holds row `i`'s sum of quarter `k` of the pair's `vpdpbusd` lanes
+/// (quarters 0 and 2 the first block, 1 and 3 the second): the first block's 16 sums, then the
+/// second's (lane `i` for row `i`). Integer adds, exact.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+fn block_sums(q: [__m512i; 4]) -> (__m512i, __m512i) {
+    // Rows 0..4's first block, their second, rows 4..8's first, their second.
+    let halves = |a: __m512i, b: __m512i| {
+        _mm512_add_epi32(_mm512_shuffle_i64x2::<0x44>(a, b), _mm512_shuffle_i64x2::<0xee>(a, b))
+    };
+    let (low, high) = (halves(q[0], q[1]), halves(q[2], q[3]));
+    (_mm512_shuffle_i64x2::<0x88>(low, high), _mm512_shuffle_i64x2::<0xdd>(low, high))
+}
 
-/// `vpermt2d` indices that take block `b`'s sums of rows 0..8 (first vector, lane `2 row + b`)
-/// and 8..16 (second) into one vector of 16 rows.
-static BLOCK_SUMS: [[i32; 16]; 2] = {
-    let mut t = [[0i32; 16]; 2];
-    let mut b = 0;
-    while b < 2 {
-        let mut o = 0;
-        while o < 16 {
-            t[b][o] = ((o % 8) * 2 + b + if o >= 8 { 16 } else { 0 }) as i32;
-            o += 1;
-        }
-        b += 1;
-    }
-    t
-};
+/// Pairs of adjacent 32-bit lanes of `a` and of `b` added (`a`'s two sums, then `b`'s, in each
+/// 128-bit lane): a signed saturating pack to 16 bits and a multiply-add by ones, exact while
+/// every lane fits in 16 bits.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+fn add_adjacent(a: __m512i, b: __m512i) -> __m512i {
+    _mm512_madd_epi16(_mm512_packs_epi32(a, b), _mm512_set1_epi16(1))
+}
 
 /// One input's [`mxfp4_dot_q8_amx`] with AVX-512 VNNI alone, 16 rows at a time, bit for bit the
 /// same (the scalar definition): a tile product and the store of its sums take about 10 ns
@@ -441,13 +515,15 @@ static BLOCK_SUMS: [[i32; 16]; 2] = {
 ///
 /// Per row and block pair, as [`super::x86::mxfp4_dot_q8_vnni`] (its layout of
 /// [`QuantizedX::mxfp4_groups`]): the pair's codes looked up into weights plus 12, one
-/// `vpdpbusd` from the input's bias, giving 8 exact partial sums of each block. The 16 rows'
-/// partials are then folded (`vpermt2d`, integer adds: exact in any order) into each row's
-/// two block sums, which are scaled and added in block order.
+/// `vpdpbusd` from the input's bias, giving in each 32-bit lane an exact partial sum of four
+/// products of one block, at most `4 * 12 * 127 = 6096` in magnitude. The 16 rows' partials are
+/// folded into each row's two block sums: two rounds of [`add_adjacent`] (sums of at most four
+/// lanes, 24384, still fit in 16 bits) and 128-bit shuffles with 32-bit adds
+/// ([`block_sums`]). The sums are then scaled and added in block order.
 ///
 /// # Safety
-/// The CPU must have AVX-512 (F, BW, VL) and VNNI.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+/// The CPU must have AVX-512 (F, BW, VL, VBMI) and VNNI.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
 unsafe fn mxfp4_dot_q8_rows16(
     codes: &[u8],
     scales: &[u8],
@@ -461,81 +537,81 @@ unsafe fn mxfp4_dot_q8_rows16(
     // The caller ([`mxfp4_dot_q8_amx`]) has checked that `codes` and `scales` hold `rows` rows.
     let (rb, bpr) = (mxfp4::row_bytes(cols), mxfp4::blocks(cols));
     let n = bpr.min(2 * x.mxfp4_groups().len()).min(2 * x.scales().len());
-    let pairs = n.div_ceil(2);
-    let (groups, group_scales) = (&x.mxfp4_groups()[..pairs], &x.scales()[..pairs]);
+    let (pairs, odd) = (n / 2, n % 2 == 1);
+    let (groups, group_scales) = (&x.mxfp4_groups()[..n.div_ceil(2)], &x.scales()[..n.div_ceil(2)]);
     // SAFETY: 16 readable bytes; unaligned loads are allowed.
     let table = _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(FP4_DOUBLED_OFFSET.as_ptr().cast()) });
     let nibbles = _mm512_set1_epi8(0x0f);
-    // SAFETY: as above, 64 bytes each.
-    let folds = FOLDS.map(|l| l.map(|i| unsafe { _mm512_loadu_si512(i.as_ptr().cast()) }));
-    // SAFETY: as above.
-    let block_sums = BLOCK_SUMS.map(|i| unsafe { _mm512_loadu_si512(i.as_ptr().cast()) });
-    let fold = |level: usize, a: __m512i, b: __m512i| {
-        let [i, j] = folds[level];
-        _mm512_add_epi32(_mm512_permutex2var_epi32(a, i, b), _mm512_permutex2var_epi32(a, j, b))
-    };
     let mut row_scales = RowScales::new(n);
-    let zero_pairs = vec![[0u8; PAIR_BYTES]; if rows.is_multiple_of(TILE_ROWS) { 0 } else { n / 2 }];
+    // A last group of fewer than 16 rows is copied here with zero rows after it.
+    let mut padded = vec![0u8; if rows.is_multiple_of(TILE_ROWS) { 0 } else { TILE_ROWS * rb }];
     let mut r0 = 0;
     while r0 < rows {
         let rr = TILE_ROWS.min(rows - r0);
         row_scales.fill(scales, r0, rr, bpr);
-        // Whole pairs of each row (rows past the last: zeros), and the last odd block.
-        let row_pairs: [&[[u8; PAIR_BYTES]]; TILE_ROWS] = std::array::from_fn(|i| {
-            if i < rr { codes[(r0 + i) * rb..][..n / 2 * PAIR_BYTES].as_chunks().0 } else { &zero_pairs[..] }
-        });
-        let last_block: [&[u8]; TILE_ROWS] = std::array::from_fn(|i| {
-            if i < rr && n % 2 == 1 {
-                &codes[(r0 + i) * rb + (n - 1) * BLOCK_BYTES..][..BLOCK_BYTES]
-            } else {
-                &[0; BLOCK_BYTES]
-            }
-        });
+        let block: &[u8] = if rr == TILE_ROWS {
+            &codes[r0 * rb..][..TILE_ROWS * rb]
+        } else {
+            padded[..rr * rb].copy_from_slice(&codes[r0 * rb..][..rr * rb]);
+            &padded
+        };
         // The next 16 rows, prefetched into L2 a line at a time as these reach the same place.
-        let next_codes: [&[u8]; TILE_ROWS] = std::array::from_fn(|i| {
-            let row = r0 + TILE_ROWS + i;
-            if row < rows { &codes[row * rb..][..n * BLOCK_BYTES] } else { &[] }
-        });
+        let next = codes.get((r0 + TILE_ROWS) * rb..).unwrap_or(&[]);
+        let next_rows = rows.saturating_sub(r0 + TILE_ROWS).min(TILE_ROWS);
         let mut acc = _mm512_setzero_ps();
-        for (g, (group, &s)) in groups.iter().zip(group_scales).enumerate() {
+        // Pair `$g` of the 16 rows, each row's code bytes in both halves of a register with
+        // the upper half's high nibbles moved down (`$load(i)` for row `i`), into `acc` (at
+        // most `$blocks` of its blocks).
+        macro_rules! pair {
+            ($g:expr, $blocks:expr, $load:expr) => {{
+                let g: usize = $g;
+                let (group, s) = (&groups[g], _mm512_set1_ps(group_scales[g]));
+                // SAFETY: `codes` and `bias` are 64 aligned bytes each.
+                let (p, bias) = unsafe {
+                    (
+                        _mm512_load_si512(group.codes.as_ptr().cast()),
+                        _mm512_load_si512(group.bias.as_ptr().cast()),
+                    )
+                };
+                let product = |i: usize| {
+                    let w = _mm512_shuffle_epi8(table, _mm512_and_si512($load(i), nibbles));
+                    _mm512_dpbusd_epi32(bias, w, p)
+                };
+                // Rows `4 j .. 4 j + 4`: their quarter sums.
+                let quad = |j: usize| {
+                    let a = add_adjacent(product(4 * j), product(4 * j + 1));
+                    let b = add_adjacent(product(4 * j + 2), product(4 * j + 3));
+                    add_adjacent(a, b)
+                };
+                let (first, second) = block_sums([quad(0), quad(1), quad(2), quad(3)]);
+                for (b, sum) in [first, second].into_iter().enumerate().take($blocks) {
+                    let scale = _mm512_mul_ps(row_scales.half(2 * g + b), s);
+                    acc = _mm512_add_ps(acc, _mm512_mul_ps(scale, _mm512_cvtepi32_ps(sum)));
+                }
+            }};
+        }
+        let base = block.as_ptr();
+        for g in 0..pairs {
             let at = g * PAIR_BYTES;
             if at.is_multiple_of(64) {
-                for next in next_codes.iter().filter(|c| c.len() > at) {
-                    _mm_prefetch::<_MM_HINT_T1>(next[at..].as_ptr().cast());
+                for i in 0..next_rows {
+                    _mm_prefetch::<_MM_HINT_T1>(next[i * rb + at..].as_ptr().cast());
                 }
             }
-            // SAFETY: `codes` and `bias` are 64 aligned bytes each.
-            let (p, bias) = unsafe {
-                (
-                    _mm512_load_si512(group.codes.as_ptr().cast()),
-                    _mm512_load_si512(group.bias.as_ptr().cast()),
-                )
-            };
-            let partials: [__m512i; TILE_ROWS] = std::array::from_fn(|i| {
-                let v = match row_pairs[i].get(g) {
-                    // SAFETY: 32 readable bytes; unaligned loads are allowed.
-                    Some(pair) => _mm512_broadcast_i64x4(unsafe { _mm256_loadu_si256(pair.as_ptr().cast()) }),
-                    // A last odd block: a zero second block (weight 12, which the bias cancels).
-                    // SAFETY: 16 readable bytes.
-                    None => _mm512_broadcast_i64x4(_mm256_zextsi128_si256(unsafe {
-                        _mm_loadu_si128(last_block[i].as_ptr().cast())
-                    })),
-                };
-                let w = _mm512_shuffle_epi8(table, _mm512_and_si512(high_nibbles_up(v), nibbles));
-                _mm512_dpbusd_epi32(bias, w, p)
+            // SAFETY: row `i < 16` of `block` (16 rows of `rb` bytes) holds whole pair `g <
+            // pairs` at `i * rb + at`: 32 readable bytes.
+            pair!(g, 2, |i: usize| unsafe { load_pair_high_nibbles_up(base.add(i * rb + at)) });
+        }
+        if odd {
+            // The last block with a zero second block (weight 12, which the bias cancels).
+            let at = pairs * PAIR_BYTES;
+            pair!(pairs, 1, |i: usize| {
+                let row = &block[i * rb + at..][..BLOCK_BYTES];
+                // SAFETY: 16 readable bytes; unaligned loads are allowed.
+                high_nibbles_up(_mm512_broadcast_i64x4(_mm256_zextsi128_si256(unsafe {
+                    _mm_loadu_si128(row.as_ptr().cast())
+                })))
             });
-            let two: [__m512i; 8] = std::array::from_fn(|j| fold(0, partials[2 * j], partials[2 * j + 1]));
-            let four: [__m512i; 4] = std::array::from_fn(|j| fold(1, two[2 * j], two[2 * j + 1]));
-            let (low, high) = (fold(2, four[0], four[1]), fold(2, four[2], four[3]));
-            let s = _mm512_set1_ps(s);
-            // Both blocks' scale bytes in one gather.
-            let e = row_scales.bytes_from(2 * g);
-            for (b, sums) in block_sums.iter().enumerate().take(n - 2 * g) {
-                let sum = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(low, *sums, high));
-                let e = if b == 0 { e } else { _mm512_srli_epi32::<8>(e) };
-                let scale = _mm512_mul_ps(RowScales::half_of(e), s);
-                acc = _mm512_add_ps(acc, _mm512_mul_ps(scale, sum));
-            }
         }
         let mut lanes = [0.0f32; TILE_ROWS];
         // SAFETY: 64 writable bytes.

@@ -110,18 +110,18 @@ impl KernelPath {
     }
 
     /// Whether [`selected`] takes this path when it is the best available and
-    /// `PICCHIO_KERNELS` names none: every path but [`KernelPath::Amx`], which is opt-in
-    /// (`PICCHIO_KERNELS=amx`). With int8 activations its batched MXFP4 products make a
-    /// 64-token prefill of the 20B shape about a fifth faster, but its single-input twin
-    /// (which must equal the tile kernel bit for bit) runs a decode's experts about a third
-    /// slower than the VNNI kernel (docs/perf.md, 2026-12-07).
+    /// `PICCHIO_KERNELS` names none: every path. ([`KernelPath::Amx`] was opt-in while its
+    /// single-input twin, which must equal the tile kernel bit for bit, ran a decode's experts
+    /// about a third slower than the VNNI kernel; since the twin's rework it runs as fast from
+    /// the caches and within about 5% from memory, and the tile kernel makes a 64-token
+    /// prefill's experts 15-20% faster: docs/perf.md, 2026-12-07 afternoon.)
     pub fn chosen_by_default(self) -> bool {
         match self {
-            KernelPath::Amx => false,
             KernelPath::Scalar
             | KernelPath::Avx2
             | KernelPath::Avx512
             | KernelPath::Avx512Vnni
+            | KernelPath::Amx
             | KernelPath::Neon => true,
         }
     }
@@ -259,6 +259,11 @@ pub fn int8_dot(codes: &[i8], scale: f32, x: &[f32]) -> f32 {
 /// Rows whose accumulators the multi-row kernels keep together while a block of the inputs
 /// passes over them.
 pub(crate) const ROW_BLOCK: usize = 8;
+
+/// Rows of a matrix that one task of the thread pool takes a multiple of (but for the last):
+/// whole [`ROW_BLOCK`]s, and whole 16-row tiles of the AMX kernels, whose products of a last
+/// shorter tile cost a full one.
+pub(crate) const TASK_ROWS: usize = 16;
 
 /// How far past its read position in a weight stream a one-input (matrix-vector) kernel asks
 /// for cache lines to come into L2, and [`crate::bench::read_bandwidth`]'s read with it, so

@@ -109,7 +109,7 @@ pub struct QuantizedX {
     /// The groups as the integer MXFP4 kernel reads them.
     mxfp4: Vec<Mxfp4Group>,
     /// The codes in the order of [`mxfp4_tile_position`], as the AMX MXFP4 kernel reads them:
-    /// made on first use, since only that (opt-in) kernel reads them.
+    /// made on first use, since only that kernel reads them.
     tile_codes: OnceLock<Vec<CodeGroup>>,
     /// One scale per group.
     scales: Vec<f32>,

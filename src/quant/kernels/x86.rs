@@ -1792,6 +1792,31 @@ pub(super) fn high_nibbles_up(v: __m512i) -> __m512i {
     out
 }
 
+/// A block pair's 32 code bytes at `p` in both halves of a register with the upper half as
+/// [`high_nibbles_up`] leaves it, in one broadcast load and one shift in place: written out so
+/// that the compiler neither splits the broadcast into a load and an insert (a second
+/// operation on the shuffle port) nor copies the register for the merge.
+///
+/// # Safety
+/// `p` must point to 32 readable bytes.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+pub(super) unsafe fn load_pair_high_nibbles_up(p: *const u8) -> __m512i {
+    let out: __m512i;
+    // SAFETY: the caller's contract: 32 readable bytes at `p`; the rest is register-only.
+    unsafe {
+        std::arch::asm!(
+            "vbroadcasti64x4 {out}, ymmword ptr [{p}]",
+            "vpsrlw {out}{{{k}}}, {out}, 4",
+            out = out(zmm_reg) out,
+            p = in(reg) p,
+            k = in(kreg) 0xffff_0000u32,
+            options(pure, readonly, nostack, preserves_flags),
+        );
+    }
+    out
+}
+
 /// Rows of an MXFP4 matrix that [`mxfp4_dot_q8_vnni`] multiplies side by side for `t`
 /// inputs: each row and input has one accumulator chain, so with few inputs several rows keep
 /// enough chains in flight, and each input's codes and bias, loaded once, serve every row.
