@@ -317,7 +317,8 @@ pub unsafe fn mxfp4_dot_q8_amx<const M: usize>(
 /// byte into its lane. (No gathers: on this kind of Xeon with current microcode they cost
 /// several times as much.)
 struct RowScales {
-    /// The rows' scale bytes, row after row, `stride` apart.
+    /// A copy of the rows' scale bytes, row after row, `stride` apart, where they cannot be
+    /// read in place (made on first use).
     bytes: Vec<u8>,
     /// Blocks a row, rounded up to whole 16-byte loads.
     stride: usize,
@@ -364,7 +365,7 @@ impl RowScales {
     fn new(blocks: usize) -> Self {
         let stride = blocks.next_multiple_of(16);
         RowScales {
-            bytes: vec![0; TILE_ROWS * stride],
+            bytes: Vec::new(),
             stride,
             blocks,
             half: (0..blocks).map(|_| Lines([0.0; TILE_ROWS])).collect(),
@@ -379,23 +380,21 @@ impl RowScales {
         let start = r0 * bpr;
         // The loads read `stride` bytes from each row's start: straight from `scales` where
         // that stays inside it, else from a copy.
-        let (source, step): (&[u8], usize) = if rows >= TILE_ROWS
-            && (TILE_ROWS - 1)
-                .checked_mul(bpr)
-                .and_then(|l| l.checked_add(start + stride))
-                .is_some_and(|e| e <= scales.len())
-        {
-            (&scales[start..], bpr)
-        } else {
-            let mut given = scales[start..].chunks_exact(bpr).take(rows.min(TILE_ROWS));
-            for line in self.bytes.chunks_exact_mut(stride) {
-                match given.next() {
-                    Some(row) => line[..blocks].copy_from_slice(&row[..blocks]),
-                    None => line.fill(127),
+        let last_row = start + (TILE_ROWS - 1) * bpr;
+        let (source, step): (&[u8], usize) =
+            if rows >= TILE_ROWS && scales.len().saturating_sub(last_row) >= stride {
+                (&scales[start..], bpr)
+            } else {
+                self.bytes.resize(TILE_ROWS * stride, 0);
+                let mut given = scales[start..].chunks_exact(bpr).take(rows.min(TILE_ROWS));
+                for line in self.bytes.chunks_exact_mut(stride) {
+                    match given.next() {
+                        Some(row) => line[..blocks].copy_from_slice(&row[..blocks]),
+                        None => line.fill(127),
+                    }
                 }
-            }
-            (&self.bytes[..], stride)
-        };
+                (&self.bytes[..], stride)
+            };
         // SAFETY: 64 readable bytes each; unaligned loads are allowed.
         let (row_bytes, eight) = unsafe {
             (

@@ -109,23 +109,6 @@ impl KernelPath {
         AVAILABLE.get_or_init(|| KernelPath::ALL.map(|p| p.implemented() && cpu_has(p)))[self as usize]
     }
 
-    /// Whether [`selected`] takes this path when it is the best available and
-    /// `PICCHIO_KERNELS` names none: every path. ([`KernelPath::Amx`] was opt-in while its
-    /// single-input twin, which must equal the tile kernel bit for bit, ran a decode's experts
-    /// about a third slower than the VNNI kernel; since the twin's rework it runs as fast from
-    /// the caches and within about 5% from memory, and the tile kernel makes a 64-token
-    /// prefill's experts 15-20% faster: docs/perf.md, 2026-12-07 afternoon.)
-    pub fn chosen_by_default(self) -> bool {
-        match self {
-            KernelPath::Scalar
-            | KernelPath::Avx2
-            | KernelPath::Avx512
-            | KernelPath::Avx512Vnni
-            | KernelPath::Amx
-            | KernelPath::Neon => true,
-        }
-    }
-
     /// Whether this build has kernels for this path.
     pub fn implemented(self) -> bool {
         match self {
@@ -207,8 +190,9 @@ static SELECTED: OnceLock<KernelPath> = OnceLock::new();
 pub fn selected() -> KernelPath {
     *SELECTED.get_or_init(|| {
         let available = KernelPath::available();
-        let best =
-            available.iter().rev().copied().find(|p| p.chosen_by_default()).unwrap_or(KernelPath::Scalar);
+        // The last is the best. ([`KernelPath::Amx`] was opt-in until its single-input twin
+        // caught up with the VNNI kernel: docs/perf.md, 2026-12-07 afternoon.)
+        let best = available.last().copied().unwrap_or(KernelPath::Scalar);
         match std::env::var("PICCHIO_KERNELS") {
             Ok(name) => match available.iter().find(|p| p.name() == name) {
                 Some(p) => *p,

@@ -1770,6 +1770,10 @@ pub fn mxfp4_dot_q8_avx2<const T: usize, const R: usize>(
     }
 }
 
+/// The 16-bit lanes of a register's upper 256 bits: the merge mask of [`high_nibbles_up`]
+/// and [`load_pair_high_nibbles_up`].
+const UPPER_HALF_WORDS: u32 = 0xffff_0000;
+
 /// The upper 256 bits of `v` shifted right by 4 in each 16-bit lane, the lower 256 kept
 /// (`vpsrlw zmm{k}, zmm, 4`): the high nibbles of a block pair's codes beside the low ones.
 /// Written out because the compiler otherwise makes it a shift by a vector of counts, which
@@ -1785,7 +1789,7 @@ pub(super) fn high_nibbles_up(v: __m512i) -> __m512i {
             "vpsrlw {out}{{{k}}}, {v}, 4",
             out = inout(zmm_reg) out,
             v = in(zmm_reg) v,
-            k = in(kreg) 0xffff_0000u32,
+            k = in(kreg) UPPER_HALF_WORDS,
             options(pure, nomem, nostack, preserves_flags),
         );
     }
@@ -1810,7 +1814,7 @@ pub(super) unsafe fn load_pair_high_nibbles_up(p: *const u8) -> __m512i {
             "vpsrlw {out}{{{k}}}, {out}, 4",
             out = out(zmm_reg) out,
             p = in(reg) p,
-            k = in(kreg) 0xffff_0000u32,
+            k = in(kreg) UPPER_HALF_WORDS,
             options(pure, readonly, nostack, preserves_flags),
         );
     }
