@@ -250,14 +250,23 @@ pub fn record_read_plan(
     plan
 }
 
+/// Bytes of memory [`disk_record_bandwidth`] reads into, in 2 MiB slots taken in turn. Where
+/// the data lands matters on a VM: on the Intel Xeon VM of docs/perf.md (2026-12-07,
+/// `benches/regime/disk_probe.c`) four readers of the same records got 2.8-3.0 GB/s into one
+/// reused 2 MiB buffer each, 2.9-3.0 into 8 MiB of slots in turn, and 2.1-2.2 into 32 MiB to
+/// 1.5 GiB of them, which is where a cache's reads land (the engine's reads ran at 1.9-2.2
+/// GB/s while busy). 64 MiB is past that threshold and small next to a cache's budget.
+pub const READ_DESTINATION_BYTES: usize = 64 << 20;
+
 /// Read bandwidth of `path` measured the way the expert readers read it: whole records of
 /// `record_bytes` bytes at `offsets` (a container's records), about `budget` bytes of them
 /// taken in a pseudo-random order ([`record_read_plan`], fixed `seed`), each split into
 /// [`HASHED_READ_CHUNK`](crate::experts::store::HASHED_READ_CHUNK) pieces, `readers` threads
 /// each pulling the next piece from one shared counter, so a record's pieces are read by
-/// several threads at once. Direct I/O where the platform and file system allow (offsets
-/// and `record_bytes` are multiples of 4 KiB in a container). A record past the end of the
-/// file, or a failed read, is an error naming the file.
+/// several threads at once, each into the next of its slots of [`READ_DESTINATION_BYTES`]
+/// of memory (as the cache's buffers take the reads). Direct I/O where the platform and file
+/// system allow (offsets and `record_bytes` are multiples of 4 KiB in a container). A record
+/// past the end of the file, or a failed read, is an error naming the file.
 pub fn disk_record_bandwidth(
     path: &std::path::Path,
     offsets: &[u64],
@@ -284,21 +293,32 @@ pub fn disk_record_bandwidth(
         Ok(f) => (f, true),
         Err(_) => (std::fs::File::open(path).map_err(|e| Error::io(path, e))?, false),
     };
+    let readers = readers.clamp(1, plan.len().max(1));
+    // Each reader reads into its own slots of one region, the next slot every time, touched
+    // before the timing: as the cache's record buffers are filled, every read lands in other
+    // memory than the reads just before it.
+    let piece_len = piece as usize;
+    let slots = (READ_DESTINATION_BYTES / piece_len / readers).max(2);
+    let mut destination = AlignedBytes::zeroed(slots * readers * piece_len);
+    destination.as_mut_slice().fill(1);
     let (next, read) = (AtomicUsize::new(0), AtomicU64::new(0));
     let t0 = Instant::now();
     std::thread::scope(|s| -> crate::error::Result<()> {
-        let handles: Vec<_> = (0..readers.clamp(1, plan.len().max(1)))
-            .map(|_| {
+        let handles: Vec<_> = destination
+            .as_mut_slice()
+            .chunks_exact_mut(slots * piece_len)
+            .map(|own| {
                 let (file, plan, next, read) = (&file, &plan, &next, &read);
                 s.spawn(move || -> std::io::Result<()> {
-                    let mut buf = AlignedBytes::zeroed(piece as usize);
-                    loop {
+                    for k in 0.. {
                         let Some(&(at, n)) = plan.get(next.fetch_add(1, Ordering::Relaxed)) else {
-                            return Ok(());
+                            break;
                         };
-                        crate::io::read_exact_at(file, &mut buf.as_mut_slice()[..n as usize], at)?;
+                        let slot = &mut own[(k % slots) * piece_len..][..n as usize];
+                        crate::io::read_exact_at(file, slot, at)?;
                         read.fetch_add(n, Ordering::Relaxed);
                     }
+                    Ok(())
                 })
             })
             .collect();

@@ -2,14 +2,18 @@
 // tell the disk's own speed from the engine's. READERS threads pull 2 MiB pieces of
 // pseudo-random whole records (RECORD_STRIDE bytes apart, as in the container's manifest:
 // experts.record_stride) from one shared counter with O_DIRECT, into buffers that are either
-// 2 MiB-aligned and advised MADV_HUGEPAGE ("huge", like the cache's buffers) or 4 KiB-aligned
-// ("small"). Prints GB/s per GiB read and overall. With COPIERS > 0, that many more threads
+// 2 MiB-aligned and advised MADV_HUGEPAGE ("huge": one per reader, reused by every read) or
+// 4 KiB-aligned ("small"), or ("pool") 2 MiB slots of one 1.5 GiB region (DISK_PROBE_POOL_MIB
+// sets another size) advised
+// MADV_HUGEPAGE and touched first, each read into the next slot in turn, as the cache's record
+// buffers are filled (a different region of memory for every read), or ("stage") each read
+// into the reader's own reused huge-page buffer and then copied into the next slot. Prints GB/s per GiB read and overall. With COPIERS > 0, that many more threads
 // copy 256 MiB buffers back and forth while the readers run (memory traffic like the expert
 // kernels' while the engine's reads are in flight) and print the rate they copied. Linux
 // only; not built by CI.
 //
 //   gcc -O2 -pthread benches/regime/disk_probe.c -o /tmp/disk_probe
-//   /tmp/disk_probe CONTAINER/experts.bin GIB READERS RECORD_STRIDE huge|small [SEED [COPIERS]]
+//   /tmp/disk_probe CONTAINER/experts.bin GIB READERS RECORD_STRIDE huge|small|pool|stage [SEED [COPIERS]]
 //
 // docs/perf.md ("Zen 4 VM, 2026-12-06 morning") has what it measured.
 #define _GNU_SOURCE
@@ -28,6 +32,9 @@
 #define MAX_READERS 64
 
 static int fd, huge;
+static char *pool;  // "pool" and "stage" modes: pool_bytes of 2 MiB slots, filled in turn
+static long pool_bytes = 1536L << 20;  // DISK_PROBE_POOL_MIB overrides
+static int stage;   // "stage": read into the reader's own buffer, then copy into the slot
 static long stride, per_record, pieces;
 static long *record_of;
 static atomic_long next_piece;
@@ -60,7 +67,9 @@ static void *reader(void *unused) {
     long n = stride - p * PIECE;
     if (n > PIECE) n = PIECE;
     n = (n + 4095) / 4096 * 4096;
-    ssize_t got = pread(fd, buf, n, offset);
+    char *slot = pool ? pool + (i % (pool_bytes / PIECE)) * PIECE : buf;
+    ssize_t got = pread(fd, stage ? buf : slot, n, offset);
+    if (stage && got > 0) memcpy(slot, buf, got);
     if (got < 0) { perror("pread"); exit(1); }
     done_at[i] = now() - start;
     done_bytes[i] = got;
@@ -85,14 +94,23 @@ static void *copier(void *unused) {
 }
 
 int main(int argc, char **argv) {
-  if (argc < 6 || (strcmp(argv[5], "huge") && strcmp(argv[5], "small"))) {
-    fprintf(stderr, "usage: %s FILE GIB READERS RECORD_STRIDE huge|small [SEED [COPIERS]]\n", argv[0]);
+  if (argc < 6 || (strcmp(argv[5], "huge") && strcmp(argv[5], "small") && strcmp(argv[5], "pool") &&
+                  strcmp(argv[5], "stage"))) {
+    fprintf(stderr, "usage: %s FILE GIB READERS RECORD_STRIDE huge|small|pool|stage [SEED [COPIERS]]\n", argv[0]);
     return 2;
   }
   double gib = atof(argv[2]);
   int readers = atoi(argv[3]);
   stride = atol(argv[4]);
-  huge = !strcmp(argv[5], "huge");
+  huge = strcmp(argv[5], "small") != 0;
+  stage = !strcmp(argv[5], "stage");
+  if (!strcmp(argv[5], "pool") || stage) {
+    const char *mib = getenv("DISK_PROBE_POOL_MIB");
+    if (mib && atol(mib) >= 2) pool_bytes = atol(mib) / 2 * 2 * (1L << 20);
+    if (posix_memalign((void **)&pool, PIECE, pool_bytes) != 0) { perror("posix_memalign"); return 1; }
+    madvise(pool, pool_bytes, MADV_HUGEPAGE);
+    memset(pool, 1, pool_bytes);
+  }
   if (gib <= 0 || readers < 1 || readers > MAX_READERS || stride < 4096 || stride % 4096) {
     fprintf(stderr, "GIB > 0, 1 <= READERS <= %d, RECORD_STRIDE a positive multiple of 4096\n", MAX_READERS);
     return 2;

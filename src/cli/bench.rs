@@ -430,6 +430,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<()> {
                 "bytes": d.bytes,
                 "readers": args.model.io_threads,
                 "order": "pseudo-random records, pieces from a shared queue",
+                "destination_bytes": picchio::bench::READ_DESTINATION_BYTES,
             })),
             "disk_sequential_bandwidth_bytes_per_s": disk_seq_bw,
             "disk_sequential_direct": disk_seq_direct,
