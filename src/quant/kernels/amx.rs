@@ -97,6 +97,7 @@ impl TileConfig {
 
 /// 64-byte aligned rows: the weight tile and the sums, which the tile loads and stores read
 /// and write whole.
+#[derive(Clone, Copy)]
 #[repr(C, align(64))]
 struct Lines<T, const N: usize>([T; N]);
 
@@ -189,7 +190,7 @@ pub unsafe fn mxfp4_dot_q8_amx<const M: usize>(
     // Rings of buffers for the pipeline below.
     let mut weights: [_; WEIGHT_SLOTS] = std::array::from_fn(|_| Lines([[0i8; 64]; BLOCK / 4]));
     let mut sums: [_; SUM_SLOTS] = std::array::from_fn(|_| Lines([[0i32; TILE_ROWS]; MAX_INPUTS]));
-    let mut row_scales = RowScales::new(n);
+    let mut row_scales = RowScales::take(n);
     // A tile's missing rows past the last read zero codes.
     let zero_row = vec![[0u8; BLOCK_BYTES]; if rows.is_multiple_of(TILE_ROWS) { 0 } else { n }];
     let mut r0 = 0;
@@ -306,6 +307,7 @@ pub unsafe fn mxfp4_dot_q8_amx<const M: usize>(
         }
         r0 += rr;
     }
+    row_scales.put_back();
     // SAFETY: AMX is available; releasing the tiles lets the kernel skip saving them.
     unsafe { asm!("tilerelease", options(nostack, nomem)) };
 }
@@ -315,7 +317,9 @@ pub unsafe fn mxfp4_dot_q8_amx<const M: usize>(
 /// every 16 blocks, 16 bytes of each row are loaded four rows to a register, two byte permutes
 /// a register pair make them 8 blocks of 8 rows, and one byte permute a block puts each row's
 /// byte into its lane. (No gathers: on this kind of Xeon with current microcode they cost
-/// several times as much.)
+/// several times as much.) Its buffers are this thread's, reused from call to call
+/// ([`RowScales::take`], [`RowScales::put_back`]): a decoded token makes thousands of calls.
+#[derive(Default)]
 struct RowScales {
     /// A copy of the rows' scale bytes, row after row, `stride` apart, where they cannot be
     /// read in place (made on first use).
@@ -361,15 +365,25 @@ static EIGHT_OF_EACH_ROW: [u8; 64] = {
 /// The low byte of each 32-bit lane.
 const LOW_BYTES: __mmask64 = 0x1111_1111_1111_1111;
 
+thread_local! {
+    /// The buffers of the last [`RowScales`] this thread put back.
+    static ROW_SCALES: std::cell::Cell<RowScales> = std::cell::Cell::new(RowScales::default());
+}
+
 impl RowScales {
-    fn new(blocks: usize) -> Self {
-        let stride = blocks.next_multiple_of(16);
-        RowScales {
-            bytes: Vec::new(),
-            stride,
-            blocks,
-            half: (0..blocks).map(|_| Lines([0.0; TILE_ROWS])).collect(),
-        }
+    /// A table for rows of `blocks` blocks, in this thread's buffers (allocating only when
+    /// they are too small); give them back with [`RowScales::put_back`].
+    fn take(blocks: usize) -> Self {
+        let mut scales = ROW_SCALES.take();
+        scales.stride = blocks.next_multiple_of(16);
+        scales.blocks = blocks;
+        scales.half.resize(blocks, Lines([0.0; TILE_ROWS]));
+        scales
+    }
+
+    /// Keeps the buffers for this thread's next [`RowScales::take`].
+    fn put_back(self) {
+        ROW_SCALES.set(self);
     }
 
     /// Takes the scales of rows `r0 .. r0 + rows` (at most 16) of `scales` (`bpr` a row); the
@@ -449,7 +463,7 @@ impl RowScales {
         }
     }
 
-    /// The 16 rows' half scales of block `b` (below the `blocks` given to [`RowScales::new`]).
+    /// The 16 rows' half scales of block `b` (below the `blocks` given to [`RowScales::take`]).
     #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
     fn half(&self, b: usize) -> __m512 {
         // SAFETY: 64 readable aligned bytes.
@@ -541,7 +555,7 @@ unsafe fn mxfp4_dot_q8_rows16(
     // SAFETY: 16 readable bytes; unaligned loads are allowed.
     let table = _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(FP4_DOUBLED_OFFSET.as_ptr().cast()) });
     let nibbles = _mm512_set1_epi8(0x0f);
-    let mut row_scales = RowScales::new(n);
+    let mut row_scales = RowScales::take(n);
     // A last group of fewer than 16 rows is copied here with zero rows after it.
     let mut padded = vec![0u8; if rows.is_multiple_of(TILE_ROWS) { 0 } else { TILE_ROWS * rb }];
     let mut r0 = 0;
@@ -622,4 +636,5 @@ unsafe fn mxfp4_dot_q8_rows16(
         }
         r0 += rr;
     }
+    row_scales.put_back();
 }
