@@ -3,7 +3,7 @@
 //! compute, prefill block sizes, and the cache's memory prepared after load or taken on use;
 //! a prefill block reads each expert of its union at most once; the frequency policy keeps
 //! popular experts through a scan; and prediction (early, late or off) is issued in single
-//! and batched decode steps without changing a bit.
+//! and batched decode steps, for layer 0 from the embedding too, without changing a bit.
 
 mod common;
 
@@ -354,6 +354,57 @@ fn the_request_trace_records_every_request() {
     assert!(predictions > 0, "decode predictions are recorded");
 }
 
+#[test]
+fn every_forward_pass_predicts_layer_zero_from_the_embedding_first() {
+    let name = "tiny-mxfp4";
+    let r = Reference::load(&fixture(name));
+    let dir = convert_fixture(name, Formats::default());
+    let cfg = picchio::ModelConfig::from_dir(dir.path()).unwrap();
+    assert!(cfg.num_layers > 1, "the passes are told apart by layer 0 following the last layer");
+    let steps = 4;
+    for predict in [Predict::Early, Predict::Late] {
+        let trace = dir.path().join(format!("requests-{predict:?}.txt"));
+        let opts = OpenOptions {
+            ram_bytes: Some(6 * expert_bytes(dir.path())),
+            hot_set: false,
+            ctx: 128,
+            expert_trace: Some(trace.clone()),
+            ..Default::default()
+        };
+        {
+            let model = engine::load_container(dir.path(), &opts).unwrap();
+            let run_opts = RunOptions { ctx: 128, predict, ..Default::default() };
+            let mut s = Session::new(engine::cpu_runner(&model, &run_opts).unwrap());
+            s.generate(&r.prompt, steps, &mut Sampler::greedy(), &[], &mut |_| true).unwrap();
+        }
+        // A forward pass starts where layer 0 is demanded after another layer (or first):
+        // layer 0's prediction must come before it, since the pass began.
+        let text = std::fs::read_to_string(&trace).unwrap();
+        let (mut passes, mut predicted_zero, mut last_demanded) = (0, false, None);
+        for line in text.lines() {
+            let parts: Vec<&str> = line.split(' ').collect();
+            let layer: usize = parts[1].parse().unwrap();
+            match (parts[0], layer) {
+                ("P", 0) => predicted_zero = true,
+                ("D", 0) if last_demanded != Some(0) => {
+                    assert!(
+                        predicted_zero,
+                        "{predict:?}: pass {passes} demands layer 0 unpredicted:\n{text}"
+                    );
+                    predicted_zero = false;
+                    passes += 1;
+                }
+                _ => {}
+            }
+            if parts[0] == "D" {
+                last_demanded = Some(layer);
+            }
+        }
+        // The prompt, then every generated token but the last is fed back.
+        assert!(passes >= steps, "{predict:?}: {passes} forward passes for {steps} tokens:\n{text}");
+    }
+}
+
 /// What a run of several sequences decoding together gave: every logit row of the batched
 /// steps (bits), and the expert counters of those steps alone, and of a single-sequence
 /// decode before them.
@@ -461,7 +512,7 @@ fn prefill_run(dir: &Path, prompt: &[u32], predict: Predict, ram_experts: usize)
 }
 
 #[test]
-fn prompt_blocks_predict_the_next_layers_first_group_and_change_no_bit() {
+fn prompt_blocks_predict_each_layers_first_group_and_change_no_bit() {
     let dir = small_synthetic();
     let prompt: Vec<u32> = (0..40u32).map(|i| (i * 389 + 7) % 2048).collect();
     // 10 of the 96 experts: each layer's union is read in groups of 5.
@@ -474,11 +525,12 @@ fn prompt_blocks_predict_the_next_layers_first_group_and_change_no_bit() {
             "{predict:?}: {}/{} experts of first groups predicted, {} prefetch reads, {} useful",
             st.predicted_right, st.predicted, st.prefetch_reads, st.prefetch_useful
         );
-        // Five layers follow another; each prediction is scored against the first group
-        // the next layer asks for (5 experts).
-        assert_eq!(st.predicted, 5 * 5, "{predict:?}: every next layer's first group is scored");
+        // Every layer is predicted (layer 0 from the embedding), each prediction scored
+        // against the first group the layer asks for (5 experts).
+        let layers = picchio::ModelConfig::from_dir(dir.path()).unwrap().num_layers as u64;
+        assert_eq!(st.predicted, layers * 5, "{predict:?}: every layer's first group is scored");
         assert!(st.predicted_right > 0 && st.prefetch_reads > 0, "{predict:?}: predictions were read");
-        assert!(st.prefetch_reads <= 5 * 5, "{predict:?}: a prediction never exceeds one group");
+        assert!(st.prefetch_reads <= layers * 5, "{predict:?}: a prediction never exceeds one group");
     }
 }
 

@@ -145,7 +145,8 @@ pub struct ModelArgs {
     /// routing is known, from the residual entering its MoE block (its reads overlap that
     /// layer's expert reads and compute, but fewer are right); `off`. In decode the
     /// prediction is each row's experts; in a prompt block, the first group of the next
-    /// layer's union (as many as the RAM cache takes at once).
+    /// layer's union (as many as the RAM cache takes at once). Layer 0 is predicted from the
+    /// token's embedding under both, so its reads run during its attention.
     #[arg(long, value_enum, default_value_t = picchio::backend::Predict::default())]
     pub predict: picchio::backend::Predict,
     /// The same as `--predict off`.

@@ -390,6 +390,7 @@ fn layers<B: Backend>(
             observer.residual(layer, start_pos, &b.read(&s.x)?);
         }
         let t0 = Instant::now();
+        b.predict_next(layer, LayerPoint::LayerInput, row_kind, &s.x)?;
         let fused = match placement {
             Placement::Run { start_pos } => b.fused_attention(layer, start_pos, &mut s.x)?,
             Placement::Rows(rows) => b.fused_attention_rows(layer, rows, &mut s.x)?,
@@ -429,15 +430,14 @@ fn layers<B: Backend>(
                 if observe {
                     observer.routes(layer, start_pos, &b.read_routes(&s.routes)?);
                 }
-                b.predict_next(layer, LayerPoint::BeforeMlp, row_kind, &s.x)?;
+                b.predict_next(layer + 1, LayerPoint::BeforeMlp, row_kind, &s.x)?;
                 b.experts(layer, &s.normed, &s.routes, &mut s.proj)?;
             } else {
-                b.predict_next(layer, LayerPoint::BeforeMlp, row_kind, &s.x)?;
+                b.predict_next(layer + 1, LayerPoint::BeforeMlp, row_kind, &s.x)?;
                 b.dense_mlp(layer, &s.normed, &mut s.proj)?
             }
             b.add(&mut s.x, &s.proj)?;
         }
-        b.predict_next(layer, LayerPoint::AfterLayer, row_kind, &s.x)?;
         let t2 = Instant::now();
         times.attention += t1 - t0;
         times.experts += t2 - t1;

@@ -534,33 +534,43 @@ impl Backend for CpuBackend {
         self.experts.stats()
     }
 
-    fn predict_next(&mut self, layer: usize, at: LayerPoint, rows: RowKind, x: &CpuAct) -> Result<()> {
+    fn predict_next(&mut self, next: usize, at: LayerPoint, rows: RowKind, x: &CpuAct) -> Result<()> {
+        if next >= self.cfg.num_layers {
+            return Ok(());
+        }
+        // The layer the residual is inside of, at `BeforeMlp`.
+        let inside = match at {
+            LayerPoint::BeforeMlp => match next.checked_sub(1) {
+                Some(layer) => Some(layer),
+                None => return Ok(()),
+            },
+            LayerPoint::LayerInput => None,
+        };
         // A decoded row's residual before a MoE block, kept for the near-end prediction of
         // the late predictor (see `experts`).
-        let near_end =
-            matches!((self.predict, at, rows), (Predict::Late, LayerPoint::BeforeMlp, RowKind::Decode))
-                && x.rows == 1
-                && self.cfg.mlp_kinds[layer] == MlpKind::Moe
-                && self.dense.layers.get(layer + 1).is_some_and(|l| l.router().is_some());
+        let near_end = self.predict == Predict::Late
+            && rows == RowKind::Decode
+            && x.rows == 1
+            && inside.is_some_and(|layer| self.cfg.mlp_kinds[layer] == MlpKind::Moe)
+            && self.dense.layers[next].router().is_some();
         if near_end {
             self.prediction.residual.clear();
             self.prediction.residual.extend_from_slice(&x.data);
-            self.prediction.near_end = Some(layer + 1);
+            self.prediction.near_end = Some(next);
         }
         let due = match (self.predict, at) {
-            (Predict::Early, LayerPoint::BeforeMlp) | (Predict::Late, LayerPoint::AfterLayer) => true,
-            (Predict::Early, LayerPoint::AfterLayer)
-            | (Predict::Late, LayerPoint::BeforeMlp)
-            | (Predict::Off, _) => false,
+            (Predict::Early, LayerPoint::BeforeMlp) | (Predict::Late, LayerPoint::LayerInput) => true,
+            // Layer 0 has no point before its input: both predictors use the embedding.
+            (Predict::Early, LayerPoint::LayerInput) => next == 0,
+            (Predict::Late, LayerPoint::BeforeMlp) | (Predict::Off, _) => false,
         };
         // Predicting L+2 as well was measured to waste five times as many reads for no gain
         // (docs/perf.md), so the prediction looks one layer ahead.
-        let next = layer + 1;
-        if !due || next >= self.cfg.num_layers {
+        if !due {
             return Ok(());
         }
-        // Each row's residual (before this layer's MLP block, or after it) through L+1's
-        // router; the union over the rows (a batched step's sequences).
+        // Each row's residual through layer `next`'s router; the union over the rows (a
+        // batched step's sequences).
         check_shape("prediction input", x, x.rows, self.cfg.hidden_size)?;
         let guess = &mut self.prediction.guess;
         guess.rows.clear();
@@ -580,13 +590,11 @@ impl Backend for CpuBackend {
                 guess.experts.truncate(self.experts.batch_limit());
             }
         }
-        match (at, self.cfg.mlp_kinds[layer]) {
+        match inside.map(|layer| self.cfg.mlp_kinds[layer]) {
             // This layer's experts are not secured yet: issued by `experts` once they are, so
             // that the prediction's reads cannot take their room first.
-            (LayerPoint::BeforeMlp, MlpKind::Moe) => self.prediction.pending = Some(next),
-            (LayerPoint::BeforeMlp, MlpKind::Dense) | (LayerPoint::AfterLayer, _) => {
-                self.experts.prefetch(next, &guess.experts)
-            }
+            Some(MlpKind::Moe) => self.prediction.pending = Some(next),
+            Some(MlpKind::Dense) | None => self.experts.prefetch(next, &guess.experts),
         }
         Ok(())
     }

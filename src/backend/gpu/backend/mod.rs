@@ -785,7 +785,7 @@ impl Backend for GpuBackend {
     /// Nothing: this backend predicts inside [`route`](Backend::route), with router L+1 on
     /// the device over layer L's normalized MoE input, and starts the predicted reads when
     /// it reads layer L's routing back (`GpuOptions::predict` decides whether it runs).
-    fn predict_next(&mut self, _layer: usize, _at: LayerPoint, _rows: RowKind, _x: &GpuAct) -> Result<()> {
+    fn predict_next(&mut self, _next: usize, _at: LayerPoint, _rows: RowKind, _x: &GpuAct) -> Result<()> {
         Ok(())
     }
 
