@@ -168,7 +168,9 @@ fi
 if [[ -z "$GGUF" ]]; then
   SYNTH="$(cd "$SYNTH" && pwd)"
   GGUF="$WORK/$(basename "$SYNTH")-mxfp4-bf16.gguf"
-  if [[ ! -f "$GGUF.done" ]]; then
+  # The marker says the conversion finished; a GGUF deleted since (to free the disk) is made again.
+  if [[ ! -f "$GGUF.done" || ! -f "$GGUF" ]]; then
+    rm -f "$GGUF.done"
     OVERLAY="$WORK/hf-$(basename "$SYNTH")"
     log "tokenizer + overlay $OVERLAY (symlinks to $SYNTH, which is not modified)"
     RANKS="$(ls "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/tiktoken-rs-0.12.1/assets/o200k_base.tiktoken 2>/dev/null | head -n1 || true)"

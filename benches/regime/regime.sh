@@ -154,7 +154,7 @@ prepare() { # skew -> sets SYNTH, CONTAINER, GGUF
   GGUF=""
   [[ "$LLAMA" == 1 ]] && GGUF="$ANCHOR_WORK/$(basename "$SYNTH")-mxfp4-bf16.gguf"
   # Everything already made from this checkpoint: nothing to synthesize.
-  if [[ -f "$CONTAINER/.regime-ok" ]] && [[ -z "$GGUF" || ( -f "$GGUF.done" && -n "$LLAMA_BENCH" ) ]]; then
+  if [[ -f "$CONTAINER/.regime-ok" ]] && [[ -z "$GGUF" || ( -f "$GGUF.done" && -f "$GGUF" && -n "$LLAMA_BENCH" ) ]]; then
     return
   fi
   if [[ ! -f "$SYNTH/.regime-ok" ]]; then
