@@ -97,7 +97,7 @@ impl RouteTable {
 /// Layer 0 has no layer before it: both predict it from the token rows' embedding
 /// ([`LayerPoint::LayerInput`]), so a decode step's first reads start during layer 0's
 /// attention rather than after its routing (on the 12-layer synthetic 120B, skewed routing,
-/// 81% right and 1.4-2.3 ms less of the disk's idle time a token; docs/perf.md).
+/// 81% right, and the disk idle 3 ms less a decoded token besides the head; docs/perf.md).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
 pub enum Predict {
     /// Once layer L's routing is known: from the residual entering L's MoE block (after L's
