@@ -312,28 +312,34 @@ fn the_frequency_policy_keeps_popular_experts_through_a_scan() {
     );
 }
 
-#[test]
-fn the_request_trace_records_every_request() {
-    let name = "tiny-mxfp4";
-    let r = Reference::load(&fixture(name));
-    let dir = convert_fixture(name, Formats::default());
-    let cfg = picchio::ModelConfig::from_dir(dir.path()).unwrap();
-    let trace = dir.path().join("requests.txt");
+/// `steps` greedy tokens from `prompt` under `predict`, with a cache of 6 experts and the
+/// request trace on: the trace's text and the cache's counters.
+fn traced_generate(dir: &Path, prompt: &[u32], predict: Predict, steps: usize) -> (String, ExpertStats) {
+    let trace = dir.join(format!("requests-{predict:?}.txt"));
     let opts = OpenOptions {
-        ram_bytes: Some(6 * expert_bytes(dir.path())),
+        ram_bytes: Some(6 * expert_bytes(dir)),
         hot_set: false,
         ctx: 128,
         expert_trace: Some(trace.clone()),
         ..Default::default()
     };
     let stats = {
-        let model = engine::load_container(dir.path(), &opts).unwrap();
-        let mut s =
-            Session::new(engine::cpu_runner(&model, &RunOptions { ctx: 128, ..Default::default() }).unwrap());
-        s.generate(&r.prompt, 4, &mut Sampler::greedy(), &[], &mut |_| true).unwrap();
+        let model = engine::load_container(dir, &opts).unwrap();
+        let run_opts = RunOptions { ctx: 128, predict, ..Default::default() };
+        let mut s = Session::new(engine::cpu_runner(&model, &run_opts).unwrap());
+        s.generate(prompt, steps, &mut Sampler::greedy(), &[], &mut |_| true).unwrap();
         model.experts.stats()
     };
-    let text = std::fs::read_to_string(&trace).unwrap();
+    (std::fs::read_to_string(&trace).unwrap(), stats)
+}
+
+#[test]
+fn the_request_trace_records_every_request() {
+    let name = "tiny-mxfp4";
+    let r = Reference::load(&fixture(name));
+    let dir = convert_fixture(name, Formats::default());
+    let cfg = picchio::ModelConfig::from_dir(dir.path()).unwrap();
+    let (text, stats) = traced_generate(dir.path(), &r.prompt, Predict::default(), 4);
     let mut demanded = 0u64;
     let mut predictions = 0u64;
     for line in text.lines() {
@@ -363,23 +369,9 @@ fn every_forward_pass_predicts_layer_zero_from_the_embedding_first() {
     assert!(cfg.num_layers > 1, "the passes are told apart by layer 0 following the last layer");
     let steps = 4;
     for predict in [Predict::Early, Predict::Late] {
-        let trace = dir.path().join(format!("requests-{predict:?}.txt"));
-        let opts = OpenOptions {
-            ram_bytes: Some(6 * expert_bytes(dir.path())),
-            hot_set: false,
-            ctx: 128,
-            expert_trace: Some(trace.clone()),
-            ..Default::default()
-        };
-        {
-            let model = engine::load_container(dir.path(), &opts).unwrap();
-            let run_opts = RunOptions { ctx: 128, predict, ..Default::default() };
-            let mut s = Session::new(engine::cpu_runner(&model, &run_opts).unwrap());
-            s.generate(&r.prompt, steps, &mut Sampler::greedy(), &[], &mut |_| true).unwrap();
-        }
+        let (text, _) = traced_generate(dir.path(), &r.prompt, predict, steps);
         // A forward pass starts where layer 0 is demanded after another layer (or first):
         // layer 0's prediction must come before it, since the pass began.
-        let text = std::fs::read_to_string(&trace).unwrap();
         let (mut passes, mut predicted_zero, mut last_demanded) = (0, false, None);
         for line in text.lines() {
             let parts: Vec<&str> = line.split(' ').collect();

@@ -13,25 +13,15 @@ Usage: breakdown.py RESULTS_DIR
   RESULTS_DIR is a directory regime.sh wrote (picchio-*.json); one line per run and phase.
 """
 import argparse
-import json
-import sys
 from pathlib import Path
 
-
-def fail(msg):
-    sys.exit(f"breakdown: {msg}")
-
-
-def per_token_ms(phase, key):
-    """`phase[key]` (seconds over the phase) in ms per token."""
-    return 1e3 * phase[key] / phase["tokens"]
+from runs import per_token_ms, picchio_runs
 
 
 def line(name, what, phase, floor_bw):
-    if phase.get("tokens", 0) <= 0:
-        fail(f"{name}: a {what} phase with no tokens")
-    wall, busy, floor = (per_token_ms(phase, k) for k in ("seconds", "disk_busy_s", "floor_s"))
-    head, attention = per_token_ms(phase, "head_s"), per_token_ms(phase, "attention_s")
+    wall, busy, floor, head, attention = (
+        per_token_ms(phase, k, "breakdown") for k in ("seconds", "disk_busy_s", "floor_s", "head_s", "attention_s")
+    )
     busy_bw = phase["disk_busy_bytes_per_s"] / 1e9
     return (
         f"{name:<16} {what:<7} {wall:7.1f} ms/token = busy {busy:6.1f} + idle {wall - busy:5.1f} "
@@ -45,15 +35,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("results", type=Path)
     a = ap.parse_args()
-    runs = sorted(a.results.glob("picchio-*.json"))
-    if not runs:
-        fail(f"no picchio-*.json in {a.results}")
-    for f in runs:
-        try:
-            j = json.loads(f.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            fail(f"{f}: {e}")
-        name = f.stem[len("picchio-"):]
+    for name, j in picchio_runs(a.results, "breakdown"):
         floor_bw = j.get("disk_read_bandwidth_bytes_per_s", 0.0) / 1e9
         for what in ("prefill", "decode"):
             phase = j[what]

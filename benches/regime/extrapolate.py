@@ -20,10 +20,11 @@ Usage: extrapolate.py RESULTS_DIR [--full-layers N]
 Prints one line per Picchio run with a disk phase (every-expert-in-RAM rows have no floor).
 """
 import argparse
-import json
 import re
 import sys
 from pathlib import Path
+
+from runs import per_token_ms, picchio_runs
 
 
 def fail(msg):
@@ -44,10 +45,7 @@ def layers_of(results):
 
 def phase_per_token(phase, scale):
     """The phase's (wall, floor) per token in ms at the full depth."""
-    n = phase["tokens"]
-    if n <= 0:
-        fail("a phase with no tokens")
-    wall, head, floor = (1e3 * phase[k] / n for k in ("seconds", "head_s", "floor_s"))
+    wall, head, floor = (per_token_ms(phase, k, "extrapolate") for k in ("seconds", "head_s", "floor_s"))
     return scale * (wall - head) + head, scale * floor
 
 
@@ -61,22 +59,15 @@ def main():
     if layers <= 0 or full < layers:
         fail(f"{full} full layers for runs of {layers}")
     scale = full / layers
-    runs = sorted(a.results.glob("picchio-*.json"))
-    if not runs:
-        fail(f"no picchio-*.json in {a.results}")
     print(f"{layers} layers measured, extrapolated to {full}")
-    for f in runs:
-        try:
-            j = json.loads(f.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            fail(f"{f}: {e}")
+    for name, j in picchio_runs(a.results, "extrapolate"):
         dec, pre = j["decode"], j["prefill"]
         if dec.get("bytes_read", 0) == 0:
             continue  # every expert in RAM: no disk floor to extrapolate against
         dw, df = phase_per_token(dec, scale)
         pw, _ = phase_per_token(pre, scale)
         print(
-            f"{f.stem[len('picchio-'):]:<20} decode {1e3 / dw:.2f} tok/s, {dw / df:.2f}x over its floor; "
+            f"{name:<20} decode {1e3 / dw:.2f} tok/s, {dw / df:.2f}x over its floor; "
             f"prefill {1e3 / pw:.2f} tok/s  (measured: decode {dec['tokens_per_s']:.2f} tok/s "
             f"{dec['over_floor']:.2f}x, prefill {pre['tokens_per_s']:.2f} tok/s {pre['over_floor']:.2f}x)"
         )

@@ -538,13 +538,11 @@ impl Backend for CpuBackend {
         if next >= self.cfg.num_layers {
             return Ok(());
         }
-        // The layer the residual is inside of, at `BeforeMlp`.
-        let inside = match at {
-            LayerPoint::BeforeMlp => match next.checked_sub(1) {
-                Some(layer) => Some(layer),
-                None => return Ok(()),
-            },
-            LayerPoint::LayerInput => None,
+        // The layer the residual is inside of, at `BeforeMlp` (none before layer 0).
+        let inside = match (at, next.checked_sub(1)) {
+            (LayerPoint::BeforeMlp, None) => return Ok(()),
+            (LayerPoint::BeforeMlp, layer) => layer,
+            (LayerPoint::LayerInput, _) => None,
         };
         // A decoded row's residual before a MoE block, kept for the near-end prediction of
         // the late predictor (see `experts`).
