@@ -107,6 +107,72 @@ fn transpose_into(out: &[f32], n: usize, y: &mut [f32]) {
     }
 }
 
+/// `y = [W_0; W_1; ...] x` on `path` for parts of one format and input width (checked by
+/// the callers), with INT4 and INT8 matrices on quantized activations if `quantize`: the
+/// multi-row kernels with one input, the parts' rows split across the pool as one matrix's.
+fn parts_matvec(parts: &[&Matrix], path: KernelPath, quantize: bool, x: &[f32], y: &mut [f32]) {
+    let Some(first) = parts.first() else { return };
+    assert_eq!(x.len(), first.cols, "matvec input length");
+    let integer = first.integer_product().is_some();
+    let qx = (integer && quantize).then(|| QuantizedX::new(x));
+    // The kernels read `x` from a copy aligned to cache lines (padded to whole INT4 groups,
+    // in the order the MXFP4 and BF16 kernels read): cheap next to the product, and no vector load
+    // then straddles two lines.
+    let aligned = qx.is_none().then(|| first.arranged_inputs(path, x, 1));
+    let inputs =
+        Inputs { x: aligned.as_ref().map_or_else(Vec::new, |a| a.rows().collect()), q: qx.iter().collect() };
+    // Outputs `first..first + ys.len()` of the stacked rows, part by part.
+    let task = |first: usize, ys: &mut [f32]| {
+        let (mut at, mut ys, mut part_start) = (first, ys, 0);
+        for m in parts {
+            let part_end = part_start + m.rows;
+            if at < part_end && !ys.is_empty() {
+                let (now, rest) = ys.split_at_mut((part_end - at).min(ys.len()));
+                m.rows_dot_multi(path, at - part_start, &inputs, now);
+                at += now.len();
+                ys = rest;
+            }
+            part_start = part_end;
+        }
+    };
+    let rows = y.len();
+    if rows * first.cols < PARALLEL_MIN_WORK {
+        task(0, y);
+    } else {
+        // About eight pieces a thread (a power of two), for balance.
+        let tasks = rayon::current_num_threads().max(1) * 8;
+        let min_rows = (PARALLEL_MIN_WORK / first.cols.max(1)).max(1);
+        let pieces = rows.div_ceil(rows.div_ceil(tasks).max(min_rows)).next_power_of_two();
+        split_in_halves(0, y, pieces, &task);
+    }
+}
+
+/// Runs `task(first, ys)` over `pieces` pieces of the outputs `ys` (output `first` onwards;
+/// `pieces` a power of two), on the thread pool: halves `ys` at the whole number of
+/// [`kernels::TASK_ROWS`] nearest its middle, and each half into `pieces / 2` the same way,
+/// so pieces differ by at most `TASK_ROWS` rows (fewer pieces where `ys` has fewer
+/// `TASK_ROWS`).
+///
+/// Equal chunks of a fixed size had given 2880 rows 15 chunks, one thread 8 of them and the
+/// other 7, and a product waited about a fifteenth of its time for the slower thread. Halving
+/// keeps any power-of-two number of threads' shares equal, and each thread goes through one
+/// contiguous part of the matrix unless it steals.
+fn split_in_halves<F>(first: usize, ys: &mut [f32], pieces: usize, task: &F)
+where
+    F: Fn(usize, &mut [f32]) + Sync,
+{
+    let units = ys.len().div_ceil(kernels::TASK_ROWS);
+    if pieces < 2 || units < 2 {
+        return task(first, ys);
+    }
+    let mid = units / 2 * kernels::TASK_ROWS;
+    let (low, high) = ys.split_at_mut(mid);
+    rayon::join(
+        || split_in_halves(first, low, pieces / 2, task),
+        || split_in_halves(first + mid, high, pieces / 2, task),
+    );
+}
+
 /// Weight bytes in one block of rows of [`Matrix::matmul`] (one task for the thread pool): the
 /// block stays in L2 while the passes of inputs go over it.
 const MATMUL_BLOCK_BYTES: usize = 128 << 10;
@@ -337,31 +403,47 @@ impl Matrix {
 
     /// `y = W x` on `path`, with INT4 and INT8 matrices on quantized activations if `quantize`:
     /// the multi-row kernels with one input (bit-identical to the single-row product), rows
-    /// split across threads in chunks of whole row blocks.
+    /// split across threads in pieces of whole row blocks.
     fn matvec_impl(&self, path: KernelPath, quantize: bool, x: &[f32], y: &mut [f32]) {
-        assert_eq!(x.len(), self.cols, "matvec input length");
         assert_eq!(y.len(), self.rows, "matvec output length");
-        let integer = self.integer_product().is_some();
-        let qx = (integer && quantize).then(|| QuantizedX::new(x));
-        // The kernels read `x` from a copy aligned to cache lines (padded to whole INT4 groups,
-        // in the order the MXFP4 and BF16 kernels read): cheap next to the product, and no vector load
-        // then straddles two lines.
-        let aligned = qx.is_none().then(|| self.arranged_inputs(path, x, 1));
-        let inputs = Inputs {
-            x: aligned.as_ref().map_or_else(Vec::new, |a| a.rows().collect()),
-            q: qx.iter().collect(),
+        parts_matvec(&[self], path, quantize, x, y)
+    }
+
+    /// `y = [W_0; W_1; ...] x`: the products of `parts` over the same input, their outputs one
+    /// after another in `y`, as one product split across the thread pool. Each output is
+    /// bit-identical to its part's [`Matrix::matvec`]. The three attention projections of a
+    /// decoded token run this way: one split instead of three, so the small key and value
+    /// products (a twentieth of a millisecond each) do not each wait for a slower thread.
+    /// Fails, naming the part, where the parts differ in format or input width (the caller
+    /// runs them one by one then); `y` must hold the parts' rows together.
+    pub fn matvec_parts(parts: &[&Matrix], x: &[f32], y: &mut [f32]) -> Result<()> {
+        let Some(first) = parts.first() else {
+            return Err(Error::tensor("matvec_parts", "no matrices"));
         };
-        if self.rows * self.cols < PARALLEL_MIN_WORK {
-            self.rows_dot_multi(path, 0, &inputs, y);
-        } else {
-            // About eight chunks a thread, for balance, each a whole number of [`kernels::TASK_ROWS`].
-            let tasks = rayon::current_num_threads().max(1) * 8;
-            let min_rows = (PARALLEL_MIN_WORK / self.cols.max(1)).max(1);
-            let chunk = self.rows.div_ceil(tasks).max(min_rows).next_multiple_of(kernels::TASK_ROWS);
-            y.par_chunks_mut(chunk)
-                .enumerate()
-                .for_each(|(ci, ys)| self.rows_dot_multi(path, ci * chunk, &inputs, ys));
+        let mut rows = 0usize;
+        for m in parts {
+            if m.cols != first.cols || m.format_name() != first.format_name() {
+                return Err(Error::tensor(
+                    "matvec_parts",
+                    format!(
+                        "{} [{}, {}] beside {} [{}, {}]",
+                        m.format_name(),
+                        m.rows,
+                        m.cols,
+                        first.format_name(),
+                        first.rows,
+                        first.cols
+                    ),
+                ));
+            }
+            rows = rows.checked_add(m.rows).ok_or_else(|| Error::tensor("matvec_parts", "too many rows"))?;
         }
+        if y.len() != rows {
+            return Err(Error::tensor("matvec_parts", format!("{} outputs for {rows} rows", y.len())));
+        }
+        let path = kernels::selected();
+        parts_matvec(parts, path, first.quantizes_on(path), x, y);
+        Ok(())
     }
 
     /// The `n` input rows of `x` copied into rows aligned to cache lines, padded to the
@@ -574,5 +656,117 @@ mod stack_tests {
         let f = Matrix::from_f32("f", 2, 64, vec![0.0; 128]).unwrap();
         assert!(Matrix::stack_rows("qkv", &[&a, &f]).is_err());
         assert!(Matrix::stack_rows("qkv", &[]).is_err());
+    }
+}
+
+#[cfg(test)]
+mod split_tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    /// The pieces `split_in_halves` hands out for `rows` outputs, as (first, len), sorted.
+    fn pieces(rows: usize, pieces: usize) -> Vec<(usize, usize)> {
+        let seen = Mutex::new(Vec::new());
+        let mut ys = vec![0.0f32; rows];
+        split_in_halves(0, &mut ys, pieces, &|first, piece: &mut [f32]| {
+            piece.fill(1.0);
+            seen.lock().unwrap().push((first, piece.len()));
+        });
+        assert!(ys.iter().all(|&y| y == 1.0), "{rows} rows: some output was not handed out");
+        let mut seen = seen.into_inner().unwrap();
+        seen.sort_unstable();
+        seen
+    }
+
+    #[test]
+    fn every_row_once_in_whole_task_rows_and_pieces_within_a_task_of_rows() {
+        for rows in [1, 15, 16, 17, 100, 512, 2880, 4096, 5760, 201_088] {
+            for n in [1, 2, 4, 16, 64] {
+                let got = pieces(rows, n);
+                assert_eq!(
+                    got.len(),
+                    n.min(rows.div_ceil(kernels::TASK_ROWS)),
+                    "{rows} rows in {n}: {got:?}"
+                );
+                let mut next = 0;
+                for &(first, len) in &got {
+                    assert_eq!(first, next, "{rows} rows in {n}: {got:?}");
+                    assert_eq!(first % kernels::TASK_ROWS, 0, "{rows} rows in {n}: {got:?}");
+                    next += len;
+                }
+                assert_eq!(next, rows);
+                let (min, max) =
+                    got.iter().fold((usize::MAX, 0), |(lo, hi), &(_, len)| (lo.min(len), hi.max(len)));
+                assert!(max - min <= kernels::TASK_ROWS, "{rows} rows in {n}: {got:?}");
+            }
+        }
+    }
+
+    /// A matrix of `format` ("bf16", "mxfp4" or "f32") with varied codes and scales.
+    fn matrix(format: &str, rows: usize, cols: usize, seed: usize) -> Matrix {
+        let byte = |j: usize| ((j + seed) * 7919 % 251) as u8;
+        let data = match format {
+            "bf16" => MatrixData::Bf16(WeightBuf::owned(
+                (0..rows * cols)
+                    .map(|j| half::bf16::from_f32(byte(j) as f32 / 125.0 - 1.0).to_bits())
+                    .collect(),
+            )),
+            "mxfp4" => MatrixData::Mxfp4 {
+                codes: WeightBuf::owned((0..rows * mxfp4::row_bytes(cols)).map(byte).collect()),
+                scales: WeightBuf::owned(
+                    (0..rows * mxfp4::blocks(cols)).map(|j| 120 + byte(j) % 10).collect(),
+                ),
+            },
+            _ => MatrixData::F32(WeightBuf::owned(
+                (0..rows * cols).map(|j| byte(j) as f32 / 125.0 - 1.0).collect(),
+            )),
+        };
+        Matrix::new("m", rows, cols, data).unwrap()
+    }
+
+    #[test]
+    fn parts_in_one_product_give_each_part_s_own_outputs_bit_for_bit() {
+        // Large enough to split across the pool, with part boundaries inside the pieces.
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
+        for format in ["bf16", "mxfp4", "f32"] {
+            let cols = 320;
+            let parts =
+                [matrix(format, 200, cols, 1), matrix(format, 24, cols, 2), matrix(format, 37, cols, 3)];
+            let x: Vec<f32> = (0..cols).map(|i| ((i * 37 % 101) as f32 - 50.0) / 64.0).collect();
+            let want: Vec<f32> = parts
+                .iter()
+                .flat_map(|m| {
+                    let mut y = vec![0.0; m.rows];
+                    m.matvec(&x, &mut y);
+                    y
+                })
+                .collect();
+            let refs: Vec<&Matrix> = parts.iter().collect();
+            let mut got = vec![f32::NAN; want.len()];
+            pool.install(|| Matrix::matvec_parts(&refs, &x, &mut got)).unwrap();
+            assert_eq!(got, want, "{format}");
+        }
+    }
+
+    #[test]
+    fn parts_of_other_formats_or_widths_or_a_wrong_output_are_refused() {
+        let x = vec![0.5; 64];
+        let (a, b) = (matrix("bf16", 16, 64, 0), matrix("f32", 16, 64, 0));
+        let err = Matrix::matvec_parts(&[&a, &b], &x, &mut [0.0; 32]).unwrap_err().to_string();
+        assert!(err.contains("f32") && err.contains("bf16"), "{err}");
+        let wide = matrix("bf16", 16, 96, 0);
+        assert!(Matrix::matvec_parts(&[&a, &wide], &x, &mut [0.0; 32]).is_err());
+        assert!(Matrix::matvec_parts(&[&a, &a], &x, &mut [0.0; 31]).is_err());
+        assert!(Matrix::matvec_parts(&[], &x, &mut []).is_err());
+    }
+
+    #[test]
+    fn two_threads_get_equal_halves_where_equal_chunks_did_not() {
+        // Equal chunks of 192 rows (2880 / 16, rounded up to whole tasks of rows) made 15.
+        let got = pieces(2880, 16);
+        assert_eq!(got.len(), 16, "{got:?}");
+        let low: usize = got.iter().filter(|&&(first, _)| first < 1440).map(|&(_, len)| len).sum();
+        assert_eq!(low, 1440, "{got:?}");
     }
 }

@@ -67,6 +67,8 @@ pub struct CpuBackend {
     prediction: PredictionScratch,
     /// Buffers of the MoE block, reused by every layer of every token.
     moe: moe::MoeScratch,
+    /// A decoded token's query, key and value one after another ([`Backend::linear_qkv`]).
+    qkv: Vec<f32>,
 }
 
 /// Reusable buffers of [`CpuBackend::predict_next`] and of the near-end prediction.
@@ -175,6 +177,7 @@ impl CpuBackend {
             router_logits: Vec::new(),
             prediction: PredictionScratch::default(),
             moe: moe::MoeScratch::default(),
+            qkv: Vec::new(),
         })
     }
 
@@ -337,6 +340,45 @@ impl Backend for CpuBackend {
                     *o += b;
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// A single row (a decoded token) runs the three projections as one product split across
+    /// the pool ([`Matrix::matvec_parts`]); more rows, or projections of different formats or
+    /// widths, run them one by one. The same outputs either way.
+    fn linear_qkv(
+        &mut self,
+        layer: usize,
+        x: &CpuAct,
+        q: &mut CpuAct,
+        k: &mut CpuAct,
+        v: &mut CpuAct,
+    ) -> Result<()> {
+        // The weights through their own handle, so that the scratch below can be borrowed.
+        let dense = Arc::clone(&self.dense);
+        let attn = &dense.layers[layer].attn;
+        let parts = [&attn.q, &attn.k, &attn.v];
+        let one_product = x.rows == 1 && {
+            self.qkv.resize(parts.iter().map(|p| p.weight.rows).sum(), 0.0);
+            Matrix::matvec_parts(&parts.map(|p| &p.weight), &x.data, &mut self.qkv).is_ok()
+        };
+        if !one_product {
+            self.linear(LinearId::Q(layer), x, q)?;
+            self.linear(LinearId::K(layer), x, k)?;
+            return self.linear(LinearId::V(layer), x, v);
+        }
+        let mut stacked = self.qkv.as_slice();
+        for (out, part) in [q, k, v].into_iter().zip(parts) {
+            check_shape("linear", out, 1, part.weight.rows)?;
+            let (these, rest) = stacked.split_at(part.weight.rows);
+            out.data.copy_from_slice(these);
+            if let Some(b) = &part.bias {
+                for (o, &b) in out.data.iter_mut().zip(b) {
+                    *o += b;
+                }
+            }
+            stacked = rest;
         }
         Ok(())
     }
