@@ -1,5 +1,8 @@
 //! The CPU key/value cache: for each layer, keys and values of every cached position,
-//! `[capacity, kv_heads * head_dim]`, written at their absolute positions.
+//! `[kv_heads, capacity, head_dim]`, written at their absolute positions. Each key/value head's
+//! positions are contiguous, so that attention, which goes through one head's positions in
+//! order, streams them (with the positions' heads side by side, each step jumped over the
+//! other heads' values and a decoded token's attention over a long cache waited on memory).
 //!
 //! Positions are never shifted: rewinding a session to `keep` positions just means later
 //! writes overwrite from `keep` on, so a cache can serve prefix reuse without copying.
@@ -14,17 +17,21 @@ use crate::system::{available_memory, gib};
 /// Keys and values for every layer.
 pub struct KvCache {
     capacity: usize,
-    kv_dim: usize,
+    kv_heads: usize,
+    head_dim: usize,
     keys: Vec<Vec<f32>>,
     values: Vec<Vec<f32>>,
 }
 
 impl KvCache {
-    /// A cache for `layers` layers of `capacity` positions of width `kv_dim`. Memory is
+    /// A cache for `layers` layers of `capacity` positions of `kv_heads` heads of `head_dim`
+    /// values. Memory is
     /// zero-filled lazily by the OS, so an unused tail costs no resident memory. Fails,
     /// naming `--ctx`, the bytes needed and the memory available, when the size overflows
     /// or the allocation is refused.
-    pub fn new(layers: usize, capacity: usize, kv_dim: usize) -> Result<Self> {
+    pub fn new(layers: usize, capacity: usize, kv_heads: usize, head_dim: usize) -> Result<Self> {
+        let kv_dim =
+            kv_heads.checked_mul(head_dim).ok_or_else(|| kv_cache_too_large(layers, capacity, usize::MAX))?;
         let too_big = || kv_cache_too_large(layers, capacity, kv_dim);
         let per_layer = capacity.checked_mul(kv_dim).ok_or_else(too_big)?;
         Self::bytes_for(layers, capacity, kv_dim).ok_or_else(too_big)?;
@@ -36,7 +43,7 @@ impl KvCache {
             keys.push(zeroed_f32(per_layer).ok_or_else(too_big)?);
             values.push(zeroed_f32(per_layer).ok_or_else(too_big)?);
         }
-        Ok(KvCache { capacity, kv_dim, keys, values })
+        Ok(KvCache { capacity, kv_heads, head_dim, keys, values })
     }
 
     /// Positions the cache holds.
@@ -47,17 +54,20 @@ impl KvCache {
     /// Stores the key and value of `pos` in `layer`. The backend checks `pos < capacity`
     /// before it runs a position (`Error::ContextFull` otherwise).
     pub fn write(&mut self, layer: usize, pos: usize, key: &[f32], value: &[f32]) {
-        let d = self.kv_dim;
-        self.keys[layer][pos * d..(pos + 1) * d].copy_from_slice(key);
-        self.values[layer][pos * d..(pos + 1) * d].copy_from_slice(value);
+        let d = self.head_dim;
+        for h in 0..self.kv_heads {
+            let at = (h * self.capacity + pos) * d;
+            self.keys[layer][at..at + d].copy_from_slice(&key[h * d..(h + 1) * d]);
+            self.values[layer][at..at + d].copy_from_slice(&value[h * d..(h + 1) * d]);
+        }
     }
 
-    /// Keys of `layer`, `[capacity, kv_dim]`.
+    /// Keys of `layer`, `[kv_heads, capacity, head_dim]`.
     pub fn keys(&self, layer: usize) -> &[f32] {
         &self.keys[layer]
     }
 
-    /// Values of `layer`, `[capacity, kv_dim]`.
+    /// Values of `layer`, `[kv_heads, capacity, head_dim]`.
     pub fn values(&self, layer: usize) -> &[f32] {
         &self.values[layer]
     }
@@ -111,20 +121,30 @@ mod tests {
     fn sizes_that_overflow_are_errors_naming_ctx() {
         assert_eq!(KvCache::bytes_for(2, 3, 4), Some(2 * 2 * 3 * 4 * 4));
         assert_eq!(KvCache::bytes_for(24, 1 << 62, 512), None);
-        let e = KvCache::new(24, 1 << 62, 512).err().expect("an overflowing size is refused").to_string();
+        let e = KvCache::new(24, 1 << 62, 8, 64).err().expect("an overflowing size is refused").to_string();
         assert!(e.contains("--ctx 4611686018427387904") && e.contains("available"), "{e}");
     }
 
     #[test]
     fn a_refused_allocation_is_an_error() {
         // 2^60 bytes per layer: no machine grants it.
-        let e = KvCache::new(1, 1 << 56, 4).err().expect("an impossible allocation is refused").to_string();
+        let e =
+            KvCache::new(1, 1 << 56, 1, 4).err().expect("an impossible allocation is refused").to_string();
         assert!(e.contains("--ctx 72057594037927936 needs"), "{e}");
     }
 
     #[test]
+    fn each_head_s_positions_are_contiguous() {
+        // 2 heads of 2 values, 3 positions: head 0's positions, then head 1's.
+        let mut kv = KvCache::new(1, 3, 2, 2).unwrap();
+        kv.write(0, 1, &[1.0, 2.0, 3.0, 4.0], &[5.0, 6.0, 7.0, 8.0]);
+        assert_eq!(kv.keys(0), &[0.0, 0.0, 1.0, 2.0, 0.0, 0.0, 0.0, 0.0, 3.0, 4.0, 0.0, 0.0]);
+        assert_eq!(kv.values(0), &[0.0, 0.0, 5.0, 6.0, 0.0, 0.0, 0.0, 0.0, 7.0, 8.0, 0.0, 0.0]);
+    }
+
+    #[test]
     fn a_cache_starts_zeroed() {
-        let mut kv = KvCache::new(2, 3, 4).unwrap();
+        let mut kv = KvCache::new(2, 3, 1, 4).unwrap();
         assert!(kv.keys(1).iter().chain(kv.values(0)).all(|&v| v == 0.0));
         kv.write(1, 2, &[1.0; 4], &[2.0; 4]);
         assert_eq!(&kv.keys(1)[8..], &[1.0; 4]);

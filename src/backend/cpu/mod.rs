@@ -22,7 +22,7 @@ use crate::model::rope::{RopeFrequencies, rotate_half};
 use crate::model::weights::{DenseWeights, FeedForward, LayerWeights, Linear};
 use crate::quant::Matrix;
 
-use attention::{AttentionShape, LayerCache, attend_head};
+use attention::{AttentionShape, LayerCache, attend_group};
 use kv_cache::KvCache;
 
 /// Activations in host memory.
@@ -163,7 +163,7 @@ impl CpuBackend {
         capacity: usize,
     ) -> Result<Self> {
         let (rope_cos, rope_sin) = RopeFrequencies::from_config(&cfg).try_table(capacity)?;
-        let kv = vec![KvCache::new(cfg.num_layers, capacity, cfg.kv_dim())?];
+        let kv = vec![KvCache::new(cfg.num_layers, capacity, cfg.num_kv_heads, cfg.head_dim)?];
         Ok(CpuBackend {
             cfg,
             dense,
@@ -204,6 +204,7 @@ impl CpuBackend {
     /// The cache of sequence `seq` in `layer`, with the layer's sinks.
     fn layer_cache(&self, seq: usize, layer: usize) -> LayerCache<'_> {
         LayerCache {
+            positions: self.kv[seq].capacity(),
             keys: self.kv[seq].keys(layer),
             values: self.kv[seq].values(layer),
             sinks: self.dense.layers[layer].attn.sinks.as_deref(),
@@ -421,7 +422,7 @@ impl Backend for CpuBackend {
     fn add_sequence(&mut self) -> Result<usize> {
         let cfg = &self.cfg;
         self.kv.try_reserve(1).map_err(|_| Error::invalid("no memory for another key/value cache"))?;
-        self.kv.push(KvCache::new(cfg.num_layers, self.capacity(), cfg.kv_dim())?);
+        self.kv.push(KvCache::new(cfg.num_layers, self.capacity(), cfg.num_kv_heads, cfg.head_dim)?);
         Ok(self.kv.len() - 1)
     }
 
@@ -448,13 +449,13 @@ impl Backend for CpuBackend {
         }
         let shape = self.attention_shape(layer);
         let caches: Vec<LayerCache<'_>> = rows.iter().map(|at| self.layer_cache(at.seq, layer)).collect();
-        // One task per (row, head), each over its own sequence's cache: exactly the
+        // One task per (row, key/value head), each over its own sequence's cache: exactly the
         // computation of `attention` for that row alone.
-        let (d, heads) = (cfg.head_dim, cfg.num_heads);
-        out.data.par_chunks_mut(d).enumerate().for_each_init(Vec::new, |scores, (i, o)| {
-            let (r, h) = (i / heads, i % heads);
-            let qh = &q.row(r)[h * d..(h + 1) * d];
-            attend_head(shape, caches[r], h, qh, rows[r].pos, scores, o);
+        let width = cfg.head_dim * (cfg.num_heads / cfg.num_kv_heads);
+        out.data.par_chunks_mut(width).enumerate().for_each_init(Vec::new, |scores, (i, o)| {
+            let (r, kvh) = (i / cfg.num_kv_heads, i % cfg.num_kv_heads);
+            let q_group = &q.row(r)[kvh * width..(kvh + 1) * width];
+            attend_group(shape, caches[r], kvh, q_group, rows[r].pos, scores, o);
         });
         Ok(())
     }
@@ -480,12 +481,13 @@ impl Backend for CpuBackend {
         }
         let shape = self.attention_shape(layer);
         let cache = self.layer_cache(self.current, layer);
-        // One task per (row, head); each head's result is independent of the split.
-        let (d, heads) = (cfg.head_dim, cfg.num_heads);
-        out.data.par_chunks_mut(d).enumerate().for_each_init(Vec::new, |scores, (i, o)| {
-            let (r, h) = (i / heads, i % heads);
-            let qh = &q.row(r)[h * d..(h + 1) * d];
-            attend_head(shape, cache, h, qh, start_pos + r, scores, o);
+        // One task per (row, key/value head): the query heads sharing its keys and values
+        // read them once. Each head's result is independent of the split.
+        let width = cfg.head_dim * (cfg.num_heads / cfg.num_kv_heads);
+        out.data.par_chunks_mut(width).enumerate().for_each_init(Vec::new, |scores, (i, o)| {
+            let (r, kvh) = (i / cfg.num_kv_heads, i % cfg.num_kv_heads);
+            let q_group = &q.row(r)[kvh * width..(kvh + 1) * width];
+            attend_group(shape, cache, kvh, q_group, start_pos + r, scores, o);
         });
         Ok(())
     }
