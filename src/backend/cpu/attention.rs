@@ -56,7 +56,8 @@ impl<'a> LayerCache<'a> {
 
 /// Attends one query head `qh` (`head_dim` values) of head index `h` at position `pos` over
 /// `cache` (valid through `pos`), writing `out` (`head_dim` values). `scores` is scratch; it
-/// is resized as needed.
+/// is resized as needed. The plain definition, one head at a time: the backend runs
+/// [`attend_group`], which the tests hold to these bits.
 pub fn attend_head(
     shape: AttentionShape,
     cache: LayerCache<'_>,
