@@ -230,6 +230,34 @@ impl Matrix {
         Ok(Matrix { rows, cols, data })
     }
 
+    /// The first of `parts` and their rows in all, where they can stand one under another: at
+    /// least one part, all of the first one's format and input width. Errors name `name` and
+    /// the part that does not fit.
+    fn stacked_rows<'m>(name: &str, parts: &[&'m Matrix]) -> Result<(&'m Matrix, usize)> {
+        let Some(&first) = parts.first() else {
+            return Err(Error::tensor(name, "stacking no matrices"));
+        };
+        let mut rows = 0usize;
+        for m in parts {
+            if m.cols != first.cols || m.format_name() != first.format_name() {
+                return Err(Error::tensor(
+                    name,
+                    format!(
+                        "cannot stack {} [{}, {}] under {} [{}, {}]",
+                        m.format_name(),
+                        m.rows,
+                        m.cols,
+                        first.format_name(),
+                        first.rows,
+                        first.cols
+                    ),
+                ));
+            }
+            rows = rows.checked_add(m.rows).ok_or_else(|| Error::tensor(name, "too many rows"))?;
+        }
+        Ok((first, rows))
+    }
+
     /// The rows of `parts` one after another, as one matrix of their common format and
     /// input width (each row's codes and scales copied as they are, so the stacked matrix
     /// computes exactly what the parts do). A GPU runs the three attention projections as
@@ -238,27 +266,8 @@ impl Matrix {
         fn cat<T: bytemuck::Pod>(bufs: &[&WeightBuf<T>]) -> WeightBuf<T> {
             WeightBuf::owned(bufs.iter().flat_map(|b| b.as_slice().iter().copied()).collect())
         }
-        let Some(first) = parts.first() else {
-            return Err(Error::tensor(name, "stacking no matrices"));
-        };
+        let (first, rows) = Self::stacked_rows(name, parts)?;
         let cols = first.cols;
-        let mut rows = 0usize;
-        for m in parts {
-            if m.cols != cols || m.format_name() != first.format_name() {
-                return Err(Error::tensor(
-                    name,
-                    format!(
-                        "cannot stack {} [{}, {}] under {} [{}, {cols}]",
-                        m.format_name(),
-                        m.rows,
-                        m.cols,
-                        first.format_name(),
-                        first.rows
-                    ),
-                ));
-            }
-            rows = rows.checked_add(m.rows).ok_or_else(|| Error::tensor(name, "too many rows"))?;
-        }
         // Every part has the first one's format (checked above by name), so each arm
         // collects the same variant from every part.
         macro_rules! collect {
@@ -417,27 +426,7 @@ impl Matrix {
     /// Fails, naming the part, where the parts differ in format or input width (the caller
     /// runs them one by one then); `y` must hold the parts' rows together.
     pub fn matvec_parts(parts: &[&Matrix], x: &[f32], y: &mut [f32]) -> Result<()> {
-        let Some(first) = parts.first() else {
-            return Err(Error::tensor("matvec_parts", "no matrices"));
-        };
-        let mut rows = 0usize;
-        for m in parts {
-            if m.cols != first.cols || m.format_name() != first.format_name() {
-                return Err(Error::tensor(
-                    "matvec_parts",
-                    format!(
-                        "{} [{}, {}] beside {} [{}, {}]",
-                        m.format_name(),
-                        m.rows,
-                        m.cols,
-                        first.format_name(),
-                        first.rows,
-                        first.cols
-                    ),
-                ));
-            }
-            rows = rows.checked_add(m.rows).ok_or_else(|| Error::tensor("matvec_parts", "too many rows"))?;
-        }
+        let (first, rows) = Self::stacked_rows("matvec_parts", parts)?;
         if y.len() != rows {
             return Err(Error::tensor("matvec_parts", format!("{} outputs for {rows} rows", y.len())));
         }
