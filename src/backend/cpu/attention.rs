@@ -54,45 +54,12 @@ impl<'a> LayerCache<'a> {
     }
 }
 
-/// Attends one query head `qh` (`head_dim` values) of head index `h` at position `pos` over
-/// `cache` (valid through `pos`), writing `out` (`head_dim` values). `scores` is scratch; it
-/// is resized as needed. The plain definition, one head at a time: the backend runs
-/// [`attend_group`], which the tests hold to these bits.
-pub fn attend_head(
-    shape: AttentionShape,
-    cache: LayerCache<'_>,
-    h: usize,
-    qh: &[f32],
-    pos: usize,
-    scores: &mut Vec<f32>,
-    out: &mut [f32],
-) {
-    let d = shape.head_dim;
-    let kvh = h / (shape.heads / shape.kv_heads);
-    let scale = 1.0 / (d as f32).sqrt();
-    let first = first_visible(pos, shape.window);
-    let n = pos + 1 - first;
-    scores.resize(n, 0.0);
-    for (sj, k) in scores.iter_mut().zip(cache.keys_of(kvh, d, first, pos).chunks_exact(d)) {
-        *sj = dot(qh, k) * scale;
-    }
-    match cache.sinks {
-        Some(sinks) => softmax_with_sink(scores, sinks[h]),
-        None => softmax(scores),
-    }
-    out.fill(0.0);
-    for (&w, v) in scores.iter().zip(cache.values_of(kvh, d, first, pos).chunks_exact(d)) {
-        for (o, &vv) in out.iter_mut().zip(v) {
-            *o += w * vv;
-        }
-    }
-}
-
 /// Attends the query heads that share key/value head `kvh` (`shape.heads / shape.kv_heads`
 /// of them, `q_group` holding their `head_dim` values each, in order) at position `pos` over
 /// `cache`, writing their outputs into `out` (the same layout). Each head's result is bit for
-/// bit [`attend_head`]'s: the same dot products, softmax and sum over positions in the same
-/// order, only interleaved across the heads, so that each cached key and value is read once
+/// bit what attending that head alone gives (the tests' `attend_head`): the same dot
+/// products, softmax and sum over positions in the same order, only interleaved across the
+/// heads, so that each cached key and value is read once
 /// for the group instead of once per head (a 1,024-token cache of the 20B shape is 4 MiB a
 /// layer, more than a core's L2, and the eight heads of a group each went through it).
 /// `scores` is scratch; it is resized as needed.
@@ -122,35 +89,27 @@ pub fn attend_group(
     attend_group_body(shape, cache, kvh, q_group, pos, scores, out)
 }
 
-/// [`attend_group`] compiled for AVX-512F.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn attend_group_avx512(
-    shape: AttentionShape,
-    cache: LayerCache<'_>,
-    kvh: usize,
-    q_group: &[f32],
-    pos: usize,
-    scores: &mut Vec<f32>,
-    out: &mut [f32],
-) {
-    attend_group_body(shape, cache, kvh, q_group, pos, scores, out)
+/// A copy of [`attend_group_body`] compiled with the target features `$features`.
+macro_rules! attend_group_for {
+    ($name:ident, $features:literal) => {
+        #[doc = concat!("[`attend_group`] compiled for ", $features, ".")]
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = $features)]
+        fn $name(
+            shape: AttentionShape,
+            cache: LayerCache<'_>,
+            kvh: usize,
+            q_group: &[f32],
+            pos: usize,
+            scores: &mut Vec<f32>,
+            out: &mut [f32],
+        ) {
+            attend_group_body(shape, cache, kvh, q_group, pos, scores, out)
+        }
+    };
 }
-
-/// [`attend_group`] compiled for AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-fn attend_group_avx2(
-    shape: AttentionShape,
-    cache: LayerCache<'_>,
-    kvh: usize,
-    q_group: &[f32],
-    pos: usize,
-    scores: &mut Vec<f32>,
-    out: &mut [f32],
-) {
-    attend_group_body(shape, cache, kvh, q_group, pos, scores, out)
-}
+attend_group_for!(attend_group_avx512, "avx512f");
+attend_group_for!(attend_group_avx2, "avx2");
 
 /// The computation of [`attend_group`], inlined into each compiled copy.
 #[inline(always)]
@@ -225,19 +184,53 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
     sum
 }
 
-/// Attends every head of the query row `q` (`heads * head_dim`) at position `pos`, writing
-/// `out` (`heads * head_dim`).
-pub fn attend_row(shape: AttentionShape, cache: LayerCache<'_>, q: &[f32], pos: usize, out: &mut [f32]) {
-    let d = shape.head_dim;
-    let mut scores = Vec::new();
-    for (h, o) in out.chunks_mut(d).enumerate() {
-        attend_head(shape, cache, h, &q[h * d..(h + 1) * d], pos, &mut scores, o);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Attends one query head `qh` (`head_dim` values) of head index `h` at position `pos` over
+    /// `cache` (valid through `pos`), writing `out` (`head_dim` values). `scores` is scratch; it
+    /// is resized as needed. The plain definition, one head at a time, that the tests hold
+    /// [`attend_group`] to, bit for bit.
+    fn attend_head(
+        shape: AttentionShape,
+        cache: LayerCache<'_>,
+        h: usize,
+        qh: &[f32],
+        pos: usize,
+        scores: &mut Vec<f32>,
+        out: &mut [f32],
+    ) {
+        let d = shape.head_dim;
+        let kvh = h / (shape.heads / shape.kv_heads);
+        let scale = 1.0 / (d as f32).sqrt();
+        let first = first_visible(pos, shape.window);
+        let n = pos + 1 - first;
+        scores.resize(n, 0.0);
+        for (sj, k) in scores.iter_mut().zip(cache.keys_of(kvh, d, first, pos).chunks_exact(d)) {
+            *sj = dot(qh, k) * scale;
+        }
+        match cache.sinks {
+            Some(sinks) => softmax_with_sink(scores, sinks[h]),
+            None => softmax(scores),
+        }
+        out.fill(0.0);
+        for (&w, v) in scores.iter().zip(cache.values_of(kvh, d, first, pos).chunks_exact(d)) {
+            for (o, &vv) in out.iter_mut().zip(v) {
+                *o += w * vv;
+            }
+        }
+    }
+
+    /// Attends every head of the query row `q` (`heads * head_dim`) at position `pos`, writing
+    /// `out` (`heads * head_dim`).
+    fn attend_row(shape: AttentionShape, cache: LayerCache<'_>, q: &[f32], pos: usize, out: &mut [f32]) {
+        let d = shape.head_dim;
+        let mut scores = Vec::new();
+        for (h, o) in out.chunks_mut(d).enumerate() {
+            attend_head(shape, cache, h, &q[h * d..(h + 1) * d], pos, &mut scores, o);
+        }
+    }
 
     #[test]
     fn a_group_of_heads_gives_each_head_s_own_result_bit_for_bit() {
@@ -255,10 +248,8 @@ mod tests {
                 let cache = LayerCache { positions, keys: &keys, values: &values, sinks };
                 let pos = positions - 1;
                 let mut want = vec![0.0f32; heads * d];
+                attend_row(shape, cache, &q, pos, &mut want);
                 let mut scores = Vec::new();
-                for (h, o) in want.chunks_mut(d).enumerate() {
-                    attend_head(shape, cache, h, &q[h * d..(h + 1) * d], pos, &mut scores, o);
-                }
                 let group = heads / kv_heads;
                 let mut got = vec![f32::NAN; heads * d];
                 for (kvh, o) in got.chunks_mut(group * d).enumerate() {

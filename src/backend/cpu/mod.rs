@@ -252,6 +252,17 @@ impl CpuBackend {
     }
 }
 
+/// Adds a linear layer's `bias` (if it has one) to every row of its output `out`.
+fn add_bias(out: &mut CpuAct, bias: Option<&[f32]>) {
+    if let Some(b) = bias {
+        for row in out.data.chunks_mut(out.width.max(1)) {
+            for (o, &b) in row.iter_mut().zip(b) {
+                *o += b;
+            }
+        }
+    }
+}
+
 fn check_shape(what: &str, act: &CpuAct, rows: usize, width: usize) -> Result<()> {
     crate::backend::check_shape(what, (act.rows, act.width), (rows, width))
 }
@@ -335,13 +346,7 @@ impl Backend for CpuBackend {
         let (w, bias) = self.linear_parts(id)?;
         check_shape("linear", out, x.rows, w.rows)?;
         w.matmul(&x.data, x.rows, &mut out.data);
-        if let Some(b) = bias {
-            for row in out.data.chunks_mut(w.rows) {
-                for (o, &b) in row.iter_mut().zip(b) {
-                    *o += b;
-                }
-            }
-        }
+        add_bias(out, bias);
         Ok(())
     }
 
@@ -374,11 +379,7 @@ impl Backend for CpuBackend {
             check_shape("linear", out, 1, part.weight.rows)?;
             let (these, rest) = stacked.split_at(part.weight.rows);
             out.data.copy_from_slice(these);
-            if let Some(b) = &part.bias {
-                for (o, &b) in out.data.iter_mut().zip(b) {
-                    *o += b;
-                }
-            }
+            add_bias(out, part.bias.as_deref());
             stacked = rest;
         }
         Ok(())
