@@ -28,34 +28,132 @@ pub fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
 /// Softmax of `scores` with one extra "sink" logit appended: the max is taken over the
 /// scores and the sink, the sink's share is dropped, so the returned weights sum to less
 /// than one. Writes the weights over `scores`.
+///
+/// Written for the vector units (it runs once per query head and cached position, and a
+/// scalar `exp` with a running sum took a quarter of a long context's attention): the
+/// exponentials by [`exp`], the denominator as [`sum_in_lanes`] of them plus the sink's
+/// share. One fixed order of operations, so every caller and every compiled copy gets the
+/// same bits.
+#[inline(always)]
 pub fn softmax_with_sink(scores: &mut [f32], sink: f32) {
-    let mut max = sink;
-    for &s in scores.iter() {
-        max = max.max(s);
-    }
-    let mut denom = (sink - max).exp();
+    let max = max_in_lanes(scores).max(sink);
     for s in scores.iter_mut() {
-        *s = (*s - max).exp();
-        denom += *s;
+        *s = exp(*s - max);
     }
-    let inv = 1.0 / denom;
+    let inv = 1.0 / (exp(sink - max) + sum_in_lanes(scores));
     for s in scores.iter_mut() {
         *s *= inv;
     }
 }
 
-/// Plain softmax in place.
+/// Plain softmax in place, in the manner of [`softmax_with_sink`].
+#[inline(always)]
 pub fn softmax(values: &mut [f32]) {
-    let max = values.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut denom = 0.0f32;
+    let max = max_in_lanes(values);
     for v in values.iter_mut() {
-        *v = (*v - max).exp();
-        denom += *v;
+        *v = exp(*v - max);
     }
+    let denom = sum_in_lanes(values);
     for v in values.iter_mut() {
         *v /= denom;
     }
 }
+
+/// Independent partial results of [`sum_in_lanes`] and [`max_in_lanes`]: a 512-bit register
+/// of f32 (or four 128-bit ones).
+pub const LANES: usize = 16;
+
+/// The largest of `values` (NaNs ignored, as `f32::max` does; `-inf` for none), taken in
+/// [`LANES`] independent lanes. A maximum is exact, so this is the same value a running
+/// maximum gives, without its chain of dependent operations.
+#[inline(always)]
+pub fn max_in_lanes(values: &[f32]) -> f32 {
+    let (whole, rest) = values.as_chunks::<LANES>();
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    for c in whole {
+        for l in 0..LANES {
+            lanes[l] = lanes[l].max(c[l]);
+        }
+    }
+    rest.iter().fold(lanes.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)), |m, &v| m.max(v))
+}
+
+/// `sum values[i]`: element `i` into partial sum `i % LANES` (whole lanes' worth of
+/// elements), the partial sums added by [`fold_lanes`], then the elements past the last
+/// whole `LANES` in order. One fixed order, which the compiler keeps in vector registers.
+#[inline(always)]
+pub fn sum_in_lanes(values: &[f32]) -> f32 {
+    let (whole, rest) = values.as_chunks::<LANES>();
+    let mut lanes = [0.0f32; LANES];
+    for c in whole {
+        for l in 0..LANES {
+            lanes[l] += c[l];
+        }
+    }
+    rest.iter().fold(fold_lanes(lanes), |s, &v| s + v)
+}
+
+/// The sum of `LANES` partial sums, added in halves (8 + 8, then 4 + 4, ...): the order the
+/// vector reductions of the CPU backend share.
+#[inline(always)]
+pub fn fold_lanes(mut lanes: [f32; LANES]) -> f32 {
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        for l in 0..width {
+            lanes[l] += lanes[l + width];
+        }
+    }
+    lanes[0]
+}
+
+/// `e^x` in f32, rounded from an f64 value within about 1e-13 of the true one, so it is the
+/// correctly rounded result but where `e^x` lies within that distance of a halfway point
+/// between two f32 (the tests hold it to libm's `exp` within one ulp, and to the correctly
+/// rounded value almost everywhere); subnormal below -87.3, 0 for `-inf`, `+inf` above
+/// about 88.7, NaN for NaN. In f64: `x = n ln 2 + r` with `|r| <= ln 2 / 2` (`ln 2` in two
+/// parts, so that `n ln 2` loses nothing), `e^r` by its Taylor series to degree 10 (the first
+/// term left out is below 3e-13 of the sum), times `2^n` made from exponent bits. Only
+/// multiplies, adds, conversions and bit operations with no branch, so a loop of it runs in
+/// vector registers (libm's `expf` is a call per element); no fused multiply-add, so every
+/// target gives the same bits.
+#[inline(always)]
+pub fn exp(x: f32) -> f32 {
+    const LOG2_E: f64 = std::f64::consts::LOG2_E;
+    // ln 2 = LN2_HI + LN2_LO, LN2_HI with 32 significant bits, so n * LN2_HI is exact.
+    const LN2_HI: f64 = 0.693_147_180_369_123_8;
+    const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
+    // Adding 1.5 * 2^52 rounds to an integer, which the low bits of the sum then hold.
+    const ROUND: f64 = 6_755_399_441_055_744.0;
+    // e^-150 is below f32's smallest subnormal, e^89 above its largest value.
+    let clamped = f64::from(x).clamp(-150.0, 89.0);
+    let t = clamped * LOG2_E + ROUND;
+    let n = t - ROUND;
+    let r = (clamped - n * LN2_HI) - n * LN2_LO;
+    let mut e_r = 1.0 / 3_628_800.0;
+    for k in (1..10).rev() {
+        e_r = e_r * r + INVERSE_FACTORIALS[k];
+    }
+    let e_r = e_r * r + 1.0;
+    // t's bits are those of ROUND plus n: 2^n's exponent field is n + 1023.
+    let n_bits = t.to_bits().wrapping_sub(ROUND.to_bits());
+    let y = (e_r * f64::from_bits(n_bits.wrapping_add(1023) << 52)) as f32;
+    if x.is_nan() { x } else { y }
+}
+
+/// `1 / k!` for `k` in `0..10`: the coefficients of [`exp`]'s series.
+const INVERSE_FACTORIALS: [f64; 10] = [
+    1.0,
+    1.0,
+    1.0 / 2.0,
+    1.0 / 6.0,
+    1.0 / 24.0,
+    1.0 / 120.0,
+    1.0 / 720.0,
+    1.0 / 5_040.0,
+    1.0 / 40_320.0,
+    1.0 / 362_880.0,
+];
 
 /// The `k` largest router logits, in descending order (ties: lower index first), and the
 /// softmax over just those `k` logits. Writes `k` indices and `k` weights.
@@ -212,6 +310,78 @@ mod tests {
         let mut s = [0.0f32, 1.0];
         softmax_with_sink(&mut s, -1e30);
         assert!(close(s[0] + s[1], 1.0, 1e-7));
+    }
+
+    /// Distance in units in the last place between two finite f32 of the same sign.
+    fn ulps(a: f32, b: f32) -> u32 {
+        a.to_bits().abs_diff(b.to_bits())
+    }
+
+    #[test]
+    fn exp_is_correctly_rounded_almost_everywhere() {
+        // Every 97th f32 from -104 (subnormal results) to 88.7, and the special values.
+        let (mut checked, mut off) = (0u64, 0u64);
+        let mut x = -104.0f32;
+        loop {
+            let got = exp(x);
+            let want = f64::from(x).exp() as f32;
+            if got.to_bits() != want.to_bits() {
+                off += 1;
+                assert!(ulps(got, want) <= 1, "exp({x}) = {got}, correctly rounded {want}");
+            }
+            assert!(ulps(got, x.exp()) <= 1, "exp({x}) = {got}, libm {}", x.exp());
+            checked += 1;
+            x = if x < 0.0 {
+                f32::from_bits(x.to_bits().saturating_sub(97))
+            } else {
+                f32::from_bits(x.to_bits() + 97)
+            };
+            if x.abs() < 1e-30 {
+                x = 1e-30;
+            }
+            if x > 88.7 {
+                break;
+            }
+        }
+        assert!(off * 100_000 <= checked, "{off} of {checked} not correctly rounded");
+        assert_eq!(exp(0.0), 1.0);
+        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp(-200.0), 0.0);
+        assert_eq!(exp(89.0), f32::INFINITY);
+        assert_eq!(exp(f32::INFINITY), f32::INFINITY);
+        assert!(exp(f32::NAN).is_nan());
+    }
+
+    #[test]
+    fn lane_reductions_match_plain_ones() {
+        let values: Vec<f32> = (0..40).map(|i| ((i * 37 % 23) as f32 - 11.0) * 0.37).collect();
+        for n in 0..values.len() {
+            let v = &values[..n];
+            assert_eq!(max_in_lanes(v), v.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x)), "max of {n}");
+            let plain: f64 = v.iter().map(|&x| f64::from(x)).sum();
+            assert!((f64::from(sum_in_lanes(v)) - plain).abs() <= 1e-5 * (1.0 + plain.abs()), "sum of {n}");
+        }
+        assert_eq!(max_in_lanes(&[f32::NAN, 1.0, f32::NAN]), 1.0);
+    }
+
+    #[test]
+    fn softmax_over_a_long_row_matches_the_definition() {
+        // 1,000 scores (whole lanes and a tail), spread as a long context's are.
+        let scores: Vec<f32> = (0..1000).map(|i| ((i * 7919 % 1000) as f32 / 1000.0 - 0.5) * 30.0).collect();
+        let sink = 3.25f32;
+        let e: Vec<f64> = scores.iter().chain([&sink]).map(|&v| f64::from(v).exp()).collect();
+        let total: f64 = e.iter().sum();
+        let mut s = scores.clone();
+        softmax_with_sink(&mut s, sink);
+        for (i, (&got, &want)) in s.iter().zip(&e).enumerate() {
+            assert!(close(got, (want / total) as f32, 1e-6), "{i}: {got} against {}", want / total);
+        }
+        let mut p = scores.clone();
+        softmax(&mut p);
+        let total = total - e[1000];
+        for (i, (&got, &want)) in p.iter().zip(&e).enumerate() {
+            assert!(close(got, (want / total) as f32, 1e-6), "{i}: {got} against {}", want / total);
+        }
     }
 
     #[test]

@@ -78,6 +78,7 @@ pub fn check_prompt(name: &str) {
             );
         }
         let d = max_abs_diff(&got.weights, want_w);
+        eprintln!("{name}: layer {layer}: routing weights max diff {d:e}");
         assert!(d < 1e-5, "{name}: layer {layer}: routing weights differ by {d}");
     }
     let d = max_abs_diff(&logits, &r.logits);

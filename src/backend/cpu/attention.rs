@@ -1,7 +1,7 @@
 //! Attention for one query position over the cached keys and values: GQA head mapping,
 //! causal and sliding-window visibility, scaled scores, softmax with the head's sink (plain softmax in families without sinks).
 
-use crate::model::math::{softmax, softmax_with_sink};
+use crate::model::math::{LANES, fold_lanes, softmax, softmax_with_sink};
 
 /// Shape of the attention computation.
 #[derive(Clone, Copy, Debug)]
@@ -86,12 +86,13 @@ pub fn attend_group(
             return unsafe { attend_group_avx2(shape, cache, kvh, q_group, pos, scores, out) };
         }
     }
-    attend_group_body(shape, cache, kvh, q_group, pos, scores, out)
+    attend_group_body(shape, cache, kvh, q_group, pos, scores, out, dot)
 }
 
-/// A copy of [`attend_group_body`] compiled with the target features `$features`.
+/// A copy of [`attend_group_body`] compiled with the target features `$features`, its dot
+/// products by `$dot` (the same bits as [`dot`]).
 macro_rules! attend_group_for {
-    ($name:ident, $features:literal) => {
+    ($name:ident, $features:literal, $dot:ident) => {
         #[doc = concat!("[`attend_group`] compiled for ", $features, ".")]
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = $features)]
@@ -104,14 +105,17 @@ macro_rules! attend_group_for {
             scores: &mut Vec<f32>,
             out: &mut [f32],
         ) {
-            attend_group_body(shape, cache, kvh, q_group, pos, scores, out)
+            // SAFETY (of `$dot`): this copy is compiled, and called, only with its features.
+            attend_group_body(shape, cache, kvh, q_group, pos, scores, out, |a, b| unsafe { $dot(a, b) })
         }
     };
 }
-attend_group_for!(attend_group_avx512, "avx512f");
-attend_group_for!(attend_group_avx2, "avx2");
+attend_group_for!(attend_group_avx512, "avx512f", dot_avx512);
+attend_group_for!(attend_group_avx2, "avx2", dot_avx2);
 
-/// The computation of [`attend_group`], inlined into each compiled copy.
+/// The computation of [`attend_group`], inlined into each compiled copy, with `dot` giving
+/// [`dot`]'s bits.
+#[allow(clippy::too_many_arguments)]
 #[inline(always)]
 fn attend_group_body(
     shape: AttentionShape,
@@ -121,6 +125,7 @@ fn attend_group_body(
     pos: usize,
     scores: &mut Vec<f32>,
     out: &mut [f32],
+    dot: impl Fn(&[f32], &[f32]) -> f32,
 ) {
     let d = shape.head_dim;
     let group = shape.heads / shape.kv_heads;
@@ -140,48 +145,157 @@ fn attend_group_body(
         }
     }
     out.fill(0.0);
-    for (j, v) in cache.values_of(kvh, d, first, pos).chunks_exact(d).enumerate() {
+    // `out[g][e] += w[g][j] * v[j][e]` over the positions `j` in order, for each head `g` and
+    // element `e`: a block of positions at a time (its values stay in L1 while every head
+    // goes through them), and a head's outputs [`LANES`] at a time in registers across the
+    // block rather than loaded and stored at every position.
+    let values = cache.values_of(kvh, d, first, pos);
+    for j0 in (0..n).step_by(VALUE_BLOCK) {
+        let block = &values[j0 * d..(j0 + VALUE_BLOCK).min(n) * d];
         for (g, o) in out.chunks_exact_mut(d).enumerate() {
-            let w = scores[g * n + j];
-            for (o, &vv) in o.iter_mut().zip(v) {
-                *o += w * vv;
+            let w = &scores[g * n + j0..][..block.len() / d];
+            let (o_lanes, o_rest) = o.as_chunks_mut::<LANES>();
+            for (i, acc) in o_lanes.chunks_mut(CHAINS).enumerate() {
+                let at = i * CHAINS * LANES;
+                match acc.len() {
+                    4 => add_weighted::<4>(acc, w, block, d, at),
+                    3 => add_weighted::<3>(acc, w, block, d, at),
+                    2 => add_weighted::<2>(acc, w, block, d, at),
+                    _ => add_weighted::<1>(acc, w, block, d, at),
+                }
+            }
+            let tail = o_lanes.len() * LANES;
+            for (&w, v) in w.iter().zip(block.chunks_exact(d)) {
+                for (o, &vv) in o_rest.iter_mut().zip(&v[tail..]) {
+                    *o += w * vv;
+                }
             }
         }
     }
 }
 
-/// Independent partial sums of [`dot`]: a 512-bit register of f32, or four 128-bit ones.
-const DOT_LANES: usize = 16;
+/// Positions of values [`attend_group`] takes at a time: 64 of the 20B's 64-wide heads are 16
+/// KiB, half a core's L1.
+const VALUE_BLOCK: usize = 64;
 
-/// `sum a[i] * b[i]`: element `i` into partial sum `i % DOT_LANES` (whole lanes' worth of
-/// elements), the partial sums added in halves (8 + 8, then 4 + 4, ...), then the elements
-/// past the last whole `DOT_LANES` in order. One fixed order whatever the caller, so a query
-/// gives the same bits alone or in a batch. The lanes are independent, so the compiler keeps
-/// them in vector registers on every target; a single running sum (one add waiting for the
-/// previous, a few cycles an element) made a query's scores over a 1,024-token cache take
-/// longer than the token's weights.
+/// Registers of a head's outputs that take the weighted values at once: independent chains
+/// of additions, so that each waits on its own previous addition only every fourth step.
+/// (`attend_group_body` has an arm for each count up to it.)
+const CHAINS: usize = 4;
+const _: () = assert!(CHAINS == 4);
+
+/// `acc[k][l] += w[j] * values[j][at + k * LANES + l]` over the positions `j` in order (`K`
+/// registers of [`LANES`] outputs, `values` rows of `d`), in registers until the end.
+#[inline(always)]
+fn add_weighted<const K: usize>(acc: &mut [[f32; LANES]], w: &[f32], values: &[f32], d: usize, at: usize) {
+    let mut a: [[f32; LANES]; K] = std::array::from_fn(|k| acc[k]);
+    for (&w, v) in w.iter().zip(values.chunks_exact(d)) {
+        let v = &v[at..][..K * LANES];
+        for k in 0..K {
+            for l in 0..LANES {
+                a[k][l] += w * v[k * LANES + l];
+            }
+        }
+    }
+    acc[..K].copy_from_slice(&a);
+}
+
+/// `sum a[i] * b[i]`: element `i` into partial sum `i % LANES` (whole lanes' worth of
+/// elements), the partial sums added by [`fold_lanes`] (in halves), then the elements past
+/// the last whole `LANES` in order. One fixed order whatever the caller, so a query
+/// gives the same bits alone or in a batch. The lanes are independent (a single running sum,
+/// one add waiting for the previous, made a query's scores over a 1,024-token cache take
+/// longer than the token's weights); the x86 copies of [`attend_group`] use
+/// [`dot_avx512`] and [`dot_avx2`], which give these bits with the lanes in whole registers.
 #[inline(always)]
 fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let (a_lanes, a_rest) = a.as_chunks::<DOT_LANES>();
-    let (b_lanes, b_rest) = b.as_chunks::<DOT_LANES>();
-    let mut sums = [0.0f32; DOT_LANES];
+    let (a_lanes, a_rest) = a.as_chunks::<LANES>();
+    let (b_lanes, b_rest) = b.as_chunks::<LANES>();
+    let mut sums = [0.0f32; LANES];
     for (x, y) in a_lanes.iter().zip(b_lanes) {
-        for l in 0..DOT_LANES {
+        for l in 0..LANES {
             sums[l] += x[l] * y[l];
         }
     }
-    let mut width = DOT_LANES;
-    while width > 1 {
-        width /= 2;
-        for l in 0..width {
-            sums[l] += sums[l + width];
-        }
-    }
-    let mut sum = sums[0];
+    let mut sum = fold_lanes(sums);
     for (x, y) in a_rest.iter().zip(b_rest) {
         sum += x * y;
     }
     sum
+}
+
+/// [`dot`] with AVX-512: the 16 partial sums in one register, added in halves by extracting
+/// the upper half each time, as [`fold_lanes`] does. The compiler, left to [`dot`] alone,
+/// split its 16 lanes into eight pairs with the reduction, and a query's scores took half of
+/// a long context's attention.
+///
+/// # Safety
+/// The CPU must have AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn dot_avx512(a: &[f32], b: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let (a_lanes, a_rest) = a.as_chunks::<LANES>();
+    let (b_lanes, b_rest) = b.as_chunks::<LANES>();
+    let mut sums = _mm512_setzero_ps();
+    for (x, y) in a_lanes.iter().zip(b_lanes) {
+        // SAFETY: `x` and `y` are 16 readable f32 each; unaligned loads are allowed.
+        let (x, y) = unsafe { (_mm512_loadu_ps(x.as_ptr()), _mm512_loadu_ps(y.as_ptr())) };
+        sums = _mm512_add_ps(sums, _mm512_mul_ps(x, y));
+    }
+    let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(sums)));
+    // SAFETY: AVX2 and SSE come with AVX-512F.
+    let mut sum = unsafe { fold_eight(_mm256_add_ps(_mm512_castps512_ps256(sums), high)) };
+    for (x, y) in a_rest.iter().zip(b_rest) {
+        sum += x * y;
+    }
+    sum
+}
+
+/// [`dot`] with AVX2: partial sums 0-7 and 8-15 in two registers, added together first, as
+/// [`fold_lanes`] does.
+///
+/// # Safety
+/// The CPU must have AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+#[inline]
+unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let (a_lanes, a_rest) = a.as_chunks::<LANES>();
+    let (b_lanes, b_rest) = b.as_chunks::<LANES>();
+    let (mut low, mut high) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+    for (x, y) in a_lanes.iter().zip(b_lanes) {
+        // SAFETY: `x` and `y` are 16 readable f32 each; unaligned loads are allowed.
+        unsafe {
+            let (x0, y0) = (_mm256_loadu_ps(x.as_ptr()), _mm256_loadu_ps(y.as_ptr()));
+            let (x1, y1) = (_mm256_loadu_ps(x.as_ptr().add(8)), _mm256_loadu_ps(y.as_ptr().add(8)));
+            low = _mm256_add_ps(low, _mm256_mul_ps(x0, y0));
+            high = _mm256_add_ps(high, _mm256_mul_ps(x1, y1));
+        }
+    }
+    // SAFETY: the CPU has AVX2.
+    let mut sum = unsafe { fold_eight(_mm256_add_ps(low, high)) };
+    for (x, y) in a_rest.iter().zip(b_rest) {
+        sum += x * y;
+    }
+    sum
+}
+
+/// The last three halvings of [`fold_lanes`] on its lanes 0-7: 0-3 plus 4-7, then 0-1 plus
+/// 2-3, then 0 plus 1.
+///
+/// # Safety
+/// The CPU must have AVX.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx")]
+#[inline]
+unsafe fn fold_eight(v: std::arch::x86_64::__m256) -> f32 {
+    use std::arch::x86_64::*;
+    let four = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+    let two = _mm_add_ps(four, _mm_movehl_ps(four, four));
+    _mm_cvtss_f32(_mm_add_ss(two, _mm_movehdup_ps(two)))
 }
 
 #[cfg(test)]
@@ -234,10 +348,18 @@ mod tests {
 
     #[test]
     fn a_group_of_heads_gives_each_head_s_own_result_bit_for_bit() {
-        for (heads, kv_heads, window) in [(8, 2, None), (8, 2, Some(3)), (4, 4, None), (6, 1, None)] {
-            let d = 20;
+        // Head widths with and without a tail past whole lanes; more positions than a block
+        // of values (`VALUE_BLOCK`), and fewer.
+        let cases = [
+            (8, 2, None, 20, 9),
+            (8, 2, Some(3), 20, 9),
+            (4, 4, None, 20, 9),
+            (6, 1, None, 20, 9),
+            (8, 2, None, 64, 2 * VALUE_BLOCK + 5),
+            (8, 2, Some(100), 36, VALUE_BLOCK + 1),
+        ];
+        for (heads, kv_heads, window, d, positions) in cases {
             let shape = AttentionShape { heads, kv_heads, head_dim: d, window };
-            let positions = 9;
             let kv_dim = kv_heads * d;
             let val = |i: usize, m: usize| ((i * m % 97) as f32 - 48.0) / 37.0;
             let keys: Vec<f32> = (0..positions * kv_dim).map(|i| val(i, 13)).collect();
@@ -277,6 +399,27 @@ mod tests {
             // Products and sums of these are exact in f32 (multiples of 1/32 below 2^20).
             let want: f64 = a.iter().zip(&b).map(|(&x, &y)| x as f64 * y as f64).sum();
             assert_eq!(dot(&a, &b) as f64, want, "length {n}");
+        }
+    }
+
+    #[test]
+    fn compiled_dots_give_dot_s_bits() {
+        for n in [0, 1, 15, 16, 17, 20, 64, 100, 131] {
+            // Values whose products and sums round, so that another order would show.
+            let a: Vec<f32> = (0..n).map(|i| ((i as f32) * 0.731).sin() * 3.0).collect();
+            let b: Vec<f32> = (0..n).map(|i| ((i as f32) * 1.37).cos() * 1e3).collect();
+            let want = dot(&a, &b).to_bits();
+            #[cfg(target_arch = "x86_64")]
+            {
+                if std::arch::is_x86_feature_detected!("avx512f") {
+                    // SAFETY: the CPU has AVX-512F (checked just above).
+                    assert_eq!(unsafe { dot_avx512(&a, &b) }.to_bits(), want, "AVX-512, length {n}");
+                }
+                if std::arch::is_x86_feature_detected!("avx2") {
+                    // SAFETY: the CPU has AVX2 (checked just above).
+                    assert_eq!(unsafe { dot_avx2(&a, &b) }.to_bits(), want, "AVX2, length {n}");
+                }
+            }
         }
     }
 
