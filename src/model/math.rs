@@ -37,10 +37,7 @@ pub fn rms_norm_in_place(x: &mut [f32], weight: &[f32], eps: f32) {
 #[inline(always)]
 pub fn softmax_with_sink(scores: &mut [f32], sink: f32) {
     let max = max_in_lanes(scores).max(sink);
-    for s in scores.iter_mut() {
-        *s = exp(*s - max);
-    }
-    let inv = 1.0 / (exp(sink - max) + sum_in_lanes(scores));
+    let inv = 1.0 / (exp(sink - max) + exp_minus_max(scores, max));
     for s in scores.iter_mut() {
         *s *= inv;
     }
@@ -50,13 +47,20 @@ pub fn softmax_with_sink(scores: &mut [f32], sink: f32) {
 #[inline(always)]
 pub fn softmax(values: &mut [f32]) {
     let max = max_in_lanes(values);
-    for v in values.iter_mut() {
-        *v = exp(*v - max);
-    }
-    let denom = sum_in_lanes(values);
+    let denom = exp_minus_max(values, max);
     for v in values.iter_mut() {
         *v /= denom;
     }
+}
+
+/// Replaces each of `values` by `e^(v - max)` ([`exp`]) and returns their [`sum_in_lanes`]:
+/// the unnormalized weights of a softmax and their sum.
+#[inline(always)]
+fn exp_minus_max(values: &mut [f32], max: f32) -> f32 {
+    for v in values.iter_mut() {
+        *v = exp(*v - max);
+    }
+    sum_in_lanes(values)
 }
 
 /// Independent partial results of [`sum_in_lanes`] and [`max_in_lanes`]: a 512-bit register

@@ -217,8 +217,14 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
             sums[l] += x[l] * y[l];
         }
     }
-    let mut sum = fold_lanes(sums);
-    for (x, y) in a_rest.iter().zip(b_rest) {
+    add_products(fold_lanes(sums), a_rest, b_rest)
+}
+
+/// `sum + a[0] * b[0] + a[1] * b[1] + ...`, in order: the elements of a dot product past its
+/// last whole [`LANES`].
+#[inline(always)]
+fn add_products(mut sum: f32, a: &[f32], b: &[f32]) -> f32 {
+    for (x, y) in a.iter().zip(b) {
         sum += x * y;
     }
     sum
@@ -246,11 +252,8 @@ unsafe fn dot_avx512(a: &[f32], b: &[f32]) -> f32 {
     }
     let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(sums)));
     // SAFETY: AVX2 and SSE come with AVX-512F.
-    let mut sum = unsafe { fold_eight(_mm256_add_ps(_mm512_castps512_ps256(sums), high)) };
-    for (x, y) in a_rest.iter().zip(b_rest) {
-        sum += x * y;
-    }
-    sum
+    let sum = unsafe { fold_eight(_mm256_add_ps(_mm512_castps512_ps256(sums), high)) };
+    add_products(sum, a_rest, b_rest)
 }
 
 /// [`dot`] with AVX2: partial sums 0-7 and 8-15 in two registers, added together first, as
@@ -276,11 +279,8 @@ unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
         }
     }
     // SAFETY: the CPU has AVX2.
-    let mut sum = unsafe { fold_eight(_mm256_add_ps(low, high)) };
-    for (x, y) in a_rest.iter().zip(b_rest) {
-        sum += x * y;
-    }
-    sum
+    let sum = unsafe { fold_eight(_mm256_add_ps(low, high)) };
+    add_products(sum, a_rest, b_rest)
 }
 
 /// The last three halvings of [`fold_lanes`] on its lanes 0-7: 0-3 plus 4-7, then 0-1 plus

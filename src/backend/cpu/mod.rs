@@ -263,6 +263,25 @@ fn add_bias(out: &mut CpuAct, bias: Option<&[f32]>) {
     }
 }
 
+/// Attends every row of `q` over the cache and at the position `at(row)` gives, into `out`:
+/// one pool task per (row, key/value head), the query heads that share the head's keys and
+/// values together ([`attend_group`]), so each task reads them once. Each head's result is
+/// independent of the split.
+fn attend_rows<'c>(
+    cfg: &ModelConfig,
+    shape: AttentionShape,
+    q: &CpuAct,
+    out: &mut CpuAct,
+    at: impl Fn(usize) -> (LayerCache<'c>, usize) + Sync,
+) {
+    let width = cfg.head_dim * (cfg.num_heads / cfg.num_kv_heads);
+    out.data.par_chunks_mut(width).enumerate().for_each_init(Vec::new, |scores, (i, o)| {
+        let (r, kvh) = (i / cfg.num_kv_heads, i % cfg.num_kv_heads);
+        let (cache, pos) = at(r);
+        attend_group(shape, cache, kvh, &q.row(r)[kvh * width..(kvh + 1) * width], pos, scores, o);
+    });
+}
+
 fn check_shape(what: &str, act: &CpuAct, rows: usize, width: usize) -> Result<()> {
     crate::backend::check_shape(what, (act.rows, act.width), (rows, width))
 }
@@ -448,16 +467,10 @@ impl Backend for CpuBackend {
         for (r, at) in rows.iter().enumerate() {
             self.kv[at.seq].write(layer, at.pos, k.row(r), v.row(r));
         }
+        // Each row over its own sequence's cache: exactly the computation of `attention` for
+        // that row alone.
         let shape = self.attention_shape(layer);
-        let caches: Vec<LayerCache<'_>> = rows.iter().map(|at| self.layer_cache(at.seq, layer)).collect();
-        // One task per (row, key/value head), each over its own sequence's cache: exactly the
-        // computation of `attention` for that row alone.
-        let width = cfg.head_dim * (cfg.num_heads / cfg.num_kv_heads);
-        out.data.par_chunks_mut(width).enumerate().for_each_init(Vec::new, |scores, (i, o)| {
-            let (r, kvh) = (i / cfg.num_kv_heads, i % cfg.num_kv_heads);
-            let q_group = &q.row(r)[kvh * width..(kvh + 1) * width];
-            attend_group(shape, caches[r], kvh, q_group, rows[r].pos, scores, o);
-        });
+        attend_rows(&self.cfg, shape, q, out, |r| (self.layer_cache(rows[r].seq, layer), rows[r].pos));
         Ok(())
     }
 
@@ -482,14 +495,7 @@ impl Backend for CpuBackend {
         }
         let shape = self.attention_shape(layer);
         let cache = self.layer_cache(self.current, layer);
-        // One task per (row, key/value head): the query heads sharing its keys and values
-        // read them once. Each head's result is independent of the split.
-        let width = cfg.head_dim * (cfg.num_heads / cfg.num_kv_heads);
-        out.data.par_chunks_mut(width).enumerate().for_each_init(Vec::new, |scores, (i, o)| {
-            let (r, kvh) = (i / cfg.num_kv_heads, i % cfg.num_kv_heads);
-            let q_group = &q.row(r)[kvh * width..(kvh + 1) * width];
-            attend_group(shape, cache, kvh, q_group, start_pos + r, scores, o);
-        });
+        attend_rows(&self.cfg, shape, q, out, |r| (cache, start_pos + r));
         Ok(())
     }
 
